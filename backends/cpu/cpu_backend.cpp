@@ -1,0 +1,164 @@
+#include "cpu_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace treeattn::cpu {
+namespace {
+
+// A dot product with eight independent sums combined in a fixed order:
+// deterministic, and fast enough without -ffast-math.
+float dot(const float* a, const float* b, int n) {
+  float s[8] = {};
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
+  }
+  for (; i < n; ++i) s[0] += a[i] * b[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+void load_row(const TensorRef& t, std::size_t offset, int n, float* out) {
+  for (int d = 0; d < n; ++d) out[d] = load_as_float(t.data, t.dtype, offset + std::size_t(d));
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const BackendOptions& options) : pool_(options.threads), scratch_(std::size_t(pool_.size())) {}
+
+void CpuBackend::run(const Plan& plan, const AttentionArgs& args) {
+  check_args(plan, args);
+  const int hq = plan.heads.heads_q, hkv = plan.heads.heads_kv, d = plan.heads.head_dim;
+  partial_o_.resize(std::size_t(plan.num_partials) * std::size_t(hq) * std::size_t(d));
+  partial_lse_.resize(std::size_t(plan.num_partials) * std::size_t(hq));
+
+  pool_.parallel_for(std::int64_t(plan.num_items()) * hkv, [&](std::int64_t task, int worker) {
+    run_item(plan, args, std::int32_t(task / hkv), std::int32_t(task % hkv), scratch_[std::size_t(worker)]);
+  });
+  pool_.parallel_for(plan.num_queries, [&](std::int64_t q, int worker) {
+    if (plan.merge_begin[std::size_t(q) + 1] > plan.merge_begin[std::size_t(q)]) {
+      merge_query(plan, args, std::int32_t(q), scratch_[std::size_t(worker)]);
+    }
+  });
+}
+
+// Stage 1: one work item for one KV head. The block's K/V rows are gathered
+// once and shared by every query of the tile and every query head of the group.
+void CpuBackend::run_item(const Plan& plan, const AttentionArgs& a, std::int32_t item,
+                          std::int32_t kv_head, Scratch& sc) {
+  const int hq = plan.heads.heads_q, hkv = plan.heads.heads_kv, d = plan.heads.head_dim;
+  const int group = hq / hkv;
+  const float scale = plan.heads.scale;
+  const std::int32_t block = plan.item_block[std::size_t(item)];
+  const std::int32_t seg0 = plan.block_segment_begin[std::size_t(block)];
+  const std::int32_t segs = plan.block_segment_begin[std::size_t(block) + 1] - seg0;
+  const std::uint64_t* masks = plan.segment_mask.data() + plan.item_mask_begin[std::size_t(item)];
+  const std::int32_t q0 = plan.item_query_begin[std::size_t(item)];
+  const std::int32_t tile = plan.item_query_begin[std::size_t(item) + 1] - q0;
+
+  const std::size_t tokens = std::size_t(plan.block_token_count(block));
+  sc.k.resize(tokens * std::size_t(d));
+  sc.v.resize(tokens * std::size_t(d));
+  sc.scores.resize(tokens);
+  sc.q.resize(std::size_t(d));
+  sc.acc.resize(std::size_t(d));
+
+  std::size_t local = 0;
+  for (std::int32_t s = 0; s < segs; ++s) {
+    const std::int32_t b = plan.segment_token_begin[std::size_t(seg0 + s)];
+    const std::int32_t e = plan.segment_token_end[std::size_t(seg0 + s)];
+    if (masks[s] != 0) {
+      for (std::int32_t t = b; t < e; ++t) {
+        const std::size_t row = (std::size_t(plan.token_slot[std::size_t(t)]) * std::size_t(hkv) + std::size_t(kv_head)) * std::size_t(d);
+        const std::size_t at = (local + std::size_t(t - b)) * std::size_t(d);
+        load_row(a.k, row, d, sc.k.data() + at);
+        load_row(a.v, row, d, sc.v.data() + at);
+      }
+    }
+    local += std::size_t(e - b);
+  }
+
+  for (std::int32_t j = 0; j < tile; ++j) {
+    const std::int32_t query = plan.tile_query[std::size_t(q0 + j)];
+    const std::int32_t partial = plan.tile_partial[std::size_t(q0 + j)];
+    const std::uint64_t bit = std::uint64_t(1) << j;
+    for (int r = 0; r < group; ++r) {
+      const int head = kv_head * group + r;
+      load_row(a.q, (std::size_t(query) * std::size_t(hq) + std::size_t(head)) * std::size_t(d), d, sc.q.data());
+
+      float max_score = -std::numeric_limits<float>::infinity();
+      local = 0;
+      for (std::int32_t s = 0; s < segs; ++s) {
+        const std::int32_t len = plan.segment_token_end[std::size_t(seg0 + s)] - plan.segment_token_begin[std::size_t(seg0 + s)];
+        if (masks[s] & bit) {
+          for (std::int32_t t = 0; t < len; ++t) {
+            const float score = scale * dot(sc.q.data(), sc.k.data() + (local + std::size_t(t)) * std::size_t(d), d);
+            sc.scores[local + std::size_t(t)] = score;
+            max_score = std::max(max_score, score);
+          }
+        }
+        local += std::size_t(len);
+      }
+
+      std::fill(sc.acc.begin(), sc.acc.end(), 0.0f);
+      float sum = 0.0f;
+      local = 0;
+      for (std::int32_t s = 0; s < segs; ++s) {
+        const std::int32_t len = plan.segment_token_end[std::size_t(seg0 + s)] - plan.segment_token_begin[std::size_t(seg0 + s)];
+        if (masks[s] & bit) {
+          for (std::int32_t t = 0; t < len; ++t) {
+            const float p = std::exp(sc.scores[local + std::size_t(t)] - max_score);
+            sum += p;
+            const float* v = sc.v.data() + (local + std::size_t(t)) * std::size_t(d);
+            for (int c = 0; c < d; ++c) sc.acc[std::size_t(c)] += p * v[c];
+          }
+        }
+        local += std::size_t(len);
+      }
+
+      const float inv = 1.0f / sum;
+      const float lse = max_score + std::log(sum);
+      if (partial == kDirect) {
+        const std::size_t out = (std::size_t(query) * std::size_t(hq) + std::size_t(head)) * std::size_t(d);
+        for (int c = 0; c < d; ++c) store_from_float(a.o.data, a.o.dtype, out + std::size_t(c), sc.acc[std::size_t(c)] * inv);
+        if (a.lse.data) static_cast<float*>(a.lse.data)[std::size_t(query) * std::size_t(hq) + std::size_t(head)] = lse;
+      } else {
+        float* out = partial_o_.data() + (std::size_t(partial) * std::size_t(hq) + std::size_t(head)) * std::size_t(d);
+        for (int c = 0; c < d; ++c) out[c] = sc.acc[std::size_t(c)] * inv;
+        partial_lse_[std::size_t(partial) * std::size_t(hq) + std::size_t(head)] = lse;
+      }
+    }
+  }
+}
+
+// Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
+void CpuBackend::merge_query(const Plan& plan, const AttentionArgs& a, std::int32_t query,
+                             Scratch& sc) {
+  const int hq = plan.heads.heads_q, d = plan.heads.head_dim;
+  const std::int32_t m0 = plan.merge_begin[std::size_t(query)], m1 = plan.merge_begin[std::size_t(query) + 1];
+  std::vector<float>& acc = sc.acc;
+  acc.resize(std::size_t(d));
+  for (int head = 0; head < hq; ++head) {
+    float max_lse = -std::numeric_limits<float>::infinity();
+    for (std::int32_t m = m0; m < m1; ++m) {
+      const std::size_t p = std::size_t(plan.merge_partial[std::size_t(m)]);
+      max_lse = std::max(max_lse, partial_lse_[p * std::size_t(hq) + std::size_t(head)]);
+    }
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    float sum = 0.0f;
+    for (std::int32_t m = m0; m < m1; ++m) {
+      const std::size_t p = std::size_t(plan.merge_partial[std::size_t(m)]);
+      const float w = std::exp(partial_lse_[p * std::size_t(hq) + std::size_t(head)] - max_lse);
+      sum += w;
+      const float* o = partial_o_.data() + (p * std::size_t(hq) + std::size_t(head)) * std::size_t(d);
+      for (int c = 0; c < d; ++c) acc[std::size_t(c)] += w * o[c];
+    }
+    const float inv = 1.0f / sum;
+    const std::size_t out = (std::size_t(query) * std::size_t(hq) + std::size_t(head)) * std::size_t(d);
+    for (int c = 0; c < d; ++c) store_from_float(a.o.data, a.o.dtype, out + std::size_t(c), acc[std::size_t(c)] * inv);
+    if (a.lse.data) static_cast<float*>(a.lse.data)[std::size_t(query) * std::size_t(hq) + std::size_t(head)] = max_lse + std::log(sum);
+  }
+}
+
+}  // namespace treeattn::cpu

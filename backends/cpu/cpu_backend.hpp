@@ -1,0 +1,36 @@
+#pragma once
+// The CPU backend: the same two stages as the GPU kernels, executed from the
+// Plan by a thread pool. fp32 accumulation; bitwise identical output for any
+// thread count, because each (work item, KV head) task and each merged query
+// owns its outputs and adds in a fixed order.
+
+#include <memory>
+#include <vector>
+
+#include "treeattn/backend.hpp"
+#include "thread_pool.hpp"
+
+namespace treeattn::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& options);
+  const char* name() const noexcept override { return "cpu"; }
+  void run(const Plan& plan, const AttentionArgs& args) override;
+  int threads() const noexcept { return pool_.size(); }
+
+ private:
+  struct Scratch {
+    std::vector<float> k, v, scores, q, acc;
+  };
+  void run_item(const Plan& plan, const AttentionArgs& args, std::int32_t item, std::int32_t kv_head,
+                Scratch& scratch);
+  void merge_query(const Plan& plan, const AttentionArgs& args, std::int32_t query, Scratch& scratch);
+
+  ThreadPool pool_;
+  std::vector<Scratch> scratch_;      // one per worker
+  std::vector<float> partial_o_;      // [num_partials, heads_q, head_dim]
+  std::vector<float> partial_lse_;    // [num_partials, heads_q]
+};
+
+}  // namespace treeattn::cpu

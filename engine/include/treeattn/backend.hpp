@@ -1,0 +1,41 @@
+#pragma once
+// Backends execute a Plan. One is chosen at run time: `automatic` picks CUDA,
+// then Vulkan, then the CPU, among those this build contains and this machine runs.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "treeattn/plan.hpp"
+#include "treeattn/tensor.hpp"
+
+namespace treeattn {
+
+enum class BackendKind { automatic, cpu, vulkan, cuda };
+
+const char* to_string(BackendKind kind) noexcept;
+// Parses "auto", "cpu", "vulkan", "cuda"; throws InvalidArgument naming the choices.
+BackendKind parse_backend(const std::string& name);
+
+struct BackendOptions {
+  int threads = 0;  // CPU worker threads; 0: one per hardware thread
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const noexcept = 0;
+  // Computes O (and LSE when args.lse.data is set) for every query of the plan.
+  // The tensors live in host memory. Throws InvalidArgument when a tensor's
+  // shape or dtype does not match the plan.
+  virtual void run(const Plan& plan, const AttentionArgs& args) = 0;
+};
+
+// Throws Backend when `kind` is not built into this library or has no device here.
+std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options = {});
+
+// Checks every tensor of `args` against the plan (shapes, dtypes, KV rows the
+// plan reads). Backends call it first; throws InvalidArgument naming the tensor.
+void check_args(const Plan& plan, const AttentionArgs& args);
+
+}  // namespace treeattn

@@ -1,0 +1,28 @@
+#pragma once
+// plan(): validates a tree and turns it into a Plan with one of the strategies.
+// Host-only, deterministic (the same tree and options give the same Plan),
+// and linear in nodes + queries + segments: no per-token work beyond writing
+// token_slot and checking listed slots.
+
+#include <cstdint>
+
+#include "treeattn/plan.hpp"
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+struct PlanOptions {
+  Strategy strategy = Strategy::flatten;
+  std::int32_t block_tokens = 256;       // max KV tokens per block, 1..65536
+  std::int32_t query_tile = kMaxQueryTile;  // max queries per work item, 1..64
+  // Rows of the KV pool when known (>0): slots are then range-checked against it
+  // and the error names the node and token. 0: only checked for sign and width.
+  std::int64_t kv_slots = 0;
+};
+
+Plan plan(const Tree& tree, const PlanOptions& options = {});
+
+// Validates the tree alone (plan() does this first); throws InvalidTree.
+void validate(const Tree& tree, std::int64_t kv_slots = 0);
+
+}  // namespace treeattn

@@ -1,0 +1,82 @@
+#pragma once
+// The tree (or forest) of KV-cache nodes and the queries that attend over it.
+//
+// Query i sits on a node and sees every token on the root->node path, all of its
+// own node included, or only the first `upto` tokens of its own node when `upto`
+// is given (causal inside a node: speculative token trees, tree-structured append).
+// Node ids are arbitrary integers chosen by the caller; parent -1 marks a root.
+// Nothing is checked while the tree is built: plan() validates everything at once
+// and reports the first problem with the node or query it concerns.
+
+#include <cstdint>
+#include <vector>
+
+namespace treeattn {
+
+// Supported head dimensions (the kernels are specialised for each).
+inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
+
+struct HeadConfig {
+  int heads_q = 0;
+  int heads_kv = 0;
+  int head_dim = 0;
+  float scale = 0.0f;  // softmax scale; 0 means the default 1/sqrt(head_dim)
+
+  int group_size() const noexcept { return heads_kv > 0 ? heads_q / heads_kv : 0; }
+  float effective_scale() const noexcept;
+};
+
+inline constexpr std::int64_t kNoParent = -1;
+inline constexpr std::int64_t kWholeNode = -1;  // a query without `upto`
+
+struct TreeNode {
+  std::int64_t id = 0;
+  std::int64_t parent = kNoParent;
+  std::int64_t length = 0;  // tokens in the node
+  // Where the node's slots are: a contiguous range [first, first + length) of
+  // the KV pool when `listed` is false, else an offset into Tree's slot list.
+  std::int64_t first = 0;
+  bool listed = false;
+};
+
+struct TreeQuery {
+  std::int64_t node = 0;           // node id
+  std::int64_t upto = kWholeNode;  // tokens of its own node it sees, or kWholeNode
+};
+
+class Tree {
+ public:
+  Tree() = default;
+  explicit Tree(HeadConfig head_config) : heads(head_config) {}
+
+  HeadConfig heads;
+
+  // A node whose tokens live in the given KV-pool slots, in order.
+  void add_node(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& slots);
+  // A node whose `count` tokens live in slots [first_slot, first_slot + count).
+  void add_node_range(std::int64_t id, std::int64_t parent, std::int64_t first_slot,
+                      std::int64_t count);
+  // A query on node `node_id` (row `query_count()` of Q).
+  void add_query(std::int64_t node_id, std::int64_t upto = kWholeNode);
+
+  std::size_t node_count() const noexcept { return nodes_.size(); }
+  std::size_t query_count() const noexcept { return queries_.size(); }
+  const std::vector<TreeNode>& nodes() const noexcept { return nodes_; }
+  const std::vector<TreeQuery>& queries() const noexcept { return queries_; }
+
+  // KV-pool slot of token `token` of the node at `node_index` (insertion order).
+  std::int64_t slot(std::size_t node_index, std::int64_t token) const noexcept {
+    const TreeNode& n = nodes_[node_index];
+    return n.listed ? listed_slots_[std::size_t(n.first + token)] : n.first + token;
+  }
+
+  // Makes room for a tree of known size (optional; avoids reallocations).
+  void reserve(std::size_t nodes, std::size_t queries, std::size_t listed_slots = 0);
+
+ private:
+  std::vector<TreeNode> nodes_;
+  std::vector<TreeQuery> queries_;
+  std::vector<std::int64_t> listed_slots_;
+};
+
+}  // namespace treeattn

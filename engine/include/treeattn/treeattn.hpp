@@ -1,0 +1,23 @@
+#pragma once
+// treeattn: decode-time attention over a tree of KV cache (DeFT-Flatten).
+//
+//   treeattn::Tree tree({32, 8, 128});
+//   tree.add_node_range(0, treeattn::kNoParent, 0, 4000);   // shared prompt
+//   tree.add_node_range(1, 0, 4000, 20);                     // two branches
+//   tree.add_node_range(2, 0, 4020, 20);
+//   tree.add_query(1);
+//   tree.add_query(2);
+//   treeattn::Plan plan = treeattn::plan(tree);              // once per decode step
+//   auto backend = treeattn::make_backend(treeattn::BackendKind::automatic);
+//   backend->run(plan, {q, k, v, o, lse});                   // once per layer
+
+#include "treeattn/backend.hpp"
+#include "treeattn/dtype.hpp"
+#include "treeattn/error.hpp"
+#include "treeattn/npy.hpp"
+#include "treeattn/plan.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/tensor.hpp"
+#include "treeattn/tree.hpp"
+#include "treeattn/tree_json.hpp"
+#include "treeattn/workloads.hpp"

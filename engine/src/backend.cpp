@@ -1,0 +1,62 @@
+#include "treeattn/backend.hpp"
+
+#include "fail.hpp"
+
+namespace treeattn {
+
+const char* to_string(BackendKind kind) noexcept {
+  switch (kind) {
+    case BackendKind::automatic: return "auto";
+    case BackendKind::cpu: return "cpu";
+    case BackendKind::vulkan: return "vulkan";
+    case BackendKind::cuda: return "cuda";
+  }
+  return "?";
+}
+
+BackendKind parse_backend(const std::string& name) {
+  for (BackendKind k : {BackendKind::automatic, BackendKind::cpu, BackendKind::vulkan, BackendKind::cuda}) {
+    if (name == to_string(k)) return k;
+  }
+  fail(ErrorCategory::InvalidArgument, "unknown backend '{}' (choose auto, cpu, vulkan or cuda)", name);
+}
+
+namespace {
+
+void expect_shape(const char* name, const TensorRef& t, std::vector<std::int64_t> expected,
+                  const char* meaning) {
+  if (t.shape != expected) {
+    fail(ErrorCategory::InvalidArgument, "{} is {}, expected [{}] ({})", name, describe(t),
+         fmt::join(expected, ", "), meaning);
+  }
+  if (t.data == nullptr && t.numel() > 0) fail(ErrorCategory::InvalidArgument, "{} has no data", name);
+}
+
+}  // namespace
+
+void check_args(const Plan& plan, const AttentionArgs& a) {
+  const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, hkv = plan.heads.heads_kv,
+                     d = plan.heads.head_dim;
+  expect_shape("Q", a.q, {nq, hq, d}, "queries, heads_q, head_dim");
+  if (a.k.shape.size() != 3 || a.k.shape[1] != hkv || a.k.shape[2] != d) {
+    fail(ErrorCategory::InvalidArgument, "K is {}, expected [slots, {}, {}] (slots, heads_kv, head_dim)",
+         describe(a.k), hkv, d);
+  }
+  if (a.k.shape[0] < plan.min_kv_slots) {
+    fail(ErrorCategory::InvalidArgument, "K has {} slots but the tree reads slot {}", a.k.shape[0],
+         plan.min_kv_slots - 1);
+  }
+  expect_shape("V", a.v, a.k.shape, "the shape of K");
+  if (a.k.data == nullptr && a.k.numel() > 0) fail(ErrorCategory::InvalidArgument, "K has no data");
+  if (a.q.dtype != a.k.dtype || a.v.dtype != a.k.dtype) {
+    fail(ErrorCategory::InvalidArgument, "Q, K and V must share one dtype, got {}, {} and {}",
+         to_string(a.q.dtype), to_string(a.k.dtype), to_string(a.v.dtype));
+  }
+  expect_shape("O", a.o, {nq, hq, d}, "queries, heads_q, head_dim");
+  if (a.lse.data != nullptr) {
+    expect_shape("LSE", a.lse, {nq, hq}, "queries, heads_q");
+    if (a.lse.dtype != DType::f32) fail(ErrorCategory::InvalidArgument, "LSE must be f32, got {}", to_string(a.lse.dtype));
+  }
+}
+
+}  // namespace treeattn

@@ -1,0 +1,107 @@
+#include "plan_builder.hpp"
+
+#include <algorithm>
+
+namespace treeattn {
+
+PlanBuilder::PlanBuilder(Plan& plan, const Visibility& vis) : plan_(plan), vis_(vis) {
+  plan_.block_segment_begin.assign(1, 0);
+  plan_.item_query_begin.assign(1, 0);
+}
+
+void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut) {
+  std::int64_t length = 0;
+  for (const Piece* p = first; p != last; ++p) length += p->token_end - p->token_begin;
+  if (length == 0) return;
+  const std::int64_t blocks = (length + plan_.block_tokens - 1) / plan_.block_tokens;
+  auto boundary = [&](std::int64_t b) {  // run offset where block b starts
+    return cut == Cut::even ? b * length / blocks : std::min(b * plan_.block_tokens, length);
+  };
+
+  std::int64_t block = 0, block_end = boundary(1), run_offset = 0;
+  for (const Piece* p = first; p != last; ++p) {
+    std::int32_t begin = p->token_begin;
+    while (begin < p->token_end) {
+      const std::int32_t end =
+          std::int32_t(std::min<std::int64_t>(p->token_end, begin + (block_end - run_offset)));
+      plan_.segment_token_begin.push_back(begin);
+      plan_.segment_token_end.push_back(end);
+      plan_.segment_node.push_back(p->node);
+      lo_.push_back(p->viewer_lo);
+      hi_.push_back(p->viewer_hi);
+      run_offset += end - begin;
+      begin = end;
+      if (run_offset == block_end) {
+        close_block();
+        ++block;
+        block_end = boundary(block + 1);
+      }
+    }
+  }
+}
+
+void PlanBuilder::close_block() {
+  const std::int32_t block = plan_.num_blocks();
+  const std::int32_t seg_begin = plan_.block_segment_begin.back();
+  const std::int32_t seg_count = plan_.num_segments() - seg_begin;
+  plan_.block_segment_begin.push_back(plan_.num_segments());
+
+  // The block's viewers: the union of its segments' position ranges, ascending.
+  ranges_.clear();
+  for (std::int32_t s = 0; s < seg_count; ++s) ranges_.emplace_back(lo_[std::size_t(s)], hi_[std::size_t(s)]);
+  std::sort(ranges_.begin(), ranges_.end());
+  positions_.clear();
+  std::int32_t covered = -1;
+  for (const auto& [lo, hi] : ranges_) {
+    for (std::int32_t p = std::max(lo, covered); p < hi; ++p) positions_.push_back(p);
+    covered = std::max(covered, hi);
+  }
+
+  // One work item per query tile; within a tile, a segment's viewers are a
+  // contiguous run of the tile's (sorted) positions, hence a contiguous run of bits.
+  const std::int32_t tile = plan_.query_tile;
+  for (std::size_t t0 = 0; t0 < positions_.size(); t0 += std::size_t(tile)) {
+    const std::size_t t1 = std::min(positions_.size(), t0 + std::size_t(tile));
+    plan_.item_block.push_back(block);
+    plan_.item_mask_begin.push_back(std::int32_t(plan_.segment_mask.size()));
+    for (std::size_t t = t0; t < t1; ++t) plan_.tile_query.push_back(vis_.query_at[std::size_t(positions_[t])]);
+    plan_.item_query_begin.push_back(std::int32_t(plan_.tile_query.size()));
+    const auto tile_first = positions_.begin() + std::ptrdiff_t(t0);
+    const auto tile_last = positions_.begin() + std::ptrdiff_t(t1);
+    for (std::int32_t s = 0; s < seg_count; ++s) {
+      const auto a = std::lower_bound(tile_first, tile_last, lo_[std::size_t(s)]) - tile_first;
+      const auto b = std::lower_bound(tile_first, tile_last, hi_[std::size_t(s)]) - tile_first;
+      const std::uint64_t run = b - a == 64 ? ~std::uint64_t(0) : ((std::uint64_t(1) << (b - a)) - 1);
+      plan_.segment_mask.push_back(b > a ? run << a : 0);
+    }
+  }
+  lo_.clear();
+  hi_.clear();
+}
+
+void PlanBuilder::finish() {
+  const std::size_t nq = std::size_t(plan_.num_queries);
+  std::vector<std::int32_t> contributions(nq, 0);
+  for (std::int32_t q : plan_.tile_query) ++contributions[std::size_t(q)];
+
+  plan_.merge_begin.assign(nq + 1, 0);
+  for (std::size_t q = 0; q < nq; ++q) {
+    plan_.merge_begin[q + 1] = plan_.merge_begin[q] + (contributions[q] > 1 ? contributions[q] : 0);
+  }
+  plan_.merge_partial.resize(std::size_t(plan_.merge_begin[nq]));
+  std::vector<std::int32_t> fill(plan_.merge_begin.begin(), plan_.merge_begin.end() - 1);
+  plan_.tile_partial.resize(plan_.tile_query.size());
+  std::int32_t next = 0;
+  for (std::size_t k = 0; k < plan_.tile_query.size(); ++k) {
+    const std::size_t q = std::size_t(plan_.tile_query[k]);
+    if (contributions[q] == 1) {
+      plan_.tile_partial[k] = kDirect;
+    } else {
+      plan_.tile_partial[k] = next;
+      plan_.merge_partial[std::size_t(fill[q]++)] = next++;
+    }
+  }
+  plan_.num_partials = next;
+}
+
+}  // namespace treeattn

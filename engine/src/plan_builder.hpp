@@ -1,0 +1,43 @@
+#pragma once
+// Internal: turns runs of pieces into KV blocks, query tiles, masks and the
+// reduction map. Strategies only choose which pieces form a run and where a run
+// is cut; everything that makes a Plan consistent lives here, once.
+
+#include <cstdint>
+#include <vector>
+
+#include "treeattn/plan.hpp"
+#include "visibility.hpp"
+
+namespace treeattn {
+
+enum class Cut {
+  even,   // ceil(L / block_tokens) blocks of near-equal size (load balance)
+  fixed,  // blocks of exactly block_tokens, the last one shorter
+};
+
+class PlanBuilder {
+ public:
+  // `plan` has its shape fields set and token_slot filled.
+  PlanBuilder(Plan& plan, const Visibility& vis);
+
+  // Cuts the pieces [first, last), taken as one run of consecutive tokens, into
+  // KV blocks and emits them with their work items.
+  void emit_run(const Piece* first, const Piece* last, Cut cut);
+
+  // Assigns partial slots (kDirect for a query's only contribution) and builds
+  // the reduction CSR. Call once, after the last emit_run.
+  void finish();
+
+ private:
+  void close_block();
+
+  Plan& plan_;
+  const Visibility& vis_;
+  // Viewer ranges of the open block's segments, and scratch for its tiles.
+  std::vector<std::int32_t> lo_, hi_;
+  std::vector<std::pair<std::int32_t, std::int32_t>> ranges_;
+  std::vector<std::int32_t> positions_;
+};
+
+}  // namespace treeattn

@@ -1,0 +1,118 @@
+#include "treeattn/planner.hpp"
+
+#include "fail.hpp"
+#include "plan_builder.hpp"
+#include "topology.hpp"
+#include "visibility.hpp"
+
+namespace treeattn {
+namespace {
+
+constexpr std::int32_t kMaxBlockTokens = 65536;
+
+void check_options(const PlanOptions& o) {
+  if (o.block_tokens < 1 || o.block_tokens > kMaxBlockTokens) {
+    fail(ErrorCategory::InvalidArgument, "block_tokens = {} is outside [1, {}]", o.block_tokens,
+         kMaxBlockTokens);
+  }
+  if (o.query_tile < 1 || o.query_tile > kMaxQueryTile) {
+    fail(ErrorCategory::InvalidArgument, "query_tile = {} is outside [1, {}]", o.query_tile,
+         kMaxQueryTile);
+  }
+  if (o.kv_slots < 0) fail(ErrorCategory::InvalidArgument, "kv_slots = {} is negative", o.kv_slots);
+}
+
+// DeFT-Flatten: the whole forest is one run in depth-first order, cut evenly, so
+// small nodes share a block with their neighbours and every block is full.
+void plan_flatten(PlanBuilder& builder, const Visibility& vis) {
+  builder.emit_run(vis.pieces.data(), vis.pieces.data() + vis.pieces.size(), Cut::even);
+}
+
+// DeFT-Node: each node is its own group, cut at block_tokens (a long node's tail
+// block is short, a small node's block is small: the imbalance DeFT measured).
+// DeFT-Node-Chunk: the same groups, each cut into even chunks.
+void plan_per_node(PlanBuilder& builder, const Visibility& vis, Cut cut) {
+  for (std::int32_t v : vis.dfs_nodes) {
+    const Piece* first = vis.pieces.data() + vis.node_piece_begin[std::size_t(v)];
+    const Piece* last = vis.pieces.data() + vis.node_piece_end[std::size_t(v)];
+    builder.emit_run(first, last, cut);
+  }
+}
+
+// Cascade: the nodes of one depth level form one run (depth-first order within
+// the level), cut evenly; blocks never mix levels.
+void plan_cascade(PlanBuilder& builder, const Visibility& vis) {
+  std::vector<std::int32_t> level_begin;
+  for (std::int32_t v : vis.dfs_nodes) {
+    const std::size_t d = std::size_t(vis.depth[std::size_t(v)]);
+    if (level_begin.size() < d + 2) level_begin.resize(d + 2, 0);
+    level_begin[d + 1] += vis.node_piece_end[std::size_t(v)] - vis.node_piece_begin[std::size_t(v)];
+  }
+  for (std::size_t d = 1; d < level_begin.size(); ++d) level_begin[d] += level_begin[d - 1];
+  std::vector<Piece> by_level(vis.pieces.size());
+  std::vector<std::int32_t> fill(level_begin.begin(), level_begin.end());
+  for (std::int32_t v : vis.dfs_nodes) {
+    const std::size_t d = std::size_t(vis.depth[std::size_t(v)]);
+    for (std::int32_t p = vis.node_piece_begin[std::size_t(v)]; p < vis.node_piece_end[std::size_t(v)]; ++p) {
+      by_level[std::size_t(fill[d]++)] = vis.pieces[std::size_t(p)];
+    }
+  }
+  for (std::size_t d = 0; d + 1 < level_begin.size(); ++d) {
+    builder.emit_run(by_level.data() + level_begin[d], by_level.data() + level_begin[d + 1], Cut::even);
+  }
+}
+
+// Q-guided baseline (Flash-Decoding with split KV): every query reads its own
+// root-to-node path, cut evenly, alone in its tile. Shared prefixes are read
+// once per query: this is what sequence-based serving kernels do.
+void plan_sequence(PlanBuilder& builder, const Visibility& vis, const Topology& topo) {
+  std::vector<std::int32_t> path;
+  std::vector<Piece> run;
+  for (std::size_t q = 0; q < topo.query_node.size(); ++q) {
+    const std::int32_t position = vis.query_position[q];
+    path.clear();
+    for (std::int32_t v = topo.query_node[q]; v >= 0; v = topo.parent[std::size_t(v)]) path.push_back(v);
+    run.clear();
+    for (auto v = path.rbegin(); v != path.rend(); ++v) {
+      for (std::int32_t p = vis.node_piece_begin[std::size_t(*v)]; p < vis.node_piece_end[std::size_t(*v)]; ++p) {
+        Piece piece = vis.pieces[std::size_t(p)];
+        if (position < piece.viewer_lo || position >= piece.viewer_hi) continue;
+        piece.viewer_lo = position;
+        piece.viewer_hi = position + 1;
+        run.push_back(piece);
+      }
+    }
+    builder.emit_run(run.data(), run.data() + run.size(), Cut::even);
+  }
+}
+
+}  // namespace
+
+Plan plan(const Tree& tree, const PlanOptions& options) {
+  check_options(options);
+  const Topology topo = analyze(tree, options.kv_slots);
+  Visibility vis = compute_visibility(tree, topo);
+
+  Plan result;
+  result.heads = tree.heads;
+  result.heads.scale = tree.heads.effective_scale();
+  result.num_queries = std::int32_t(tree.query_count());
+  result.strategy = options.strategy;
+  result.block_tokens = options.block_tokens;
+  result.query_tile = options.query_tile;
+  result.min_kv_slots = vis.max_slot + 1;
+  result.token_slot = std::move(vis.token_slot);
+
+  PlanBuilder builder(result, vis);
+  switch (options.strategy) {
+    case Strategy::flatten: plan_flatten(builder, vis); break;
+    case Strategy::node: plan_per_node(builder, vis, Cut::fixed); break;
+    case Strategy::node_chunk: plan_per_node(builder, vis, Cut::even); break;
+    case Strategy::cascade: plan_cascade(builder, vis); break;
+    case Strategy::sequence: plan_sequence(builder, vis, topo); break;
+  }
+  builder.finish();
+  return result;
+}
+
+}  // namespace treeattn

@@ -1,0 +1,29 @@
+#include "treeattn/tensor.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace treeattn {
+
+namespace {
+std::int64_t product(const std::vector<std::int64_t>& shape) noexcept {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+}  // namespace
+
+std::int64_t TensorRef::numel() const noexcept { return product(shape); }
+
+HostArray::HostArray(DType dtype_, std::vector<std::int64_t> shape_)
+    : dtype(dtype_), shape(std::move(shape_)) {
+  bytes.assign(std::size_t(numel()) * dtype_size(dtype), 0);
+}
+
+std::int64_t HostArray::numel() const noexcept { return product(shape); }
+
+std::string describe(const TensorRef& t) {
+  return fmt::format("[{}] {}", fmt::join(t.shape, ", "), to_string(t.dtype));
+}
+
+}  // namespace treeattn

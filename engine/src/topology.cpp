@@ -1,0 +1,237 @@
+#include "topology.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <unordered_map>
+
+#include "fail.hpp"
+
+namespace treeattn {
+namespace {
+
+constexpr std::int64_t kMaxSlot = std::numeric_limits<std::int32_t>::max() - 1;
+constexpr std::int64_t kMaxCount = std::numeric_limits<std::int32_t>::max();
+
+std::string node_name(const Tree& tree, std::int32_t index) {
+  return fmt::format("node {} (nodes[{}])", tree.nodes()[std::size_t(index)].id, index);
+}
+
+void check_heads(const HeadConfig& h) {
+  if (h.heads_q <= 0) fail(ErrorCategory::InvalidTree, "heads_q = {} must be positive", h.heads_q);
+  if (h.heads_kv <= 0) fail(ErrorCategory::InvalidTree, "heads_kv = {} must be positive", h.heads_kv);
+  if (h.heads_q % h.heads_kv != 0) {
+    fail(ErrorCategory::InvalidTree, "heads_q = {} is not a multiple of heads_kv = {}", h.heads_q,
+         h.heads_kv);
+  }
+  if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), h.head_dim) ==
+      std::end(kSupportedHeadDims)) {
+    fail(ErrorCategory::InvalidTree, "head_dim = {} is not supported (supported: 64, 128, 256)",
+         h.head_dim);
+  }
+  if (!(h.scale >= 0.0f) || h.scale == std::numeric_limits<float>::infinity()) {
+    fail(ErrorCategory::InvalidTree, "scale = {} must be positive and finite (0 selects 1/sqrt(head_dim))",
+         h.scale);
+  }
+}
+
+// Maps node ids to indices: a flat table when the ids are small non-negative
+// integers (the common case, and linear time), a hash map otherwise.
+class IdIndex {
+ public:
+  explicit IdIndex(const Tree& tree) {
+    const auto& nodes = tree.nodes();
+    const std::int64_t n = std::int64_t(nodes.size());
+    dense_ = std::all_of(nodes.begin(), nodes.end(),
+                         [n](const TreeNode& node) { return node.id >= 0 && node.id < 2 * n + 16; });
+    if (dense_) table_.assign(std::size_t(2 * n + 16), -1);
+    else map_.reserve(nodes.size());
+    for (std::int32_t i = 0; i < std::int32_t(nodes.size()); ++i) {
+      const std::int64_t id = nodes[std::size_t(i)].id;
+      const std::int32_t previous = insert(id, i);
+      if (previous >= 0) {
+        fail(ErrorCategory::InvalidTree, "duplicate node id {} (nodes[{}] and nodes[{}])", id,
+             previous, i);
+      }
+    }
+  }
+
+  std::int32_t find(std::int64_t id) const {
+    if (dense_) return id >= 0 && id < std::int64_t(table_.size()) ? table_[std::size_t(id)] : -1;
+    auto it = map_.find(id);
+    return it == map_.end() ? -1 : it->second;
+  }
+
+ private:
+  // Returns the index already holding `id`, or -1 after inserting it.
+  std::int32_t insert(std::int64_t id, std::int32_t index) {
+    if (dense_) {
+      std::int32_t& slot = table_[std::size_t(id)];
+      if (slot >= 0) return slot;
+      slot = index;
+      return -1;
+    }
+    auto [it, inserted] = map_.emplace(id, index);
+    return inserted ? -1 : it->second;
+  }
+
+  bool dense_ = false;
+  std::vector<std::int32_t> table_;
+  std::unordered_map<std::int64_t, std::int32_t> map_;
+};
+
+void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots) {
+  const TreeNode& node = tree.nodes()[std::size_t(index)];
+  if (node.length < 0) {
+    fail(ErrorCategory::InvalidTree, "{}: slot_range count {} is negative", node_name(tree, index),
+         node.length);
+  }
+  if (node.length > kMaxCount) {
+    fail(ErrorCategory::InvalidTree, "{}: {} tokens exceed the limit of {} per node",
+         node_name(tree, index), node.length, kMaxCount);
+  }
+  const std::int64_t limit = kv_slots > 0 ? kv_slots - 1 : kMaxSlot;
+  auto check = [&](std::int64_t slot, std::int64_t token, const char* field) {
+    if (slot < 0) {
+      fail(ErrorCategory::InvalidTree, "{}: {}[{}] = {} is negative", node_name(tree, index), field,
+           token, slot);
+    }
+    if (slot > limit) {
+      if (kv_slots > 0) {
+        fail(ErrorCategory::InvalidTree,
+             "{}: {}[{}] = {} is out of range for a KV pool of {} slots", node_name(tree, index),
+             field, token, slot, kv_slots);
+      }
+      fail(ErrorCategory::InvalidTree, "{}: {}[{}] = {} exceeds the slot limit {}",
+           node_name(tree, index), field, token, slot, kMaxSlot);
+    }
+  };
+  if (node.listed) {
+    for (std::int64_t t = 0; t < node.length; ++t) check(tree.slot(std::size_t(index), t), t, "slots");
+  } else {
+    if (node.first < 0) {
+      fail(ErrorCategory::InvalidTree, "{}: slot_range start {} is negative", node_name(tree, index),
+           node.first);
+    }
+    // The last slot of the range decides; report it as an offset in the range.
+    if (node.length > 0) check(node.first + node.length - 1, node.length - 1, "slot_range");
+  }
+}
+
+// Every node must reach a root. Walks down from the roots; any node left over
+// sits on (or hangs below) a cycle, which is then reported by id.
+void check_acyclic(const Tree& tree, const Topology& topo) {
+  const std::size_t n = tree.node_count();
+  std::vector<char> reached(n, 0);
+  std::vector<std::int32_t> stack(topo.roots.begin(), topo.roots.end());
+  std::size_t count = 0;
+  while (!stack.empty()) {
+    const std::int32_t v = stack.back();
+    stack.pop_back();
+    reached[std::size_t(v)] = 1;
+    ++count;
+    for (std::int32_t c = topo.child_begin[std::size_t(v)]; c < topo.child_begin[std::size_t(v) + 1]; ++c) {
+      stack.push_back(topo.children[std::size_t(c)]);
+    }
+  }
+  if (count == n) return;
+  std::int32_t v = 0;
+  while (reached[std::size_t(v)]) ++v;
+  // Follow parents from an unreached node until one repeats: that is the cycle.
+  std::vector<std::int32_t> seen_at(n, -1);
+  std::vector<std::int32_t> walk;
+  while (seen_at[std::size_t(v)] < 0) {
+    seen_at[std::size_t(v)] = std::int32_t(walk.size());
+    walk.push_back(v);
+    v = topo.parent[std::size_t(v)];
+  }
+  std::string cycle;
+  for (std::size_t i = std::size_t(seen_at[std::size_t(v)]); i < walk.size(); ++i) {
+    cycle += fmt::format("{} -> ", tree.nodes()[std::size_t(walk[i])].id);
+  }
+  cycle += fmt::format("{}", tree.nodes()[std::size_t(v)].id);
+  fail(ErrorCategory::InvalidTree, "cycle in the parent links: {} (by node id)", cycle);
+}
+
+}  // namespace
+
+Topology analyze(const Tree& tree, std::int64_t kv_slots) {
+  check_heads(tree.heads);
+  const auto& nodes = tree.nodes();
+  if (nodes.size() > std::size_t(kMaxCount)) {
+    fail(ErrorCategory::InvalidTree, "{} nodes exceed the limit of {}", nodes.size(), kMaxCount);
+  }
+  if (tree.query_count() > std::size_t(kMaxCount)) {
+    fail(ErrorCategory::InvalidTree, "{} queries exceed the limit of {}", tree.query_count(), kMaxCount);
+  }
+  const std::int32_t n = std::int32_t(nodes.size());
+  IdIndex ids(tree);
+
+  Topology topo;
+  topo.parent.resize(std::size_t(n));
+  topo.child_begin.assign(std::size_t(n) + 1, 0);
+  for (std::int32_t i = 0; i < n; ++i) {
+    const TreeNode& node = nodes[std::size_t(i)];
+    std::int32_t p = -1;
+    if (node.parent != kNoParent) {
+      p = ids.find(node.parent);
+      if (p < 0) {
+        fail(ErrorCategory::InvalidTree, "{}: parent {} is not a node id", node_name(tree, i),
+             node.parent);
+      }
+      if (p == i) fail(ErrorCategory::InvalidTree, "{} is its own parent", node_name(tree, i));
+      ++topo.child_begin[std::size_t(p) + 1];
+    } else {
+      topo.roots.push_back(i);
+    }
+    topo.parent[std::size_t(i)] = p;
+    check_slots(tree, i, kv_slots);
+  }
+  for (std::int32_t i = 0; i < n; ++i) topo.child_begin[std::size_t(i) + 1] += topo.child_begin[std::size_t(i)];
+  topo.children.resize(std::size_t(topo.child_begin[std::size_t(n)]));
+  {
+    std::vector<std::int32_t> fill(topo.child_begin.begin(), topo.child_begin.end() - 1);
+    for (std::int32_t i = 0; i < n; ++i) {
+      const std::int32_t p = topo.parent[std::size_t(i)];
+      if (p >= 0) topo.children[std::size_t(fill[std::size_t(p)]++)] = i;
+    }
+  }
+  check_acyclic(tree, topo);
+
+  const auto& queries = tree.queries();
+  topo.query_node.resize(queries.size());
+  topo.query_upto.resize(queries.size());
+  for (std::size_t q = 0; q < queries.size(); ++q) {
+    const TreeQuery& query = queries[q];
+    const std::int32_t v = ids.find(query.node);
+    if (v < 0) fail(ErrorCategory::InvalidTree, "queries[{}]: node {} is not a node id", q, query.node);
+    const std::int64_t length = nodes[std::size_t(v)].length;
+    std::int64_t upto = query.upto;
+    if (upto == kWholeNode) {
+      upto = length;
+    } else if (upto < 0) {
+      fail(ErrorCategory::InvalidTree, "queries[{}]: upto {} is negative", q, upto);
+    } else if (upto > length) {
+      fail(ErrorCategory::InvalidTree, "queries[{}]: upto {} exceeds the {} tokens of {}", q, upto,
+           length, node_name(tree, v));
+    }
+    if (upto == 0) {  // rare (upto 0 or an empty node): walk up for any visible token
+      bool sees_any = false;
+      for (std::int32_t a = topo.parent[std::size_t(v)]; a >= 0 && !sees_any; a = topo.parent[std::size_t(a)]) {
+        sees_any = nodes[std::size_t(a)].length > 0;
+      }
+      if (!sees_any) {
+        fail(ErrorCategory::InvalidTree,
+             "queries[{}] on {} sees no token (upto {} of {} tokens, and no ancestor holds any)", q,
+             node_name(tree, v), upto, length);
+      }
+    }
+    topo.query_node[q] = v;
+    topo.query_upto[q] = std::int32_t(upto);
+  }
+  return topo;
+}
+
+void validate(const Tree& tree, std::int64_t kv_slots) { (void)analyze(tree, kv_slots); }
+
+}  // namespace treeattn

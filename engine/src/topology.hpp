@@ -1,0 +1,26 @@
+#pragma once
+// Internal: a validated tree in index form. analyze() is the one place that
+// checks a Tree; everything downstream may assume what it guarantees.
+
+#include <cstdint>
+#include <vector>
+
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+struct Topology {
+  std::vector<std::int32_t> parent;       // [nodes] parent node index, or -1
+  std::vector<std::int32_t> child_begin;  // [nodes + 1] CSR into children
+  std::vector<std::int32_t> children;     // child node indices, in input order
+  std::vector<std::int32_t> roots;        // in input order
+  std::vector<std::int32_t> query_node;   // [queries] node index
+  std::vector<std::int32_t> query_upto;   // [queries] tokens of its own node it sees
+};
+
+// Validates heads, ids, parents (unknown, cycles), slots (sign, width, kv_slots
+// when > 0) and queries (node, upto, at least one visible token). Throws
+// InvalidTree naming the node or query.
+Topology analyze(const Tree& tree, std::int64_t kv_slots);
+
+}  // namespace treeattn

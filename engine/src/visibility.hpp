@@ -1,0 +1,44 @@
+#pragma once
+// Internal: who sees what, computed per node (never per token).
+//
+// Queries are renumbered by a depth-first *position*: entering a node, its own
+// queries take the next positions, sorted by how many of its tokens they see
+// (ascending), then its children's subtrees follow. Two facts follow:
+//   * the queries of a subtree occupy one contiguous range of positions;
+//   * the queries that see token t of node n are exactly the own queries with
+//     upto > t (a suffix of n's own queries) plus the whole descendant range,
+//     which is again one contiguous range [lo, hi).
+// A node's visible tokens are therefore cut into *pieces*, one per distinct
+// upto boundary, each with a constant viewer range. Pieces partition the
+// visible tokens; strategies only decide how to group them into KV blocks.
+
+#include <cstdint>
+#include <vector>
+
+#include "topology.hpp"
+
+namespace treeattn {
+
+struct Piece {
+  std::int32_t node;         // tree node index
+  std::int32_t token_begin;  // in the plan's flattened token order
+  std::int32_t token_end;
+  std::int32_t viewer_lo;    // viewers: query positions [viewer_lo, viewer_hi)
+  std::int32_t viewer_hi;
+};
+
+struct Visibility {
+  std::vector<std::int32_t> query_at;        // [queries] position -> query index
+  std::vector<std::int32_t> query_position;  // [queries] query index -> position
+  std::vector<std::int32_t> dfs_nodes;       // node indices in depth-first preorder
+  std::vector<std::int32_t> depth;           // [nodes] 0 for roots
+  std::vector<Piece> pieces;                 // in flattened token order
+  std::vector<std::int32_t> node_piece_begin;  // [nodes] CSR into pieces, with
+  std::vector<std::int32_t> node_piece_end;    // [nodes] a node's pieces contiguous
+  std::vector<std::int32_t> token_slot;      // [visible tokens] KV-pool row
+  std::int64_t max_slot = -1;
+};
+
+Visibility compute_visibility(const Tree& tree, const Topology& topo);
+
+}  // namespace treeattn

@@ -1,0 +1,83 @@
+#include "cli_support.hpp"
+
+#include <cstdio>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "treeattn/backend.hpp"
+#include "treeattn/error.hpp"
+#include "treeattn/npy.hpp"
+
+namespace treeattn::cli {
+
+PendingOutputs::~PendingOutputs() {
+  for (const auto& file : files_) std::remove(file.first.c_str());
+}
+
+std::string PendingOutputs::temporary_for(const std::string& path) {
+  for (const auto& file : files_) {
+    if (file.second == path) throw Error(ErrorCategory::InvalidArgument, fmt::format("{} is named as two outputs", path));
+  }
+  std::string temporary = fmt::format("{}.tmp{}", path, ::getpid());
+  files_.emplace_back(temporary, path);
+  return temporary;
+}
+
+void PendingOutputs::write_npy(const std::string& path, const TensorRef& t) {
+  treeattn::write_npy(temporary_for(path), t);
+}
+
+void PendingOutputs::write_text(const std::string& path, const std::string& text) {
+  const std::string temporary = temporary_for(path);
+  std::ofstream out(temporary, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) throw Error(ErrorCategory::Io, fmt::format("{}: cannot write", path));
+}
+
+void PendingOutputs::commit() {
+  for (const auto& [temporary, path] : files_) {
+    if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+      throw Error(ErrorCategory::Io, fmt::format("{}: cannot move the result into place", path));
+    }
+  }
+  files_.clear();
+}
+
+std::vector<std::string> strategy_names() {
+  std::vector<std::string> names;
+  for (Strategy s : all_strategies()) names.emplace_back(to_string(s));
+  return names;
+}
+
+std::vector<std::string> backend_names() { return {"auto", "cpu", "vulkan", "cuda"}; }
+
+void add_plan_options(CLI::App& sub, std::string& strategy, int& block_tokens, int& query_tile) {
+  sub.add_option("--strategy", strategy,
+                 "How KV is grouped with queries: flatten (DeFT-Flatten: depth-first, even blocks), "
+                 "node (one group per node), node_chunk (nodes cut into even chunks), "
+                 "sequence (Q-guided baseline: every query reads its whole path), "
+                 "cascade (one group per tree level)")
+      ->check(CLI::IsMember(strategy_names()))
+      ->capture_default_str();
+  sub.add_option("--block-tokens", block_tokens, "Max KV tokens per block (work item)")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  sub.add_option("--query-tile", query_tile, "Max queries per work item (bits of a segment mask)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000.0 && u < 4) {
+    bytes /= 1000.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+}  // namespace treeattn::cli

@@ -1,0 +1,87 @@
+// treeattn run: tree JSON + Q/K/V .npy -> O (and LSE) .npy
+
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "cli_support.hpp"
+#include "commands.hpp"
+#include "treeattn/treeattn.hpp"
+
+namespace treeattn::cli {
+namespace {
+
+struct RunOptions {
+  std::string tree, q, k, v, out, lse;
+  std::string backend = "auto";
+  std::string strategy = "flatten";
+  int block_tokens = 256;
+  int query_tile = kMaxQueryTile;
+  int threads = 0;
+  bool verbose = false;
+};
+
+void run(const RunOptions& o) {
+  const Tree tree = load_tree_json(o.tree);
+  HostArray q = read_npy(o.q), k = read_npy(o.k), v = read_npy(o.v);
+  if (k.shape.size() != 3) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("{}: K is {}, expected [slots, heads_kv, head_dim]", o.k, describe(k.view())));
+  }
+
+  PlanOptions options;
+  options.strategy = parse_strategy(o.strategy);
+  options.block_tokens = o.block_tokens;
+  options.query_tile = o.query_tile;
+  options.kv_slots = k.shape[0];
+  const Plan plan = treeattn::plan(tree, options);
+
+  const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, d = plan.heads.head_dim;
+  HostArray out(DType::f32, {nq, hq, d});
+  HostArray lse(DType::f32, {nq, hq});
+  BackendOptions backend_options;
+  backend_options.threads = o.threads;
+  std::unique_ptr<Backend> backend = make_backend(parse_backend(o.backend), backend_options);
+  if (o.verbose) {
+    const PlanStats st = compute_stats(plan);
+    fmt::print(stderr, "treeattn run: backend {}, strategy {}, {} queries, {} tokens, {} work items\n",
+               backend->name(), to_string(plan.strategy), nq, st.tokens, st.items);
+  }
+  backend->run(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), lse.view()});
+
+  PendingOutputs outputs;
+  outputs.write_npy(o.out, out.view());
+  if (!o.lse.empty()) outputs.write_npy(o.lse, lse.view());
+  outputs.commit();
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "run",
+      "Compute tree attention for every query of a tree file.\n"
+      "Q is [queries, heads_q, head_dim]; K and V are the KV pool [slots, heads_kv, head_dim] whose rows\n"
+      "the tree's slots index; all three share one dtype (<f2, <f4, or <u2 holding bf16).\n"
+      "Writes O as <f4 [queries, heads_q, head_dim] and LSE (natural log) as <f4 [queries, heads_q].\n"
+      "On any error nothing is written and the exit status is 1.\n"
+      "Example: treeattn run --tree examples/fewshot.json --q q.npy --k k.npy --v v.npy --out o.npy");
+  sub->add_option("--tree", o->tree, "Tree JSON (heads, nodes with slots, queries)")->required();
+  sub->add_option("--q", o->q, "Queries .npy [queries, heads_q, head_dim]")->required();
+  sub->add_option("--k", o->k, "Keys .npy [slots, heads_kv, head_dim]")->required();
+  sub->add_option("--v", o->v, "Values .npy [slots, heads_kv, head_dim]")->required();
+  sub->add_option("--out", o->out, "Output O .npy (<f4)")->required();
+  sub->add_option("--lse", o->lse, "Also write the log-sum-exp .npy (<f4)");
+  sub->add_option("--backend", o->backend, "auto picks CUDA, then Vulkan, then the CPU")
+      ->check(CLI::IsMember(backend_names()))
+      ->capture_default_str();
+  add_plan_options(*sub, o->strategy, o->block_tokens, o->query_tile);
+  sub->add_option("--threads", o->threads, "CPU backend threads (0: one per hardware thread)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_flag("--verbose", o->verbose, "Say which backend ran and the size of the plan");
+  return {sub, [o] { run(*o); }};
+}
+
+}  // namespace treeattn::cli

@@ -1,0 +1,48 @@
+// treeattn: command-line front end of the tree-attention engine.
+
+#include <iostream>
+#include <vector>
+
+#include "commands.hpp"
+#include "treeattn/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "treeattn: decode-time attention over a tree of KV cache (DeFT-Flatten).\n"
+      "Plan a tree once, then run attention for every query on the CPU, CUDA or Vulkan backend.\n"
+      "Start with `treeattn random-inputs` and `treeattn run` on examples/fewshot.json.",
+      "treeattn"};
+  app.require_subcommand(1, 1);
+  app.fallthrough(false);
+  std::vector<treeattn::cli::Command> commands = {
+      treeattn::cli::add_run_command(app),
+      treeattn::cli::add_plan_command(app),
+      treeattn::cli::add_bench_command(app),
+      treeattn::cli::add_random_inputs_command(app),
+  };
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "treeattn: error: " << e.what() << " (see treeattn --help)\n";
+    return 1;
+  }
+
+  for (const auto& command : commands) {
+    if (!command.app->parsed()) continue;
+    try {
+      command.action();
+      return 0;
+    } catch (const treeattn::Error& e) {
+      std::cerr << "treeattn " << command.app->get_name() << ": error: " << e.what() << "\n";
+    } catch (const std::exception& e) {
+      std::cerr << "treeattn " << command.app->get_name() << ": error: " << e.what() << "\n";
+    }
+    return 1;
+  }
+  return 1;
+}

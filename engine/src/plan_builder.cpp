@@ -46,31 +46,52 @@ void PlanBuilder::close_block() {
   const std::int32_t seg_count = plan_.num_segments() - seg_begin;
   plan_.block_segment_begin.push_back(plan_.num_segments());
 
-  // The block's viewers: the union of its segments' position ranges, ascending.
+  // The block's viewers: the union of its segments' position ranges, as
+  // disjoint intervals in ascending order, each with its offset in the list.
   ranges_.clear();
   for (std::int32_t s = 0; s < seg_count; ++s) ranges_.emplace_back(lo_[std::size_t(s)], hi_[std::size_t(s)]);
   std::sort(ranges_.begin(), ranges_.end());
-  positions_.clear();
-  std::int32_t covered = -1;
+  intervals_.clear();
+  std::int32_t viewers = 0;
   for (const auto& [lo, hi] : ranges_) {
-    for (std::int32_t p = std::max(lo, covered); p < hi; ++p) positions_.push_back(p);
-    covered = std::max(covered, hi);
+    if (!intervals_.empty() && lo <= intervals_.back().end) {
+      Interval& last = intervals_.back();
+      if (hi > last.end) {
+        viewers += hi - last.end;
+        last.end = hi;
+      }
+    } else {
+      intervals_.push_back(Interval{lo, hi, viewers});
+      viewers += hi - lo;
+    }
+  }
+  // Each segment's viewers, as a range of indices into that list.
+  first_viewer_.resize(std::size_t(seg_count));
+  for (std::int32_t s = 0; s < seg_count; ++s) {
+    const std::int32_t lo = lo_[std::size_t(s)];
+    const auto in = std::upper_bound(intervals_.begin(), intervals_.end(), lo,
+                                     [](std::int32_t value, const Interval& i) { return value < i.begin; }) - 1;
+    first_viewer_[std::size_t(s)] = in->offset + (lo - in->begin);
   }
 
   // One work item per query tile; within a tile, a segment's viewers are a
-  // contiguous run of the tile's (sorted) positions, hence a contiguous run of bits.
+  // contiguous run of its queries, hence a contiguous run of mask bits.
   const std::int32_t tile = plan_.query_tile;
-  for (std::size_t t0 = 0; t0 < positions_.size(); t0 += std::size_t(tile)) {
-    const std::size_t t1 = std::min(positions_.size(), t0 + std::size_t(tile));
+  std::size_t interval = 0;
+  for (std::int32_t t0 = 0; t0 < viewers; t0 += tile) {
+    const std::int32_t t1 = std::min(viewers, t0 + tile);
     plan_.item_block.push_back(block);
     plan_.item_mask_begin.push_back(std::int32_t(plan_.segment_mask.size()));
-    for (std::size_t t = t0; t < t1; ++t) plan_.tile_query.push_back(vis_.query_at[std::size_t(positions_[t])]);
+    for (std::int32_t t = t0; t < t1; ++t) {
+      while (t >= intervals_[interval].offset + (intervals_[interval].end - intervals_[interval].begin)) ++interval;
+      const std::int32_t position = intervals_[interval].begin + (t - intervals_[interval].offset);
+      plan_.tile_query.push_back(vis_.query_at[std::size_t(position)]);
+    }
     plan_.item_query_begin.push_back(std::int32_t(plan_.tile_query.size()));
-    const auto tile_first = positions_.begin() + std::ptrdiff_t(t0);
-    const auto tile_last = positions_.begin() + std::ptrdiff_t(t1);
     for (std::int32_t s = 0; s < seg_count; ++s) {
-      const auto a = std::lower_bound(tile_first, tile_last, lo_[std::size_t(s)]) - tile_first;
-      const auto b = std::lower_bound(tile_first, tile_last, hi_[std::size_t(s)]) - tile_first;
+      const std::int32_t first = first_viewer_[std::size_t(s)];
+      const std::int32_t a = std::clamp(first - t0, 0, t1 - t0);
+      const std::int32_t b = std::clamp(first + (hi_[std::size_t(s)] - lo_[std::size_t(s)]) - t0, 0, t1 - t0);
       const std::uint64_t run = b - a == 64 ? ~std::uint64_t(0) : ((std::uint64_t(1) << (b - a)) - 1);
       plan_.segment_mask.push_back(b > a ? run << a : 0);
     }

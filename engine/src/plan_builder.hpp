@@ -34,10 +34,15 @@ class PlanBuilder {
 
   Plan& plan_;
   const Visibility& vis_;
+  struct Interval {
+    std::int32_t begin, end;  // query positions [begin, end)
+    std::int32_t offset;      // viewers of the block before this interval
+  };
   // Viewer ranges of the open block's segments, and scratch for its tiles.
   std::vector<std::int32_t> lo_, hi_;
   std::vector<std::pair<std::int32_t, std::int32_t>> ranges_;
-  std::vector<std::int32_t> positions_;
+  std::vector<Interval> intervals_;
+  std::vector<std::int32_t> first_viewer_;
 };
 
 }  // namespace treeattn

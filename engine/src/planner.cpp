@@ -31,8 +31,8 @@ void plan_flatten(PlanBuilder& builder, const Visibility& vis) {
 // DeFT-Node: each node is its own group, cut at block_tokens (a long node's tail
 // block is short, a small node's block is small: the imbalance DeFT measured).
 // DeFT-Node-Chunk: the same groups, each cut into even chunks.
-void plan_per_node(PlanBuilder& builder, const Visibility& vis, Cut cut) {
-  for (std::int32_t v : vis.dfs_nodes) {
+void plan_per_node(PlanBuilder& builder, const Visibility& vis, const Topology& topo, Cut cut) {
+  for (std::int32_t v : topo.preorder) {
     const Piece* first = vis.pieces.data() + vis.node_piece_begin[std::size_t(v)];
     const Piece* last = vis.pieces.data() + vis.node_piece_end[std::size_t(v)];
     builder.emit_run(first, last, cut);
@@ -41,18 +41,18 @@ void plan_per_node(PlanBuilder& builder, const Visibility& vis, Cut cut) {
 
 // Cascade: the nodes of one depth level form one run (depth-first order within
 // the level), cut evenly; blocks never mix levels.
-void plan_cascade(PlanBuilder& builder, const Visibility& vis) {
+void plan_cascade(PlanBuilder& builder, const Visibility& vis, const Topology& topo) {
   std::vector<std::int32_t> level_begin;
-  for (std::int32_t v : vis.dfs_nodes) {
-    const std::size_t d = std::size_t(vis.depth[std::size_t(v)]);
+  for (std::int32_t v : topo.preorder) {
+    const std::size_t d = std::size_t(topo.depth[std::size_t(v)]);
     if (level_begin.size() < d + 2) level_begin.resize(d + 2, 0);
     level_begin[d + 1] += vis.node_piece_end[std::size_t(v)] - vis.node_piece_begin[std::size_t(v)];
   }
   for (std::size_t d = 1; d < level_begin.size(); ++d) level_begin[d] += level_begin[d - 1];
   std::vector<Piece> by_level(vis.pieces.size());
   std::vector<std::int32_t> fill(level_begin.begin(), level_begin.end());
-  for (std::int32_t v : vis.dfs_nodes) {
-    const std::size_t d = std::size_t(vis.depth[std::size_t(v)]);
+  for (std::int32_t v : topo.preorder) {
+    const std::size_t d = std::size_t(topo.depth[std::size_t(v)]);
     for (std::int32_t p = vis.node_piece_begin[std::size_t(v)]; p < vis.node_piece_end[std::size_t(v)]; ++p) {
       by_level[std::size_t(fill[d]++)] = vis.pieces[std::size_t(p)];
     }
@@ -106,9 +106,9 @@ Plan plan(const Tree& tree, const PlanOptions& options) {
   PlanBuilder builder(result, vis);
   switch (options.strategy) {
     case Strategy::flatten: plan_flatten(builder, vis); break;
-    case Strategy::node: plan_per_node(builder, vis, Cut::fixed); break;
-    case Strategy::node_chunk: plan_per_node(builder, vis, Cut::even); break;
-    case Strategy::cascade: plan_cascade(builder, vis); break;
+    case Strategy::node: plan_per_node(builder, vis, topo, Cut::fixed); break;
+    case Strategy::node_chunk: plan_per_node(builder, vis, topo, Cut::even); break;
+    case Strategy::cascade: plan_cascade(builder, vis, topo); break;
     case Strategy::sequence: plan_sequence(builder, vis, topo); break;
   }
   builder.finish();

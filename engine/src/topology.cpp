@@ -118,23 +118,28 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots) {
   }
 }
 
-// Every node must reach a root. Walks down from the roots; any node left over
-// sits on (or hangs below) a cycle, which is then reported by id.
-void check_acyclic(const Tree& tree, const Topology& topo) {
+// Walks the forest depth-first from its roots, recording the preorder and each
+// node's depth. A node the walk never reaches sits on (or hangs below) a cycle
+// of parent links: that cycle is reported by node id.
+void walk_preorder(const Tree& tree, Topology& topo) {
   const std::size_t n = tree.node_count();
-  std::vector<char> reached(n, 0);
-  std::vector<std::int32_t> stack(topo.roots.begin(), topo.roots.end());
-  std::size_t count = 0;
+  topo.preorder.reserve(n);
+  topo.depth.assign(n, 0);
+  std::vector<std::int32_t> stack(topo.roots.rbegin(), topo.roots.rend());
   while (!stack.empty()) {
-    const std::int32_t v = stack.back();
+    const std::size_t v = std::size_t(stack.back());
     stack.pop_back();
-    reached[std::size_t(v)] = 1;
-    ++count;
-    for (std::int32_t c = topo.child_begin[std::size_t(v)]; c < topo.child_begin[std::size_t(v) + 1]; ++c) {
-      stack.push_back(topo.children[std::size_t(c)]);
+    topo.preorder.push_back(std::int32_t(v));
+    for (std::int32_t c = topo.child_begin[v + 1] - 1; c >= topo.child_begin[v]; --c) {
+      const std::int32_t child = topo.children[std::size_t(c)];
+      topo.depth[std::size_t(child)] = topo.depth[v] + 1;
+      stack.push_back(child);
     }
   }
-  if (count == n) return;
+  if (topo.preorder.size() == n) return;
+
+  std::vector<char> reached(n, 0);
+  for (std::int32_t v : topo.preorder) reached[std::size_t(v)] = 1;
   std::int32_t v = 0;
   while (reached[std::size_t(v)]) ++v;
   // Follow parents from an unreached node until one repeats: that is the cycle.
@@ -196,7 +201,7 @@ Topology analyze(const Tree& tree, std::int64_t kv_slots) {
       if (p >= 0) topo.children[std::size_t(fill[std::size_t(p)]++)] = i;
     }
   }
-  check_acyclic(tree, topo);
+  walk_preorder(tree, topo);
 
   const auto& queries = tree.queries();
   topo.query_node.resize(queries.size());

@@ -23,43 +23,30 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (own_begin[i + 1] - own_begin[i] < 2) continue;
-    std::stable_sort(own.begin() + own_begin[i], own.begin() + own_begin[i + 1],
-                     [&](std::int32_t a, std::int32_t b) {
-                       return topo.query_upto[std::size_t(a)] < topo.query_upto[std::size_t(b)];
-                     });
+    std::sort(own.begin() + own_begin[i], own.begin() + own_begin[i + 1], [&](std::int32_t a, std::int32_t b) {
+      const std::int32_t ua = topo.query_upto[std::size_t(a)], ub = topo.query_upto[std::size_t(b)];
+      return ua < ub || (ua == ub && a < b);
+    });
   }
 
-  // Preorder walk with an explicit stack; a node is pushed twice, the second
-  // time (marked by ~index) to close its subtree's position range.
+  // Positions: a node's own queries, then its subtree, in preorder. A subtree's
+  // query count comes from one reverse pass; positions from one forward pass.
+  std::vector<std::int32_t> subtree_queries(n);
+  for (std::size_t i = 0; i < n; ++i) subtree_queries[i] = own_begin[i + 1] - own_begin[i];
+  for (auto v = topo.preorder.rbegin(); v != topo.preorder.rend(); ++v) {
+    const std::int32_t p = topo.parent[std::size_t(*v)];
+    if (p >= 0) subtree_queries[std::size_t(p)] += subtree_queries[std::size_t(*v)];
+  }
   vis.query_at.resize(nq);
   vis.query_position.resize(nq);
-  vis.dfs_nodes.reserve(n);
-  vis.depth.assign(n, 0);
-  std::vector<std::int32_t> first_position(n), subtree_end(n);
-  std::vector<std::int32_t> stack;
-  stack.reserve(2 * n);
-  for (auto r = topo.roots.rbegin(); r != topo.roots.rend(); ++r) stack.push_back(*r);
+  std::vector<std::int32_t> first_position(n);
   std::int32_t position = 0;
-  while (!stack.empty()) {
-    const std::int32_t top = stack.back();
-    stack.pop_back();
-    if (top < 0) {
-      subtree_end[std::size_t(~top)] = position;
-      continue;
-    }
-    const std::size_t v = std::size_t(top);
-    vis.dfs_nodes.push_back(top);
-    first_position[v] = position;
-    for (std::int32_t k = own_begin[v]; k < own_begin[v + 1]; ++k) {
+  for (std::int32_t v : topo.preorder) {
+    first_position[std::size_t(v)] = position;
+    for (std::int32_t k = own_begin[std::size_t(v)]; k < own_begin[std::size_t(v) + 1]; ++k) {
       vis.query_at[std::size_t(position)] = own[std::size_t(k)];
       vis.query_position[std::size_t(own[std::size_t(k)])] = position;
       ++position;
-    }
-    stack.push_back(~top);
-    for (std::int32_t c = topo.child_begin[v + 1] - 1; c >= topo.child_begin[v]; --c) {
-      const std::int32_t child = topo.children[std::size_t(c)];
-      vis.depth[std::size_t(child)] = vis.depth[v] + 1;
-      stack.push_back(child);
     }
   }
 
@@ -68,10 +55,11 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
   vis.node_piece_end.assign(n, 0);
   vis.pieces.reserve(n + nq);
   std::int64_t offset = 0;
-  for (std::int32_t v : vis.dfs_nodes) {
+  for (std::int32_t v : topo.preorder) {
     const std::size_t i = std::size_t(v);
     const std::int32_t own_count = own_begin[i + 1] - own_begin[i];
-    const bool has_descendant_viewers = subtree_end[i] > first_position[i] + own_count;
+    const std::int32_t subtree_end = first_position[i] + subtree_queries[i];
+    const bool has_descendant_viewers = subtree_queries[i] > own_count;
     const std::int32_t length = std::int32_t(tree.nodes()[i].length);
     std::int32_t visible = 0;
     if (has_descendant_viewers) visible = length;
@@ -89,7 +77,7 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
       const std::int32_t next =
           k < own_count ? topo.query_upto[std::size_t(own[std::size_t(own_begin[i] + k)])] : visible;
       vis.pieces.push_back(Piece{v, std::int32_t(offset + t), std::int32_t(offset + next),
-                                 first_position[i] + k, subtree_end[i]});
+                                 first_position[i] + k, subtree_end});
       t = next;
     }
     vis.node_piece_end[i] = std::int32_t(vis.pieces.size());
@@ -98,7 +86,7 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
 
   vis.token_slot.resize(std::size_t(offset));
   std::int32_t* out = vis.token_slot.data();
-  for (std::int32_t v : vis.dfs_nodes) {
+  for (std::int32_t v : topo.preorder) {
     const std::size_t i = std::size_t(v);
     if (vis.node_piece_begin[i] == vis.node_piece_end[i]) continue;
     const std::int32_t visible = vis.pieces[std::size_t(vis.node_piece_end[i] - 1)].token_end -

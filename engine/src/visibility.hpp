@@ -30,8 +30,6 @@ struct Piece {
 struct Visibility {
   std::vector<std::int32_t> query_at;        // [queries] position -> query index
   std::vector<std::int32_t> query_position;  // [queries] query index -> position
-  std::vector<std::int32_t> dfs_nodes;       // node indices in depth-first preorder
-  std::vector<std::int32_t> depth;           // [nodes] 0 for roots
   std::vector<Piece> pieces;                 // in flattened token order
   std::vector<std::int32_t> node_piece_begin;  // [nodes] CSR into pieces, with
   std::vector<std::int32_t> node_piece_end;    // [nodes] a node's pieces contiguous

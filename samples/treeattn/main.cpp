@@ -1,6 +1,7 @@
 // treeattn: command-line front end of the tree-attention engine.
 
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "commands.hpp"
@@ -21,6 +22,19 @@ int main(int argc, char** argv) {
       treeattn::cli::add_random_inputs_command(app),
   };
 
+  // CLI11 would only say "a subcommand is required" for a mistyped command.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const auto& command : commands) {
+      known = known || command.app->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + command.app->get_name();
+    }
+    if (!known) {
+      std::cerr << "treeattn: error: unknown command '" << argv[1] << "' (choose " << names << ")\n";
+      return 1;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# README command 2: set up, build, and run the whole test suite (ctest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh
+ctest --test-dir build --output-on-failure

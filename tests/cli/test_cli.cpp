@@ -1,0 +1,196 @@
+// The treeattn program end to end: exact flags, outputs equal to the library's,
+// one-line errors with exit status 1, and no output file left behind on failure.
+
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "treeattn/treeattn.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+struct Result {
+  int status;
+  std::string output;
+};
+
+// Runs the CLI with `args`; captures stderr (and stdout unless `stderr_only`).
+Result cli(const std::string& args, bool stderr_only = false) {
+  const std::string command =
+      std::string(TREEATTN_CLI) + " " + args + (stderr_only ? " 2>&1 >/dev/null" : " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string output;
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
+std::size_t lines(const std::string& text) {
+  std::size_t n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char name[] = "/tmp/treeattn_cli_XXXXXX";
+    REQUIRE(mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~TempDir() { (void)std::system(("rm -rf " + path).c_str()); }
+  std::string operator/(const std::string& file) const { return path + "/" + file; }
+};
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+const std::string kExample = std::string(TREEATTN_EXAMPLES) + "/fewshot.json";
+
+}  // namespace
+
+TEST_CASE("run writes the library's O and LSE for the example tree") {
+  TempDir dir;
+  Result r = cli("random-inputs --tree " + kExample + " --out-dir " + dir.path + " --seed 5");
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  for (const char* strategy : {"flatten", "node", "node_chunk", "sequence", "cascade"}) {
+    CAPTURE(strategy);
+    r = cli("run --tree " + kExample + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") + " --v " + (dir / "v.npy") +
+            " --out " + (dir / "o.npy") + " --lse " + (dir / "lse.npy") + " --backend cpu --block-tokens 100 --strategy " +
+            strategy);
+    REQUIRE_MESSAGE(r.status == 0, r.output);
+    CHECK(r.output.empty());
+
+    const Tree tree = load_tree_json(kExample);
+    HostArray q = read_npy(dir / "q.npy"), k = read_npy(dir / "k.npy"), v = read_npy(dir / "v.npy");
+    const Plan plan = treeattn::plan(tree, PlanOptions{parse_strategy(strategy), 100, kMaxQueryTile, 0});
+    HostArray o(DType::f32, {plan.num_queries, 8, 128}), lse(DType::f32, {plan.num_queries, 8});
+    make_backend(BackendKind::cpu)->run(plan, {q.view(), k.view(), v.view(), o.view(), lse.view()});
+    const HostArray o_file = read_npy(dir / "o.npy"), lse_file = read_npy(dir / "lse.npy");
+    CHECK(o_file.shape == o.shape);
+    CHECK(o_file.dtype == DType::f32);
+    CHECK(o_file.bytes == o.bytes);
+    CHECK(lse_file.shape == lse.shape);
+    CHECK(lse_file.bytes == lse.bytes);
+  }
+}
+
+TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") {
+  TempDir dir;
+  REQUIRE(cli("random-inputs --tree " + kExample + " --out-dir " + dir.path).status == 0);
+  const std::string inputs = " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") + " --v " + (dir / "v.npy");
+  const std::string out = dir / "o.npy", lse = dir / "lse.npy";
+
+  auto expect_failure = [&](const std::string& args, const char* fragment) {
+    CAPTURE(args);
+    const Result r = cli(args, true);
+    CHECK(r.status == 1);
+    CHECK_MESSAGE(r.output.find(fragment) != std::string::npos, r.output);
+    CHECK(lines(r.output) == 1);
+    CHECK(!exists(out));
+    CHECK(!exists(lse));
+  };
+
+  write_file(dir / "cycle.json", R"({"heads_q": 8, "heads_kv": 2, "head_dim": 128,
+    "nodes": [{"id": 1, "parent": 2, "slot_range": [0, 3]}, {"id": 2, "parent": 1, "slot_range": [3, 3]}],
+    "queries": [{"node": 1}]})");
+  expect_failure("run --tree " + (dir / "cycle.json") + inputs + " --out " + out + " --lse " + lse, "cycle");
+
+  write_file(dir / "far.json", R"({"heads_q": 8, "heads_kv": 2, "head_dim": 128,
+    "nodes": [{"id": 0, "parent": -1, "slot_range": [0, 600]}, {"id": 7, "parent": 0, "slots": [3, 5000]}],
+    "queries": [{"node": 7}]})");
+  expect_failure("run --tree " + (dir / "far.json") + inputs + " --out " + out,
+                 "node 7 (nodes[1]): slots[1] = 5000 is out of range for a KV pool of 694 slots");
+
+  write_file(dir / "bad.json", "{\"heads_q\": 8,");
+  expect_failure("run --tree " + (dir / "bad.json") + inputs + " --out " + out, "malformed JSON");
+
+  write_file(dir / "heads.json", R"({"heads_q": 4, "heads_kv": 2, "head_dim": 128,
+    "nodes": [{"id": 0, "parent": -1, "slot_range": [0, 600]}], "queries": [{"node": 0}]})");
+  expect_failure("run --tree " + (dir / "heads.json") + inputs + " --out " + out, "Q is [5, 8, 128] f16, expected [1, 4, 128]");
+
+  expect_failure("run --tree " + kExample + " --q " + (dir / "missing.npy") + " --k " + (dir / "k.npy") + " --v " +
+                     (dir / "v.npy") + " --out " + out,
+                 "missing.npy: cannot open");
+  expect_failure("run --tree " + kExample + inputs, "--out is required");
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --strategy deft", "--strategy");
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --block-tokens 0", "--block-tokens");
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --backend cuda", "built without the cuda backend");
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --lse " + out, "named as two outputs");
+  expect_failure("frobnicate", "frobnicate");
+
+  // A failed run leaves an existing output untouched rather than half-written.
+  write_file(out, "previous");
+  const Result r = cli("run --tree " + (dir / "cycle.json") + inputs + " --out " + out, true);
+  CHECK(r.status == 1);
+  std::ifstream previous(out);
+  std::string text;
+  previous >> text;
+  CHECK(text == "previous");
+}
+
+TEST_CASE("plan prints the split, the load balance and the IO model; --json is complete") {
+  Result r = cli("plan --tree " + kExample + " --block-tokens 128");
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(r.output.find("6 KV blocks") != std::string::npos);
+  CHECK(r.output.find("load balance, KV tokens per work item: min 115, mean 115.7, max 116") != std::string::npos);
+  CHECK(r.output.find("KV-IO reduction of this plan over Q-guided: 4.47x") != std::string::npos);
+
+  r = cli("plan --tree " + kExample + " --strategy sequence --json", false);
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  const nlohmann::json doc = nlohmann::json::parse(r.output);
+  CHECK(doc["strategy"] == "sequence");
+  CHECK(doc["stats"]["tokens"] == 694);
+  CHECK(doc["stats"]["item_queries_max"] == 1);
+  CHECK(doc["stats"]["plan_read_kv_bytes"] == doc["stats"]["sequence_read_kv_bytes"]);
+  std::size_t tile_entries = 0;
+  for (const auto& item : doc["items"]) tile_entries += item["queries"].size();
+  CHECK(tile_entries == doc["items"].size());
+}
+
+TEST_CASE("help teaches the commands and exits 0") {
+  Result r = cli("--help");
+  CHECK(r.status == 0);
+  for (const char* command : {"run", "plan", "bench", "random-inputs"}) CHECK(r.output.find(command) != std::string::npos);
+  r = cli("run --help");
+  CHECK(r.status == 0);
+  CHECK(r.output.find("--block-tokens") != std::string::npos);
+  CHECK(r.output.find("Example:") != std::string::npos);
+}
+
+TEST_CASE("bench writes JSON rows per strategy") {
+  TempDir dir;
+  const Result r = cli("bench --nodes 300 --queries 50 --trees 3 --strategy flatten,sequence --repeat 3 --backend cpu "
+                       "--json " + (dir / "bench.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  std::ifstream in(dir / "bench.json");
+  const nlohmann::json rows = nlohmann::json::parse(in);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["strategy"] == "flatten");
+  CHECK(rows[0]["kv_io_reduction"].get<double>() >= 1.0);
+  CHECK(rows[1]["kv_io_reduction"].get<double>() == doctest::Approx(1.0));
+  CHECK(rows[1]["run_median_us"].get<double>() > 0.0);
+}
+
+TEST_CASE("bf16 inputs travel as <u2 and run end to end") {
+  TempDir dir;
+  REQUIRE(cli("random-inputs --tree " + kExample + " --out-dir " + dir.path + " --dtype bf16").status == 0);
+  const HostArray k = read_npy(dir / "k.npy");
+  CHECK(k.dtype == DType::bf16);
+  const Result r = cli("run --tree " + kExample + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") + " --v " +
+                       (dir / "v.npy") + " --out " + (dir / "o.npy"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(read_npy(dir / "o.npy").shape == std::vector<std::int64_t>{5, 8, 128});
+  CHECK(!exists(dir / "lse.npy"));
+}

@@ -1,0 +1,227 @@
+// Planner invariants for every strategy: exact coverage of each visible
+// (query, token) pair, nothing invisible unmasked, block and tile limits, a
+// self-consistent plan, determinism; plus the shape each strategy promises.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "support/plan_check.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+
+using test::coverage_error;
+
+namespace {
+
+void check_invariants(const Tree& tree, const PlanOptions& options) {
+  const Plan plan = treeattn::plan(tree, options);
+  INFO("strategy ", to_string(options.strategy), ", block_tokens ", options.block_tokens, ", query_tile ",
+       options.query_tile);
+  CHECK_NOTHROW(validate(plan));
+  CHECK(coverage_error(tree, plan) == "");
+  for (std::int32_t b = 0; b < plan.num_blocks(); ++b) CHECK(plan.block_token_count(b) <= options.block_tokens);
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    CHECK(plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)] <= options.query_tile);
+  }
+  CHECK(test::plan_difference(plan, treeattn::plan(tree, options)) == "");
+}
+
+Tree star(std::int32_t leaves, std::int64_t prefix, std::int64_t leaf_tokens) {
+  Tree tree({32, 8, 128});
+  tree.add_node_range(0, kNoParent, 0, prefix);
+  for (std::int32_t i = 0; i < leaves; ++i) {
+    tree.add_node_range(i + 1, 0, prefix + i * leaf_tokens, leaf_tokens);
+    tree.add_query(i + 1);
+  }
+  return tree;
+}
+
+}  // namespace
+
+TEST_CASE("every strategy covers seeded random forests exactly") {
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    RandomForestOptions o;
+    o.seed = seed;
+    o.nodes = std::int32_t(1 + seed % 40);
+    o.roots = std::min<std::int32_t>(o.nodes, std::int32_t(1 + seed % 3));
+    o.queries = std::int32_t(seed % 7 == 0 ? 150 : 1 + seed % 30);  // some blocks exceed 64 queries
+    o.max_tokens = std::int32_t(seed % 5 == 0 ? 300 : 40);
+    o.min_tokens = seed % 4 == 0 ? 0 : 1;  // empty nodes too
+    o.upto_fraction = 0.35;
+    o.sparse_ids = seed % 2 == 0;
+    const Tree tree = random_forest(o);
+    CAPTURE(seed);
+    for (Strategy s : all_strategies()) {
+      for (std::int32_t block_tokens : {1, 7, 64, 256}) {
+        PlanOptions options;
+        options.strategy = s;
+        options.block_tokens = block_tokens;
+        options.query_tile = seed % 3 == 0 ? 5 : kMaxQueryTile;
+        check_invariants(tree, options);
+      }
+    }
+  }
+}
+
+TEST_CASE("edge cases: single token, deep chain, wide star, upto inside a block, forests") {
+  std::vector<std::pair<const char*, Tree>> cases;
+  {
+    Tree tree({4, 4, 64});
+    tree.add_node(5, kNoParent, {3});
+    tree.add_query(5);
+    cases.emplace_back("single token", tree);
+  }
+  {
+    Tree tree({8, 2, 64});
+    for (std::int64_t i = 0; i < 1000; ++i) tree.add_node_range(i, i == 0 ? kNoParent : i - 1, i, 1);
+    for (std::int64_t i : {0, 1, 63, 64, 65, 255, 256, 499, 500, 501, 998, 999}) tree.add_query(i);
+    tree.add_query(500, 0);  // sees its ancestors only
+    cases.emplace_back("1000-deep chain", tree);
+  }
+  cases.emplace_back("star of 300 leaves under a 4000-token prefix", star(300, 4000, 5));
+  {
+    // A speculative token tree: one node of 40 draft tokens with causal queries.
+    Tree tree({16, 1, 128});
+    tree.add_node_range(0, kNoParent, 0, 700);
+    tree.add_node_range(1, 0, 700, 40);
+    for (std::int64_t u = 1; u <= 40; ++u) tree.add_query(1, u);
+    tree.add_query(0, 350);  // a boundary in the middle of the prefix
+    cases.emplace_back("upto boundaries inside blocks", tree);
+  }
+  {
+    RandomForestOptions o;
+    o.nodes = 200;
+    o.roots = 20;
+    o.queries = 120;
+    o.seed = 99;
+    cases.emplace_back("forest of 20 requests", random_forest(o));
+  }
+  for (const auto& [name, tree] : cases) {
+    CAPTURE(name);
+    for (Strategy s : all_strategies()) {
+      for (std::int32_t block_tokens : {1, 64, 256, 4096}) {
+        check_invariants(tree, PlanOptions{s, block_tokens, kMaxQueryTile, 0});
+      }
+    }
+  }
+}
+
+TEST_CASE("GQA head configurations plan identically apart from the heads") {
+  RandomForestOptions o;
+  o.seed = 7;
+  o.nodes = 30;
+  o.queries = 20;
+  const Plan reference = plan(random_forest(o));
+  for (int group : {1, 4, 8, 16}) {
+    o.heads = {2 * group, 2, 128, 0.0f};
+    const Plan p = plan(random_forest(o));
+    CHECK(p.heads.group_size() == group);
+    CHECK(p.tile_query == reference.tile_query);
+    CHECK(p.segment_mask == reference.segment_mask);
+  }
+}
+
+TEST_CASE("more than 64 queries on one KV block become adjacent work items over the same block") {
+  const Tree tree = star(150, 200, 1);  // one 256-token block holds the prefix and 56 leaves
+  const Plan p = plan(tree, PlanOptions{Strategy::flatten, 256, kMaxQueryTile, 0});
+  REQUIRE(p.num_items() > p.num_blocks());
+  std::set<std::int32_t> seen_blocks;
+  for (std::int32_t i = 0; i < p.num_items(); ++i) {
+    const std::int32_t b = p.item_block[std::size_t(i)];
+    if (i > 0 && b != p.item_block[std::size_t(i) - 1]) CHECK(seen_blocks.count(b) == 0);  // adjacency
+    seen_blocks.insert(b);
+    CHECK(p.item_query_begin[std::size_t(i) + 1] - p.item_query_begin[std::size_t(i)] <= 64);
+  }
+  // The first block is read by all 150 queries: ceil(150 / 64) = 3 tiles.
+  CHECK(std::count(p.item_block.begin(), p.item_block.end(), 0) == 3);
+}
+
+TEST_CASE("flatten cuts the depth-first token order into even blocks, each token once") {
+  RandomForestOptions o;
+  o.seed = 11;
+  o.nodes = 500;
+  o.queries = 300;
+  o.max_tokens = 30;
+  const Tree tree = random_forest(o);
+  const Plan p = plan(tree, PlanOptions{Strategy::flatten, 100, kMaxQueryTile, 0});
+  const PlanStats st = compute_stats(p);
+  CHECK(st.plan_read_tokens == st.tokens);
+  CHECK(st.block_tokens_max - st.block_tokens_min <= 1);
+  CHECK(st.blocks == (st.tokens + 99) / 100);
+}
+
+TEST_CASE("node keeps blocks inside one node; cascade keeps blocks inside one level") {
+  RandomForestOptions o;
+  o.seed = 5;
+  o.nodes = 120;
+  o.queries = 80;
+  const Tree tree = random_forest(o);
+  const Plan node = plan(tree, PlanOptions{Strategy::node, 16, kMaxQueryTile, 0});
+  for (std::int32_t b = 0; b < node.num_blocks(); ++b) {
+    std::set<std::int32_t> nodes;
+    for (std::int32_t s = node.block_segment_begin[std::size_t(b)]; s < node.block_segment_begin[std::size_t(b) + 1]; ++s) {
+      nodes.insert(node.segment_node[std::size_t(s)]);
+    }
+    CHECK(nodes.size() == 1);
+  }
+  // Depth by node index, from the tree itself.
+  std::vector<int> depth(tree.node_count(), 0);
+  for (std::size_t i = 0; i < tree.node_count(); ++i) {
+    const std::int64_t parent = tree.nodes()[i].parent;
+    if (parent != kNoParent) depth[i] = depth[std::size_t(parent)] + 1;  // random_forest: id == index, parent < i
+  }
+  const Plan cascade = plan(tree, PlanOptions{Strategy::cascade, 64, kMaxQueryTile, 0});
+  for (std::int32_t b = 0; b < cascade.num_blocks(); ++b) {
+    std::set<int> levels;
+    for (std::int32_t s = cascade.block_segment_begin[std::size_t(b)]; s < cascade.block_segment_begin[std::size_t(b) + 1]; ++s) {
+      levels.insert(depth[std::size_t(cascade.segment_node[std::size_t(s)])]);
+    }
+    CHECK(levels.size() == 1);
+  }
+}
+
+TEST_CASE("sequence reads every query's whole path alone; flatten reads the tree once") {
+  const Tree tree = star(20, 4000, 400);  // few-shot: 20 branches under a 4000-token prompt
+  const PlanStats seq = compute_stats(plan(tree, PlanOptions{Strategy::sequence, 256, kMaxQueryTile, 0}));
+  const PlanStats flat = compute_stats(plan(tree));
+  CHECK(seq.item_queries_max == 1);
+  CHECK(seq.plan_read_tokens == 20 * 4400);
+  CHECK(seq.sequence_read_tokens == 20 * 4400);
+  CHECK(flat.plan_read_tokens == 4000 + 20 * 400);
+  CHECK(flat.sequence_read_tokens == 20 * 4400);
+}
+
+TEST_CASE("a query's only contribution is written directly, never through a partial") {
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 10);
+  tree.add_node_range(1, kNoParent, 10, 300);
+  tree.add_query(0);  // 10 tokens: one work item
+  tree.add_query(1);  // 300 tokens: 310 in all, cut into two blocks of 155
+  const Plan p = plan(tree);
+  CHECK(p.merge_begin == std::vector<std::int32_t>{0, 0, 2});
+  CHECK(p.num_partials == 2);
+  CHECK(std::count(p.tile_partial.begin(), p.tile_partial.end(), kDirect) == 1);
+}
+
+TEST_CASE("tokens no query can see are left out of the plan") {
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 8);
+  tree.add_node_range(1, 0, 8, 8);   // a pruned branch: no query below it
+  tree.add_node_range(2, 0, 16, 8);
+  tree.add_query(2, 3);
+  const Plan p = plan(tree);
+  CHECK(p.num_tokens() == 11);
+  CHECK(p.min_kv_slots == 19);
+}
+
+TEST_CASE("an empty query set gives an empty, valid plan") {
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 8);
+  const Plan p = plan(tree);
+  CHECK(p.num_items() == 0);
+  CHECK_NOTHROW(validate(p));
+}

@@ -1,0 +1,107 @@
+// The tree file: the DESIGN example parses, round-trips, and every malformed
+// input is rejected with the JSON path at fault.
+
+#include <doctest/doctest.h>
+
+#include "treeattn/error.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/tree_json.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+const char* kDesignExample = R"({
+  "heads_q": 32, "heads_kv": 8, "head_dim": 128,
+  "scale": 0.088388,
+  "nodes": [
+    {"id": 0, "parent": -1, "slots": [0, 1, 2, 3]},
+    {"id": 1, "parent": 0,  "slots": [4, 5]},
+    {"id": 2, "parent": 0,  "slot_range": [6, 3]}
+  ],
+  "queries": [ {"node": 1}, {"node": 2, "upto": 2} ]
+})";
+
+void expect_io_error(const std::string& text, const char* fragment) {
+  try {
+    (void)parse_tree_json(text, "t.json");
+    FAIL("accepted: ", text);
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::Io);
+    CHECK_MESSAGE(std::string(e.what()).find(fragment) != std::string::npos, e.what());
+    CHECK(std::string(e.what()).rfind("t.json: ", 0) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the DESIGN example parses") {
+  const Tree tree = parse_tree_json(kDesignExample);
+  CHECK(tree.heads.heads_q == 32);
+  CHECK(tree.heads.scale == doctest::Approx(0.088388));
+  REQUIRE(tree.node_count() == 3);
+  CHECK(tree.nodes()[1].listed);
+  CHECK(tree.slot(1, 1) == 5);
+  CHECK(!tree.nodes()[2].listed);
+  CHECK(tree.slot(2, 2) == 8);
+  REQUIRE(tree.query_count() == 2);
+  CHECK(tree.queries()[0].upto == kWholeNode);
+  CHECK(tree.queries()[1].upto == 2);
+  CHECK_NOTHROW(plan(tree));
+}
+
+TEST_CASE("tree_to_json round-trips a random forest") {
+  RandomForestOptions o;
+  o.seed = 17;
+  o.nodes = 50;
+  o.queries = 30;
+  o.sparse_ids = true;
+  o.heads.scale = 0.125f;
+  const Tree tree = random_forest(o);
+  const Tree again = parse_tree_json(tree_to_json(tree));
+  REQUIRE(again.node_count() == tree.node_count());
+  CHECK(again.heads.scale == 0.125f);
+  for (std::size_t i = 0; i < tree.node_count(); ++i) {
+    CHECK(again.nodes()[i].id == tree.nodes()[i].id);
+    CHECK(again.nodes()[i].parent == tree.nodes()[i].parent);
+    CHECK(again.nodes()[i].length == tree.nodes()[i].length);
+    for (std::int64_t t = 0; t < tree.nodes()[i].length; ++t) CHECK(again.slot(i, t) == tree.slot(i, t));
+  }
+  for (std::size_t q = 0; q < tree.query_count(); ++q) {
+    CHECK(again.queries()[q].node == tree.queries()[q].node);
+    CHECK(again.queries()[q].upto == tree.queries()[q].upto);
+  }
+}
+
+TEST_CASE("malformed tree files name the field at fault") {
+  const std::string heads = R"("heads_q": 4, "heads_kv": 2, "head_dim": 64, )";
+  expect_io_error("{\"heads_q\": 4,", "malformed JSON at byte");
+  expect_io_error("[1, 2]", "must be an object");
+  expect_io_error(R"({"heads_kv": 2, "head_dim": 64, "nodes": [], "queries": []})", "heads_q is missing");
+  expect_io_error("{" + heads + R"("nodes": {}, "queries": []})", "nodes must be an array");
+  expect_io_error("{" + heads + R"("nodes": [], "queries": [], "extra": 1})", "unknown key 'extra'");
+  expect_io_error("{" + heads + R"("nodes": [{"id": "a", "parent": -1, "slots": []}], "queries": []})",
+                  "nodes[0].id must be an integer");
+  expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1}], "queries": []})",
+                  "nodes[0] needs exactly one of 'slots' and 'slot_range'");
+  expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1, "slots": [1], "slot_range": [0, 1]}], "queries": []})",
+                  "exactly one of");
+  expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1, "slots": [1, 2.5]}], "queries": []})",
+                  "nodes[0].slots[1] must be an integer");
+  expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1, "slot_range": [3]}], "queries": []})",
+                  "slot_range must be [start, count]");
+  expect_io_error("{" + heads + R"("nodes": [{"id": 0, "slots": [1]}], "queries": []})", "nodes[0].parent is missing");
+  expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1, "slots": [1]}], "queries": [{"node": 0, "upto": -1}]})",
+                  "queries[0].upto = -1 is negative");
+  expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1, "slots": [1]}], "queries": [{"nod": 0}]})",
+                  "queries[0] has unknown key 'nod'");
+  expect_io_error("{" + heads + R"("scale": "big", "nodes": [], "queries": []})", "scale must be a number");
+  expect_io_error("{" + heads + R"("nodes": [{"id": 99999999999999999999, "parent": -1, "slots": []}], "queries": []})",
+                  "nodes[0].id");
+}
+
+TEST_CASE("a missing file is an I/O error naming the path") {
+  CHECK_THROWS_WITH_AS(load_tree_json("/nonexistent/tree.json"), doctest::Contains("/nonexistent/tree.json: cannot open"),
+                       Error);
+}

@@ -1,0 +1,170 @@
+// Every way a tree can be wrong is rejected with a message that names the node
+// or query, the value and the limit.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+
+#include "treeattn/error.hpp"
+#include "treeattn/planner.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+Tree base() {
+  Tree tree({8, 2, 64});
+  tree.add_node_range(10, kNoParent, 0, 4);
+  tree.add_node(11, 10, {4, 5, 6});
+  tree.add_query(11);
+  return tree;
+}
+
+void expect_rejected(const Tree& tree, std::initializer_list<const char*> fragments, std::int64_t kv_slots = 0) {
+  try {
+    (void)plan(tree, PlanOptions{Strategy::flatten, 256, kMaxQueryTile, kv_slots});
+    FAIL("plan() accepted an invalid tree");
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::InvalidTree);
+    for (const char* f : fragments) CHECK_MESSAGE(std::string(e.what()).find(f) != std::string::npos, e.what());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the base tree is valid") { CHECK_NOTHROW(plan(base(), PlanOptions{Strategy::flatten, 256, kMaxQueryTile, 7})); }
+
+TEST_CASE("head configuration") {
+  for (auto [hq, hkv, d, fragment] : {std::tuple{0, 1, 64, "heads_q = 0"}, std::tuple{8, 0, 64, "heads_kv = 0"},
+                                      std::tuple{8, 3, 64, "not a multiple of heads_kv = 3"},
+                                      std::tuple{8, 2, 96, "head_dim = 96 is not supported"}}) {
+    Tree tree = base();
+    tree.heads = {hq, hkv, d, 0.0f};
+    expect_rejected(tree, {fragment});
+  }
+  for (float scale : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Tree tree = base();
+    tree.heads.scale = scale;
+    expect_rejected(tree, {"scale"});
+  }
+}
+
+TEST_CASE("ids and parents") {
+  {
+    Tree tree = base();
+    tree.add_node_range(11, 10, 7, 1);
+    expect_rejected(tree, {"duplicate node id 11", "nodes[1]", "nodes[2]"});
+  }
+  {
+    Tree tree = base();
+    tree.add_node_range(12, 99, 7, 1);
+    expect_rejected(tree, {"node 12 (nodes[2])", "parent 99 is not a node id"});
+  }
+  {
+    Tree tree = base();
+    tree.add_node_range(12, 12, 7, 1);
+    expect_rejected(tree, {"node 12 (nodes[2]) is its own parent"});
+  }
+  {
+    Tree tree = base();
+    tree.add_node_range(20, 22, 7, 1);
+    tree.add_node_range(21, 20, 8, 1);
+    tree.add_node_range(22, 21, 9, 1);
+    expect_rejected(tree, {"cycle", "20", "21", "22"});
+  }
+  {
+    // Sparse ids go through the hashed index: the same checks apply.
+    Tree tree({8, 2, 64});
+    tree.add_node_range(-5000000000, kNoParent, 0, 2);
+    tree.add_node_range(7000000000, -5000000000, 2, 2);
+    tree.add_node_range(7000000000, -5000000000, 4, 2);
+    tree.add_query(7000000000);
+    expect_rejected(tree, {"duplicate node id 7000000000"});
+  }
+}
+
+TEST_CASE("slots") {
+  {
+    Tree tree = base();
+    tree.add_node(12, 10, {7, -3});
+    expect_rejected(tree, {"node 12 (nodes[2])", "slots[1] = -3 is negative"});
+  }
+  {
+    Tree tree = base();
+    tree.add_node(12, 10, {7, 8, 100});
+    expect_rejected(tree, {"node 12", "slots[2] = 100", "KV pool of 50 slots"}, 50);
+  }
+  {
+    Tree tree = base();
+    tree.add_node_range(12, 10, -1, 4);
+    expect_rejected(tree, {"node 12", "slot_range start -1 is negative"});
+  }
+  {
+    Tree tree = base();
+    tree.add_node_range(12, 10, 0, -2);
+    expect_rejected(tree, {"node 12", "slot_range count -2 is negative"});
+  }
+  {
+    Tree tree = base();
+    tree.add_node_range(12, 10, 40, 20);
+    expect_rejected(tree, {"node 12", "slot_range[19] = 59", "KV pool of 50 slots"}, 50);
+  }
+  {
+    Tree tree = base();
+    tree.add_node_range(12, 10, 3000000000, 1);
+    expect_rejected(tree, {"node 12", "exceeds the slot limit"});
+  }
+}
+
+TEST_CASE("queries") {
+  {
+    Tree tree = base();
+    tree.add_query(42);
+    expect_rejected(tree, {"queries[1]: node 42 is not a node id"});
+  }
+  {
+    Tree tree = base();
+    tree.add_query(11, 4);
+    expect_rejected(tree, {"queries[1]: upto 4 exceeds the 3 tokens of node 11"});
+  }
+  {
+    Tree tree = base();
+    tree.add_query(11, -2);
+    expect_rejected(tree, {"queries[1]: upto -2 is negative"});
+  }
+  {
+    Tree tree = base();
+    tree.add_query(10, 0);
+    expect_rejected(tree, {"queries[1] on node 10", "sees no token"});
+  }
+  {
+    Tree tree = base();
+    tree.add_node_range(13, kNoParent, 9, 0);
+    tree.add_node_range(14, 13, 9, 0);
+    tree.add_query(14);
+    expect_rejected(tree, {"queries[1] on node 14", "sees no token"});
+  }
+  {
+    Tree tree = base();
+    tree.add_query(11, 0);  // fine: it still sees the 4 tokens of node 10
+    CHECK_NOTHROW(plan(tree));
+  }
+}
+
+TEST_CASE("plan options") {
+  for (auto [block_tokens, query_tile, fragment] :
+       {std::tuple{0, 64, "block_tokens = 0"}, std::tuple{70000, 64, "block_tokens = 70000"},
+        std::tuple{256, 0, "query_tile = 0"}, std::tuple{256, 65, "query_tile = 65"}}) {
+    try {
+      (void)plan(base(), PlanOptions{Strategy::flatten, block_tokens, query_tile, 0});
+      FAIL("accepted bad options");
+    } catch (const Error& e) {
+      CHECK(e.category() == ErrorCategory::InvalidArgument);
+      CHECK_MESSAGE(std::string(e.what()).find(fragment) != std::string::npos, e.what());
+    }
+  }
+  CHECK_THROWS_WITH_AS(parse_strategy("deft"), doctest::Contains("unknown strategy 'deft'"), Error);
+}

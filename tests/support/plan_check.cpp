@@ -1,0 +1,79 @@
+#include "support/plan_check.hpp"
+
+#include <algorithm>
+#include <sstream>
+#include <vector>
+
+#include "support/oracle.hpp"
+
+namespace treeattn::test {
+
+std::string coverage_error(const Tree& tree, const Plan& plan) {
+  const std::size_t nq = tree.query_count();
+  if (std::size_t(plan.num_queries) != nq) return "num_queries differs from the tree";
+  std::vector<std::vector<std::int64_t>> seen(nq);
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    const std::int32_t block = plan.item_block[std::size_t(i)];
+    const std::int32_t s0 = plan.block_segment_begin[std::size_t(block)];
+    const std::int32_t s1 = plan.block_segment_begin[std::size_t(block) + 1];
+    const std::int32_t q0 = plan.item_query_begin[std::size_t(i)];
+    const std::int32_t tile = plan.item_query_begin[std::size_t(i) + 1] - q0;
+    for (std::int32_t s = s0; s < s1; ++s) {
+      const std::uint64_t mask = plan.segment_mask[std::size_t(plan.item_mask_begin[std::size_t(i)] + s - s0)];
+      for (std::int32_t j = 0; j < tile; ++j) {
+        if (!(mask >> j & 1)) continue;
+        const std::size_t q = std::size_t(plan.tile_query[std::size_t(q0 + j)]);
+        for (std::int32_t t = plan.segment_token_begin[std::size_t(s)]; t < plan.segment_token_end[std::size_t(s)]; ++t) {
+          seen[q].push_back(plan.token_slot[std::size_t(t)]);
+        }
+      }
+    }
+  }
+  for (std::size_t q = 0; q < nq; ++q) {
+    std::vector<std::int64_t> expected = visible_slots(tree, q);
+    std::sort(expected.begin(), expected.end());
+    std::sort(seen[q].begin(), seen[q].end());
+    if (seen[q] == expected) continue;
+    std::ostringstream out;
+    out << "query " << q << " (node " << tree.queries()[q].node << "): covers " << seen[q].size()
+        << " (query, token) pairs, expected " << expected.size();
+    const auto dup = std::adjacent_find(seen[q].begin(), seen[q].end());
+    if (dup != seen[q].end()) out << "; slot " << *dup << " covered twice";
+    std::vector<std::int64_t> missing, extra;
+    std::set_difference(expected.begin(), expected.end(), seen[q].begin(), seen[q].end(), std::back_inserter(missing));
+    std::set_difference(seen[q].begin(), seen[q].end(), expected.begin(), expected.end(), std::back_inserter(extra));
+    if (!missing.empty()) out << "; slot " << missing.front() << " missing";
+    if (!extra.empty()) out << "; slot " << extra.front() << " unmasked but invisible";
+    return out.str();
+  }
+  return {};
+}
+
+std::string plan_difference(const Plan& a, const Plan& b) {
+#define TREEATTN_COMPARE(field) \
+  if (!(a.field == b.field)) return #field;
+  TREEATTN_COMPARE(num_queries)
+  TREEATTN_COMPARE(strategy)
+  TREEATTN_COMPARE(block_tokens)
+  TREEATTN_COMPARE(query_tile)
+  TREEATTN_COMPARE(min_kv_slots)
+  TREEATTN_COMPARE(heads.scale)
+  TREEATTN_COMPARE(token_slot)
+  TREEATTN_COMPARE(segment_token_begin)
+  TREEATTN_COMPARE(segment_token_end)
+  TREEATTN_COMPARE(segment_node)
+  TREEATTN_COMPARE(block_segment_begin)
+  TREEATTN_COMPARE(item_block)
+  TREEATTN_COMPARE(item_query_begin)
+  TREEATTN_COMPARE(item_mask_begin)
+  TREEATTN_COMPARE(segment_mask)
+  TREEATTN_COMPARE(tile_query)
+  TREEATTN_COMPARE(tile_partial)
+  TREEATTN_COMPARE(num_partials)
+  TREEATTN_COMPARE(merge_begin)
+  TREEATTN_COMPARE(merge_partial)
+#undef TREEATTN_COMPARE
+  return {};
+}
+
+}  // namespace treeattn::test

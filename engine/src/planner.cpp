@@ -42,9 +42,12 @@ void plan_per_node(PlanBuilder& builder, const Visibility& vis, const Topology& 
 // Cascade: the nodes of one depth level form one run (depth-first order within
 // the level), cut evenly; blocks never mix levels.
 void plan_cascade(PlanBuilder& builder, const Visibility& vis, const Topology& topo) {
+  std::vector<std::int32_t> depth(topo.parent.size(), 0);  // preorder: parents come first
   std::vector<std::int32_t> level_begin;
   for (std::int32_t v : topo.preorder) {
-    const std::size_t d = std::size_t(topo.depth[std::size_t(v)]);
+    const std::int32_t p = topo.parent[std::size_t(v)];
+    if (p >= 0) depth[std::size_t(v)] = depth[std::size_t(p)] + 1;
+    const std::size_t d = std::size_t(depth[std::size_t(v)]);
     if (level_begin.size() < d + 2) level_begin.resize(d + 2, 0);
     level_begin[d + 1] += vis.node_piece_end[std::size_t(v)] - vis.node_piece_begin[std::size_t(v)];
   }
@@ -52,7 +55,7 @@ void plan_cascade(PlanBuilder& builder, const Visibility& vis, const Topology& t
   std::vector<Piece> by_level(vis.pieces.size());
   std::vector<std::int32_t> fill(level_begin.begin(), level_begin.end());
   for (std::int32_t v : topo.preorder) {
-    const std::size_t d = std::size_t(topo.depth[std::size_t(v)]);
+    const std::size_t d = std::size_t(depth[std::size_t(v)]);
     for (std::int32_t p = vis.node_piece_begin[std::size_t(v)]; p < vis.node_piece_end[std::size_t(v)]; ++p) {
       by_level[std::size_t(fill[d]++)] = vis.pieces[std::size_t(p)];
     }

@@ -118,22 +118,18 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots) {
   }
 }
 
-// Walks the forest depth-first from its roots, recording the preorder and each
-// node's depth. A node the walk never reaches sits on (or hangs below) a cycle
+// Walks the forest depth-first from its roots, recording the preorder. A node the walk never reaches sits on (or hangs below) a cycle
 // of parent links: that cycle is reported by node id.
 void walk_preorder(const Tree& tree, Topology& topo) {
   const std::size_t n = tree.node_count();
   topo.preorder.reserve(n);
-  topo.depth.assign(n, 0);
   std::vector<std::int32_t> stack(topo.roots.rbegin(), topo.roots.rend());
   while (!stack.empty()) {
     const std::size_t v = std::size_t(stack.back());
     stack.pop_back();
     topo.preorder.push_back(std::int32_t(v));
     for (std::int32_t c = topo.child_begin[v + 1] - 1; c >= topo.child_begin[v]; --c) {
-      const std::int32_t child = topo.children[std::size_t(c)];
-      topo.depth[std::size_t(child)] = topo.depth[v] + 1;
-      stack.push_back(child);
+      stack.push_back(topo.children[std::size_t(c)]);
     }
   }
   if (topo.preorder.size() == n) return;

@@ -15,7 +15,6 @@ struct Topology {
   std::vector<std::int32_t> children;     // child node indices, in input order
   std::vector<std::int32_t> roots;        // in input order
   std::vector<std::int32_t> preorder;     // depth-first, roots and children in input order
-  std::vector<std::int32_t> depth;        // [nodes] 0 for roots
   std::vector<std::int32_t> query_node;   // [queries] node index
   std::vector<std::int32_t> query_upto;   // [queries] tokens of its own node it sees
 };

@@ -1,13 +1,13 @@
 #include "treeattn/npy.hpp"
 
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "fail.hpp"
+#include "read_file.hpp"
 
 namespace treeattn {
 namespace {
@@ -117,12 +117,7 @@ HostArray parse_npy(const std::string& contents, const std::string& name) {
 }
 
 HostArray read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorCategory::Io, "{}: cannot open for reading", path);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) fail(ErrorCategory::Io, "{}: read error", path);
-  return parse_npy(buffer.str(), path);
+  return parse_npy(read_file(path), path);
 }
 
 std::string encode_npy(const TensorRef& t) {

@@ -1,12 +1,11 @@
 #include "treeattn/tree_json.hpp"
 
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "fail.hpp"
+#include "read_file.hpp"
 
 namespace treeattn {
 namespace {
@@ -128,11 +127,7 @@ Tree parse_tree_json(const std::string& text, const std::string& name) {
 }
 
 Tree load_tree_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorCategory::Io, "{}: cannot open for reading", path);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return parse_tree_json(buffer.str(), path);
+  return parse_tree_json(read_file(path), path);
 }
 
 std::string tree_to_json(const Tree& tree) {

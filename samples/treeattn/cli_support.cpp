@@ -54,7 +54,7 @@ std::vector<std::string> strategy_names() {
 
 std::vector<std::string> backend_names() { return {"auto", "cpu", "vulkan", "cuda"}; }
 
-void add_plan_options(CLI::App& sub, std::string& strategy, int& block_tokens, int& query_tile) {
+void PlanFlags::add_to(CLI::App& sub) {
   sub.add_option("--strategy", strategy,
                  "How KV is grouped with queries: flatten (DeFT-Flatten: depth-first, even blocks), "
                  "node (one group per node), node_chunk (nodes cut into even chunks), "
@@ -68,6 +68,15 @@ void add_plan_options(CLI::App& sub, std::string& strategy, int& block_tokens, i
   sub.add_option("--query-tile", query_tile, "Max queries per work item (bits of a segment mask)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+}
+
+PlanOptions PlanFlags::options(std::int64_t kv_slots) const {
+  PlanOptions o;
+  o.strategy = parse_strategy(strategy);
+  o.block_tokens = block_tokens;
+  o.query_tile = query_tile;
+  o.kv_slots = kv_slots;
+  return o;
 }
 
 std::string format_bytes(double bytes) {

@@ -6,7 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "treeattn/plan.hpp"
+#include "treeattn/planner.hpp"
 #include "treeattn/tensor.hpp"
 
 namespace treeattn::cli {
@@ -34,8 +34,15 @@ class PendingOutputs {
 std::vector<std::string> strategy_names();
 std::vector<std::string> backend_names();
 
-// Registers --strategy, --block-tokens and --query-tile on a subcommand.
-void add_plan_options(CLI::App& sub, std::string& strategy, int& block_tokens, int& query_tile);
+// --strategy, --block-tokens and --query-tile, shared by the commands that plan.
+struct PlanFlags {
+  std::string strategy = "flatten";
+  int block_tokens = 256;
+  int query_tile = kMaxQueryTile;
+
+  void add_to(CLI::App& sub);
+  PlanOptions options(std::int64_t kv_slots = 0) const;
+};
 
 // "16.6 MB", "512 B": decimal units, as bandwidths are quoted.
 std::string format_bytes(double bytes);

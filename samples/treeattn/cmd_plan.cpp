@@ -15,9 +15,7 @@ namespace {
 
 struct PlanCommandOptions {
   std::string tree;
-  std::string strategy = "flatten";
-  int block_tokens = 256;
-  int query_tile = kMaxQueryTile;
+  PlanFlags plan;
   bool json = false;
   int items = 24;
 };
@@ -119,11 +117,7 @@ void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, int max
 
 void run_plan(const PlanCommandOptions& o) {
   const Tree tree = load_tree_json(o.tree);
-  PlanOptions options;
-  options.strategy = parse_strategy(o.strategy);
-  options.block_tokens = o.block_tokens;
-  options.query_tile = o.query_tile;
-  const Plan plan = treeattn::plan(tree, options);
+  const Plan plan = treeattn::plan(tree, o.plan.options());
   const PlanStats st = compute_stats(plan);
   if (o.json) fmt::print("{}\n", plan_json(tree, plan, st).dump(2));
   else print_plan(tree, plan, st, o.items);
@@ -139,7 +133,7 @@ Command add_plan_command(CLI::App& app) {
       "unique tree KV bytes against what a Q-guided (sequence-based) kernel reads.\n"
       "Example: treeattn plan --tree examples/fewshot.json --strategy sequence");
   sub->add_option("--tree", o->tree, "Tree JSON")->required();
-  add_plan_options(*sub, o->strategy, o->block_tokens, o->query_tile);
+  o->plan.add_to(*sub);
   sub->add_flag("--json", o->json, "Print the whole plan as JSON instead of the summary");
   sub->add_option("--items", o->items, "Work items listed in the summary")->check(CLI::NonNegativeNumber)->capture_default_str();
   return {sub, [o] { run_plan(*o); }};

@@ -14,9 +14,7 @@ namespace {
 struct RunOptions {
   std::string tree, q, k, v, out, lse;
   std::string backend = "auto";
-  std::string strategy = "flatten";
-  int block_tokens = 256;
-  int query_tile = kMaxQueryTile;
+  PlanFlags plan;
   int threads = 0;
   bool verbose = false;
 };
@@ -29,12 +27,7 @@ void run(const RunOptions& o) {
                 fmt::format("{}: K is {}, expected [slots, heads_kv, head_dim]", o.k, describe(k.view())));
   }
 
-  PlanOptions options;
-  options.strategy = parse_strategy(o.strategy);
-  options.block_tokens = o.block_tokens;
-  options.query_tile = o.query_tile;
-  options.kv_slots = k.shape[0];
-  const Plan plan = treeattn::plan(tree, options);
+  const Plan plan = treeattn::plan(tree, o.plan.options(k.shape[0]));
 
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, d = plan.heads.head_dim;
   HostArray out(DType::f32, {nq, hq, d});
@@ -76,7 +69,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--backend", o->backend, "auto picks CUDA, then Vulkan, then the CPU")
       ->check(CLI::IsMember(backend_names()))
       ->capture_default_str();
-  add_plan_options(*sub, o->strategy, o->block_tokens, o->query_tile);
+  o->plan.add_to(*sub);
   sub->add_option("--threads", o->threads, "CPU backend threads (0: one per hardware thread)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

@@ -90,6 +90,64 @@ Tree random_forest(const RandomForestOptions& o) {
   return tree;
 }
 
+Tree few_shot_tree(const HeadConfig& heads, std::int64_t prompt, std::int32_t branches, std::int64_t generated) {
+  if (prompt < 0 || branches < 1 || generated < 0) {
+    fail(ErrorCategory::InvalidArgument, "few-shot: need prompt ({}) >= 0, branches ({}) >= 1, generated ({}) >= 0",
+         prompt, branches, generated);
+  }
+  Tree tree(heads);
+  tree.add_node_range(0, kNoParent, 0, prompt);
+  for (std::int32_t b = 0; b < branches; ++b) {
+    tree.add_node_range(b + 1, 0, prompt + b * generated, generated);
+    tree.add_query(b + 1);
+  }
+  return tree;
+}
+
+Tree level_tree(const HeadConfig& heads, const std::vector<std::int64_t>& nodes,
+                const std::vector<std::int64_t>& context) {
+  if (nodes.empty() || nodes.size() != context.size()) {
+    fail(ErrorCategory::InvalidArgument, "level tree: {} node counts for {} context lengths", nodes.size(),
+         context.size());
+  }
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    if (nodes[k] < 1 || context[k] < 0 || (k > 0 && nodes[k] % nodes[k - 1] != 0)) {
+      fail(ErrorCategory::InvalidArgument,
+           "level tree: level {} has {} nodes of {} tokens; each level needs a positive multiple of the one above", k,
+           nodes[k], context[k]);
+    }
+  }
+  Tree tree(heads);
+  std::int64_t id = 0, slot = 0, level_first = 0;
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    const std::int64_t fanout = k == 0 ? 0 : nodes[k] / nodes[k - 1];
+    for (std::int64_t i = 0; i < nodes[k]; ++i) {
+      const std::int64_t parent = k == 0 ? kNoParent : level_first - nodes[k - 1] + i / fanout;
+      tree.add_node_range(id++, parent, slot, context[k]);
+      slot += context[k];
+    }
+    level_first += nodes[k];
+  }
+  for (std::int64_t i = 0; i < nodes.back(); ++i) tree.add_query(level_first - nodes.back() + i);
+  return tree;
+}
+
+const std::vector<ModelShape>& model_shapes() {
+  static const std::vector<ModelShape> shapes = {
+      {"llama3-8b", {32, 8, 128, 0.0f}, 32},
+      {"llama2-7b", {32, 32, 128, 0.0f}, 32},
+      {"codellama-34b", {64, 8, 128, 0.0f}, 48},
+  };
+  return shapes;
+}
+
+const ModelShape& find_model(const std::string& name) {
+  for (const ModelShape& m : model_shapes()) {
+    if (m.name == name) return m;
+  }
+  fail(ErrorCategory::InvalidArgument, "unknown model '{}' (choose llama3-8b, llama2-7b or codellama-34b)", name);
+}
+
 std::int64_t total_tokens(const Tree& tree) {
   std::int64_t total = 0;
   for (const TreeNode& node : tree.nodes()) total += node.length;

@@ -4,6 +4,7 @@
 // seed gives the same tree and data on every platform and compiler.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "treeattn/tensor.hpp"
@@ -42,6 +43,26 @@ struct RandomForestOptions {
 // A forest whose tokens occupy distinct KV slots 0..total-1 (shuffled between
 // nodes), so a slot identifies one (node, token) pair.
 Tree random_forest(const RandomForestOptions& options);
+
+// Few-shot prompting (DESIGN §6): a `prompt`-token root and `branches`
+// children of `generated` tokens each, one query per branch.
+Tree few_shot_tree(const HeadConfig& heads, std::int64_t prompt, std::int32_t branches, std::int64_t generated);
+
+// FastTree's kernel shapes: level k has nodes[k] nodes of context[k] tokens,
+// spread evenly under the level above (nodes[0] roots); one query per leaf.
+// Throws InvalidArgument when a level does not divide evenly.
+Tree level_tree(const HeadConfig& heads, const std::vector<std::int64_t>& nodes,
+                const std::vector<std::int64_t>& context);
+
+// Model head shapes for realism (DESIGN §6).
+struct ModelShape {
+  std::string name;
+  HeadConfig heads;
+  int layers;
+};
+const std::vector<ModelShape>& model_shapes();
+// Throws InvalidArgument naming the known models.
+const ModelShape& find_model(const std::string& name);
 
 // Total tokens of a tree (the KV-pool rows random_forest uses).
 std::int64_t total_tokens(const Tree& tree);

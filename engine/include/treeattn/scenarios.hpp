@@ -1,0 +1,72 @@
+#pragma once
+// Tree-decoding scenarios of DESIGN §6, replayed step by step on a
+// SequenceTree: few-shot prompting, speculative decoding with Medusa token
+// trees, and tree-of-thought reasoning. A scenario is the branch controller: it
+// decides what grows, forks and is pruned at each decode step, and which nodes
+// query attention. Static snapshots for benchmarks come from the same replay.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "treeattn/sequence_tree.hpp"
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+// workloads/deft/speculative/*.json
+struct MedusaWorkload {
+  std::int32_t tree_size = 0;                    // tokens in a token tree, its root included
+  std::vector<std::vector<std::int32_t>> paths;  // Tree_Structure: one 1-token node per path
+  struct Record {
+    std::int64_t prompt_chars = 0;
+    std::vector<std::int32_t> accept_lengths;  // tokens accepted at each decode step
+  };
+  std::vector<Record> records;
+};
+MedusaWorkload load_medusa(const std::string& path);
+
+// workloads/deft/reasoning/*.json: node `id` decodes one token per iteration
+// from `start` to `end` (the root's negative start is its prompt), then forks
+// into `children` or, with none, is pruned.
+struct ReasoningNode {
+  std::int64_t id = 0, value = 0, start = 0, end = 0;
+  std::vector<std::int64_t> children;
+};
+struct ReasoningTree {
+  bool incompleted = false;
+  std::vector<ReasoningNode> nodes;  // nodes[i].id == i
+};
+std::vector<ReasoningTree> load_reasoning(const std::string& path);
+
+class Scenario {
+ public:
+  virtual ~Scenario() = default;
+  virtual std::string name() const = 0;
+  virtual std::int64_t steps() const = 0;  // decode steps in a full replay
+  // Runs the next decode step (the first call also prefills): grows, forks and
+  // prunes `tree`, sets `queries` to this step's queries, and returns the
+  // number of tokens the step generated.
+  virtual std::int64_t advance(SequenceTree& tree, std::vector<TreeQuery>& queries) = 0;
+};
+
+// A `prompt`-token root; `branches` children each decode one token per step for
+// `generated` steps; one query per branch.
+std::unique_ptr<Scenario> few_shot_scenario(std::int64_t prompt, std::int32_t branches, std::int64_t generated);
+
+// Record `record` of a Medusa workload on a `prompt_tokens` prompt (0: estimate
+// it as a quarter of the record's prompt characters). Step s verifies a fresh
+// token tree whose root is the last accepted token, then the prefix grows by
+// the recorded accept length. Every token of the token tree queries.
+std::unique_ptr<Scenario> speculative_scenario(const MedusaWorkload& workload, std::size_t record,
+                                               std::int64_t prompt_tokens = 0);
+
+// A reasoning tree, iteration by iteration; every decoding node queries.
+std::unique_ptr<Scenario> reasoning_scenario(const ReasoningTree& tree);
+
+// Replays the first `steps` steps with a private KV cache and returns the tree
+// (and queries) of the last one.
+Tree replay(Scenario& scenario, std::int64_t steps, const HeadConfig& heads, std::int32_t page_size = 16);
+
+}  // namespace treeattn

@@ -1,0 +1,58 @@
+#pragma once
+// The live tree of sequences during tree decoding: nodes that grow token by
+// token, fork into children and are pruned with their subtrees. Each node owns
+// whole pages of a PagedKvCache (a page never mixes nodes), so pruning a branch
+// returns exactly its pages. to_tree() takes a snapshot for plan().
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "treeattn/kv_cache.hpp"
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+class SequenceTree {
+ public:
+  explicit SequenceTree(PagedKvCache& cache) : cache_(cache) {}
+  ~SequenceTree();
+  SequenceTree(const SequenceTree&) = delete;
+  SequenceTree& operator=(const SequenceTree&) = delete;
+
+  // A new empty node under `parent` (kNoParent for a root); ids count up from 0.
+  std::int64_t add_node(std::int64_t parent);
+  // Appends `count` tokens to a node, taking pages from the cache as needed.
+  void append(std::int64_t node, std::int64_t count);
+  // Removes a node and its whole subtree, returning their pages.
+  void remove(std::int64_t node);
+
+  bool contains(std::int64_t node) const { return nodes_.count(node) != 0; }
+  std::int64_t length(std::int64_t node) const;
+  std::int64_t parent(std::int64_t node) const;
+  std::size_t child_count(std::int64_t node) const;
+  std::size_t size() const noexcept { return nodes_.size(); }
+  std::int64_t tokens() const noexcept { return tokens_; }
+
+  // KV-pool slot of token `token` of `node`.
+  std::int64_t slot(std::int64_t node, std::int64_t token) const;
+
+  // The live nodes (in creation order) with their slots, and `queries`.
+  Tree to_tree(const HeadConfig& heads, const std::vector<TreeQuery>& queries) const;
+
+ private:
+  struct Node {
+    std::int64_t parent = kNoParent;
+    std::int64_t length = 0;
+    std::vector<std::int32_t> pages;
+    std::vector<std::int64_t> children;
+  };
+  const Node& at(std::int64_t node) const;
+
+  PagedKvCache& cache_;
+  std::map<std::int64_t, Node> nodes_;
+  std::int64_t next_id_ = 0;
+  std::int64_t tokens_ = 0;
+};
+
+}  // namespace treeattn

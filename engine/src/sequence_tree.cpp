@@ -1,0 +1,85 @@
+#include "treeattn/sequence_tree.hpp"
+
+#include <algorithm>
+
+#include "fail.hpp"
+
+namespace treeattn {
+
+SequenceTree::~SequenceTree() {
+  for (auto& [id, node] : nodes_) {
+    for (std::int32_t page : node.pages) cache_.release(page);
+  }
+}
+
+const SequenceTree::Node& SequenceTree::at(std::int64_t node) const {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) fail(ErrorCategory::InvalidArgument, "sequence tree: node {} does not exist", node);
+  return it->second;
+}
+
+std::int64_t SequenceTree::add_node(std::int64_t parent) {
+  if (parent != kNoParent) {
+    (void)at(parent);
+    nodes_[parent].children.push_back(next_id_);
+  }
+  nodes_[next_id_].parent = parent;
+  return next_id_++;
+}
+
+void SequenceTree::append(std::int64_t node, std::int64_t count) {
+  (void)at(node);
+  if (count < 0) fail(ErrorCategory::InvalidArgument, "sequence tree: append of {} tokens to node {}", count, node);
+  Node& n = nodes_[node];
+  const std::int64_t page_size = cache_.page_size();
+  const std::int64_t pages_needed = (n.length + count + page_size - 1) / page_size;
+  while (std::int64_t(n.pages.size()) < pages_needed) n.pages.push_back(cache_.allocate());
+  n.length += count;
+  tokens_ += count;
+}
+
+void SequenceTree::remove(std::int64_t node) {
+  const Node& victim = at(node);
+  if (victim.parent != kNoParent) {
+    auto& siblings = nodes_[victim.parent].children;
+    siblings.erase(std::find(siblings.begin(), siblings.end(), node));
+  }
+  std::vector<std::int64_t> stack = {node};
+  while (!stack.empty()) {
+    const std::int64_t id = stack.back();
+    stack.pop_back();
+    auto it = nodes_.find(id);
+    for (std::int32_t page : it->second.pages) cache_.release(page);
+    tokens_ -= it->second.length;
+    stack.insert(stack.end(), it->second.children.begin(), it->second.children.end());
+    nodes_.erase(it);
+  }
+}
+
+std::int64_t SequenceTree::length(std::int64_t node) const { return at(node).length; }
+std::int64_t SequenceTree::parent(std::int64_t node) const { return at(node).parent; }
+std::size_t SequenceTree::child_count(std::int64_t node) const { return at(node).children.size(); }
+
+std::int64_t SequenceTree::slot(std::int64_t node, std::int64_t token) const {
+  const Node& n = at(node);
+  const std::int64_t page_size = cache_.page_size();
+  return std::int64_t(n.pages[std::size_t(token / page_size)]) * page_size + token % page_size;
+}
+
+Tree SequenceTree::to_tree(const HeadConfig& heads, const std::vector<TreeQuery>& queries) const {
+  Tree tree(heads);
+  tree.reserve(nodes_.size(), queries.size(), std::size_t(tokens_));
+  std::vector<std::int64_t> slots;
+  const std::int64_t page_size = cache_.page_size();
+  for (const auto& [id, node] : nodes_) {
+    slots.resize(std::size_t(node.length));
+    for (std::int64_t t = 0; t < node.length; ++t) {
+      slots[std::size_t(t)] = std::int64_t(node.pages[std::size_t(t / page_size)]) * page_size + t % page_size;
+    }
+    tree.add_node(id, node.parent, slots);
+  }
+  for (const TreeQuery& q : queries) tree.add_query(q.node, q.upto);
+  return tree;
+}
+
+}  // namespace treeattn

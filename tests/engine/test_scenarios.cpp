@@ -1,0 +1,201 @@
+// Workload generators and the step-by-step replays: known counts from the
+// DeFT workload files (computed independently from the JSON), the paged KV
+// cache never leaking or double-freeing across whole replays, and static
+// generators agreeing with the replays.
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "support/plan_check.hpp"
+#include "treeattn/error.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/scenarios.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+const std::string kWorkloads = TREEATTN_WORKLOADS;
+const HeadConfig kHeads{32, 8, 128, 0.0f};
+
+std::map<std::int64_t, int> depth_histogram(const Tree& tree, bool leaves_only) {
+  std::map<std::int64_t, std::int64_t> parent, depth;
+  std::map<std::int64_t, int> children;
+  for (const TreeNode& n : tree.nodes()) {
+    parent[n.id] = n.parent;
+    if (n.parent != kNoParent) ++children[n.parent];
+  }
+  std::map<std::int64_t, int> histogram;
+  for (const TreeNode& n : tree.nodes()) {
+    std::int64_t d = 0;
+    for (std::int64_t v = n.parent; v != kNoParent; v = parent[v]) ++d;
+    if (!leaves_only || children[n.id] == 0) ++histogram[d];
+  }
+  return histogram;
+}
+
+// Replayed trees are valid and planned with exact coverage.
+bool coverage_error_free(const Tree& tree) {
+  const std::string error = test::coverage_error(tree, plan(tree));
+  if (!error.empty()) MESSAGE(error);
+  return error.empty();
+}
+
+}  // namespace
+
+TEST_CASE("Medusa token trees have their published shape") {
+  // depth -> count, from Tree_Structure (depth 1 = first draft level); the
+  // prefix sits at depth 0 and the token-tree root at depth 1 of the replayed tree.
+  const std::map<int, std::tuple<std::map<std::int64_t, int>, std::map<std::int64_t, int>>> expected = {
+      {32, {{{2, 4}, {3, 8}, {4, 16}, {5, 3}}, {{4, 14}, {5, 3}}}},
+      {64, {{{2, 10}, {3, 28}, {4, 23}, {5, 2}}, {{3, 18}, {4, 22}, {5, 2}}}},
+      {128, {{{2, 5}, {3, 20}, {4, 80}, {5, 22}}, {{4, 74}, {5, 22}}}},
+      {256, {{{2, 6}, {3, 30}, {4, 150}, {5, 69}}, {{4, 132}, {5, 69}}}},
+  };
+  for (const auto& [size, shape] : expected) {
+    CAPTURE(size);
+    const MedusaWorkload w = load_medusa(kWorkloads + "/speculative/APPS_tree_size" + std::to_string(size) + ".json");
+    CHECK(w.tree_size == size);
+    REQUIRE(w.records.size() == 20);
+    CHECK(w.records[0].accept_lengths.size() == 401);
+    auto scenario = speculative_scenario(w, 0);
+    CHECK(scenario->steps() == 401);
+    const Tree tree = replay(*scenario, 101, kHeads);
+    CHECK(tree.node_count() == std::size_t(size) + 1);
+    CHECK(tree.query_count() == std::size_t(size));
+    auto nodes = depth_histogram(tree, false);
+    CHECK(nodes[0] == 1);
+    CHECK(nodes[1] == 1);
+    nodes.erase(0);
+    nodes.erase(1);
+    CHECK(nodes == std::get<0>(shape));
+    CHECK(depth_histogram(tree, true) == std::get<1>(shape));
+    // Prompt 3095 chars -> 773 tokens, minus the root token, plus 394 accepted in 100 steps.
+    CHECK(tree.nodes()[0].length == 773 - 1 + 394);
+    CHECK(total_tokens(tree) == 773 - 1 + 394 + size);
+    CHECK(coverage_error_free(tree));
+  }
+}
+
+TEST_CASE("reasoning replays match the tree sizes computed from the JSON") {
+  // (file, tree, iteration) -> (live nodes, live tokens, decoding queries)
+  const std::vector<std::tuple<const char*, std::size_t, std::int64_t, std::size_t, std::int64_t, std::size_t>> cases = {
+      {"sorting128ToT.json", 1, 1, 11, 1114, 10},   {"sorting128ToT.json", 1, 100, 7, 1704, 6},
+      {"sorting128ToT.json", 1, 1000, 20, 6785, 17}, {"sorting128ToT.json", 1, 2000, 15, 4104, 9},
+      {"keywordToT.json", 0, 1, 11, 1455, 10},       {"keywordToT.json", 0, 50, 11, 1945, 10},
+      {"keywordToT.json", 0, 300, 14, 1907, 10},     {"keywordToT.json", 0, 500, 16, 2215, 10},
+      {"docmergeToT.json", 0, 1, 11, 1083, 10},      {"docmergeToT.json", 0, 500, 10, 5573, 9},
+      {"docmergeToT.json", 0, 1500, 19, 6341, 16},   {"docmergeToT.json", 0, 2300, 7, 5791, 4},
+  };
+  std::map<std::string, std::vector<ReasoningTree>> files;
+  for (const auto& [file, index, iteration, nodes, tokens, queries] : cases) {
+    CAPTURE(file);
+    CAPTURE(iteration);
+    if (!files.count(file)) files[file] = load_reasoning(kWorkloads + "/reasoning/" + file);
+    const ReasoningTree& rt = files[file].at(index);
+    CHECK(!rt.incompleted);
+    auto scenario = reasoning_scenario(rt);
+    const Tree tree = replay(*scenario, iteration, kHeads);
+    CHECK(tree.node_count() == nodes);
+    CHECK(total_tokens(tree) == tokens);
+    CHECK(tree.query_count() == queries);
+    CHECK(coverage_error_free(tree));
+  }
+  CHECK(files["sorting128ToT.json"].size() == 100);
+}
+
+TEST_CASE("the paged KV cache never leaks or double-frees across full reasoning replays") {
+  for (const char* file : {"sorting128ToT.json", "keywordToT.json", "docmergeToT.json"}) {
+    CAPTURE(file);
+    const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/" + file);
+    std::size_t replayed = 0;
+    for (std::size_t t = 0; t < trees.size() && replayed < 12; ++t) {
+      if (trees[t].incompleted) continue;  // DESIGN §6: skip incompleted trees
+      ++replayed;
+      PagedKvCache cache(16, 4096);
+      {
+        SequenceTree live(cache);
+        auto scenario = reasoning_scenario(trees[t]);
+        std::vector<TreeQuery> queries;
+        for (std::int64_t s = 0; s < scenario->steps(); ++s) {
+          scenario->advance(live, queries);
+          // Pages in use are exactly the live nodes' pages, and every live
+          // node lies on the path of a decoding node (pruning left nothing behind).
+          const Tree snapshot = live.to_tree(kHeads, queries);
+          std::int64_t pages = 0;
+          for (const TreeNode& n : snapshot.nodes()) pages += (n.length + 15) / 16;
+          REQUIRE(cache.pages_in_use() == pages);
+          std::set<std::int64_t> on_paths;
+          for (const TreeQuery& q : queries) {
+            for (std::int64_t v = q.node; v != kNoParent && on_paths.insert(v).second; v = live.parent(v)) {
+            }
+          }
+          REQUIRE(on_paths.size() == live.size());
+        }
+        live.remove(0);  // the root, and with it whatever the last step left
+        CHECK(live.size() == 0);
+      }
+      CHECK(cache.pages_in_use() == 0);
+      CHECK(cache.peak_pages_in_use() > 0);
+    }
+    CHECK(replayed > 0);
+  }
+}
+
+TEST_CASE("KV cache misuse is an error") {
+  PagedKvCache cache(4, 2);
+  const std::int32_t a = cache.allocate();
+  (void)cache.allocate();
+  CHECK_THROWS_WITH_AS(cache.allocate(), doctest::Contains("all 2 pages (8 slots) are in use"), Error);
+  cache.release(a);
+  CHECK_THROWS_WITH_AS(cache.release(a), doctest::Contains("page 0 released but not allocated"), Error);
+  CHECK_THROWS_WITH_AS(cache.release(7), doctest::Contains("page 7"), Error);
+
+  PagedKvCache growing(4, 0);  // unbounded: pages appear on demand, freed ones are reused first
+  for (int i = 0; i < 100; ++i) (void)growing.allocate();
+  growing.release(42);
+  CHECK(growing.allocate() == 42);
+  CHECK(growing.capacity_pages() == 100);
+  CHECK(growing.peak_pages_in_use() == 100);
+}
+
+TEST_CASE("the few-shot replay ends in the few-shot tree") {
+  auto scenario = few_shot_scenario(4000, 20, 400);
+  CHECK(scenario->steps() == 400);
+  const Tree replayed = replay(*scenario, 400, kHeads);
+  const Tree direct = few_shot_tree(kHeads, 4000, 20, 400);
+  REQUIRE(replayed.node_count() == direct.node_count());
+  for (std::size_t i = 0; i < direct.node_count(); ++i) {
+    CHECK(replayed.nodes()[i].length == direct.nodes()[i].length);
+    CHECK(replayed.nodes()[i].parent == direct.nodes()[i].parent);
+  }
+  CHECK(replayed.query_count() == 20);
+  const PlanStats a = compute_stats(plan(replayed)), b = compute_stats(plan(direct));
+  CHECK(a.tokens == b.tokens);
+  CHECK(a.sequence_read_tokens == b.sequence_read_tokens);
+}
+
+TEST_CASE("level trees follow FastTree's shapes") {
+  const Tree tree = level_tree(kHeads, {1, 4, 16, 512}, {1024, 256, 128, 32});
+  CHECK(tree.node_count() == 533);
+  CHECK(tree.query_count() == 512);
+  CHECK(total_tokens(tree) == 1024 + 4 * 256 + 16 * 128 + 512 * 32);
+  const auto leaves = depth_histogram(tree, true);
+  CHECK(leaves == std::map<std::int64_t, int>{{3, 512}});
+  CHECK_THROWS_WITH_AS(level_tree(kHeads, {1, 4, 6}, {8, 8, 8}), doctest::Contains("level 2 has 6 nodes"), Error);
+  CHECK(find_model("codellama-34b").heads.heads_q == 64);
+  CHECK_THROWS_WITH_AS(find_model("gpt"), doctest::Contains("unknown model 'gpt'"), Error);
+}
+
+TEST_CASE("malformed workload files are named") {
+  CHECK_THROWS_WITH_AS(load_medusa(kWorkloads + "/reasoning/keywordToT.json"), doctest::Contains("not a Medusa workload"),
+                       Error);
+  CHECK_THROWS_WITH_AS(load_reasoning(kWorkloads + "/speculative/APPS_tree_size32.json"),
+                       doctest::Contains("not a reasoning workload"), Error);
+  CHECK_THROWS_WITH_AS(load_medusa("/nonexistent.json"), doctest::Contains("/nonexistent.json: cannot open"), Error);
+}

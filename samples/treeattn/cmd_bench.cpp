@@ -1,11 +1,12 @@
-// treeattn bench: planning and execution time per strategy on seeded random
-// forests, as a table and as JSON. (The paper workloads of DESIGN §6 plug in
-// here as further workload kinds.)
+// treeattn bench: workloads x model shapes x strategies on one backend. Plan
+// time and run time are measured separately; every row carries the IO model
+// (unique tree KV bytes, what a Q-guided kernel reads, the reduction) and the
+// effective bandwidth on unique KV bytes as a fraction of a roofline.
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,19 +14,23 @@
 #include "cli_support.hpp"
 #include "commands.hpp"
 #include "treeattn/treeattn.hpp"
+#include "workload_options.hpp"
 
 namespace treeattn::cli {
 namespace {
 
 struct BenchOptions {
-  RandomForestOptions forest;
-  std::vector<std::string> strategies = {"flatten"};
+  WorkloadOptions workloads;
+  std::vector<std::string> kinds = {"fewshot", "speculative", "reasoning", "levels"};
+  std::vector<std::string> models = {"llama3-8b"};
+  std::vector<std::string> strategies = {"flatten", "sequence"};
+  std::string backend = "auto";
   int block_tokens = 256;
-  int query_tile = kMaxQueryTile;
   int repeat = 20;
-  std::string backend = "none";
   int run_repeat = 3;
+  int layers = 1;
   int threads = 0;
+  double peak_gbps = 0.0;
   std::string json;
 };
 
@@ -39,63 +44,124 @@ Timing time_it(int repeat, F&& body) {
   for (int r = 0; r < repeat; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     body();
-    const auto t1 = std::chrono::steady_clock::now();
-    us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(us.begin(), us.end());
   return {us.front(), us[us.size() / 2]};
 }
 
+// Host memory read bandwidth: every hardware thread sums its share of a 256 MiB
+// buffer; best of three passes. The CPU backend's roofline.
+double measure_host_read_gbps() {
+  const std::size_t n = std::size_t(64) << 20;  // floats
+  std::vector<float> data(n, 1.0f);
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<double> sums(threads);
+  const Timing t = time_it(3, [&] {
+    std::vector<std::thread> pool;
+    for (unsigned w = 0; w < threads; ++w) {
+      pool.emplace_back([&, w] {
+        float s[8] = {};
+        for (std::size_t i = n / threads * w; i + 8 <= n / threads * (w + 1); i += 8) {
+          for (int l = 0; l < 8; ++l) s[l] += data[i + std::size_t(l)];
+        }
+        sums[w] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+      });
+    }
+    for (auto& th : pool) th.join();
+  });
+  return double(n * sizeof(float)) / (t.min_us * 1e3);
+}
+
 void run_bench(const BenchOptions& o) {
-  const Tree tree = random_forest(o.forest);
-  const std::int64_t tokens = total_tokens(tree);
-  fmt::print(stderr, "bench: random forest, seed {}, {} nodes in {} trees, {} queries, {} tokens\n", o.forest.seed,
-             tree.node_count(), o.forest.roots, tree.query_count(), tokens);
   std::unique_ptr<Backend> backend;
-  HostArray q, k, v, out;
+  double peak = o.peak_gbps;
   if (o.backend != "none") {
     BackendOptions backend_options;
     backend_options.threads = o.threads;
     backend = make_backend(parse_backend(o.backend), backend_options);
-    const HeadConfig& h = tree.heads;
-    const std::int64_t nq = std::int64_t(tree.query_count());
-    q = random_array(DType::f16, {nq, h.heads_q, h.head_dim}, 1);
-    k = random_array(DType::f16, {std::max<std::int64_t>(tokens, 1), h.heads_kv, h.head_dim}, 2);
-    v = random_array(DType::f16, {std::max<std::int64_t>(tokens, 1), h.heads_kv, h.head_dim}, 3);
-    out = HostArray(DType::f32, {nq, h.heads_q, h.head_dim});
+    if (peak <= 0.0 && std::string(backend->name()) == "cpu") peak = measure_host_read_gbps();
+  }
+  if (backend) fmt::print(stderr, "bench: backend {}, roofline {:.1f} GB/s\n", backend->name(), peak);
+
+  struct Job {
+    std::string workload;
+    const ModelShape* model;
+  };
+  std::vector<NamedTree> trees;
+  std::vector<Job> jobs;
+  for (const std::string& m : o.models) {
+    const ModelShape& model = find_model(m);
+    for (const std::string& kind : o.kinds) {
+      for (NamedTree& t : make_trees(kind, o.workloads, model.heads)) {
+        jobs.push_back({t.name, &model});
+        trees.push_back(std::move(t));
+      }
+    }
   }
 
   nlohmann::json rows = nlohmann::json::array();
-  fmt::print("{:<11} {:>12} {:>12} {:>8} {:>8} {:>10} {:>13}\n", "strategy", "plan_min_us", "plan_med_us", "items",
-             "blocks", "kv_io_x", backend ? "run_med_ms" : "");
-  for (std::size_t i = 0; i < o.strategies.size(); ++i) {
-    PlanOptions options;
-    options.strategy = parse_strategy(o.strategies[i]);
-    options.block_tokens = o.block_tokens;
-    options.query_tile = o.query_tile;
-    fmt::print(stderr, "[{}/{}] {}...\n", i + 1, o.strategies.size(), o.strategies[i]);
-    Plan plan;
-    const Timing plan_time = time_it(o.repeat, [&] { plan = treeattn::plan(tree, options); });
-    const PlanStats st = compute_stats(plan);
-    const double io = st.tokens ? double(st.sequence_read_tokens) / double(st.plan_read_tokens) : 0.0;
-    nlohmann::json row = {{"workload", "random_forest"}, {"strategy", o.strategies[i]},
-                          {"nodes", tree.node_count()},   {"queries", tree.query_count()},
-                          {"tokens", st.tokens},          {"items", st.items},
-                          {"blocks", st.blocks},          {"plan_min_us", plan_time.min_us},
-                          {"plan_median_us", plan_time.median_us}, {"kv_io_reduction", io}};
-    std::string run_cell;
-    if (backend) {
-      const Timing run_time = time_it(o.run_repeat, [&] {
-        backend->run(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}});
-      });
-      row["backend"] = backend->name();
-      row["run_median_us"] = run_time.median_us;
-      row["run_min_us"] = run_time.min_us;
-      run_cell = fmt::format("{:.2f}", run_time.median_us / 1000.0);
+  fmt::print("{:<34} {:<13} {:<10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload", "model", "strategy",
+             "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
+  const std::size_t total = trees.size() * o.strategies.size();
+  std::size_t done = 0;
+  for (std::size_t w = 0; w < trees.size(); ++w) {
+    const Tree& tree = trees[w].tree;
+    const HeadConfig& h = tree.heads;
+    HostArray q, k, v, out;
+    if (backend) {  // synthetic data, shared by the strategies of this workload
+      const std::int64_t slots = std::max<std::int64_t>(1, treeattn::plan(tree).min_kv_slots);
+      const std::int64_t nq = std::int64_t(tree.query_count());
+      q = random_array(DType::f16, {nq, h.heads_q, h.head_dim}, 1);
+      k = random_array(DType::f16, {slots, h.heads_kv, h.head_dim}, 2);
+      v = random_array(DType::f16, {slots, h.heads_kv, h.head_dim}, 3);
+      out = HostArray(DType::f16, {nq, h.heads_q, h.head_dim});
     }
-    fmt::print("{:<11} {:>12.1f} {:>12.1f} {:>8} {:>8} {:>10.2f} {:>13}\n", o.strategies[i], plan_time.min_us,
-               plan_time.median_us, st.items, st.blocks, io, run_cell);
-    rows.push_back(std::move(row));
+    for (const std::string& strategy : o.strategies) {
+      fmt::print(stderr, "[{}/{}] {} {} {}\n", ++done, total, trees[w].name, jobs[w].model->name, strategy);
+      PlanOptions options;
+      options.strategy = parse_strategy(strategy);
+      options.block_tokens = o.block_tokens;
+      Plan plan;
+      const Timing plan_time = time_it(o.repeat, [&] { plan = treeattn::plan(tree, options); });
+      const PlanStats st = compute_stats(plan);
+      const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
+      nlohmann::json row = {{"workload", trees[w].name},       {"model", jobs[w].model->name},
+                            {"strategy", strategy},            {"heads_q", h.heads_q},
+                            {"heads_kv", h.heads_kv},          {"head_dim", h.head_dim},
+                            {"nodes", tree.node_count()},      {"queries", tree.query_count()},
+                            {"tokens", st.tokens},             {"items", st.items},
+                            {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
+                            {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},
+                            {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us}};
+      std::string run_cell = "-", gbps_cell = "-", roof_cell = "-";
+      if (backend) {
+        const Timing run_time = time_it(o.run_repeat, [&] {
+          for (int layer = 0; layer < o.layers; ++layer) {
+            backend->run(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}});
+          }
+        });
+        const double per_layer = run_time.median_us / o.layers;
+        const double gbps = double(unique) / (per_layer * 1e3);
+        row["backend"] = backend->name();
+        row["layers"] = o.layers;
+        row["run_median_us"] = per_layer;
+        row["run_min_us"] = run_time.min_us / o.layers;
+        row["effective_gbps"] = gbps;
+        run_cell = fmt::format("{:.0f}", per_layer);
+        gbps_cell = fmt::format("{:.2f}", gbps);
+        if (peak > 0.0) {
+          row["peak_gbps"] = peak;
+          row["roofline_fraction"] = gbps / peak;
+          roof_cell = fmt::format("{:.1f}%", 100.0 * gbps / peak);
+        }
+      }
+      fmt::print("{:<34} {:<13} {:<10} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>10} {:>9} {:>7}\n", trees[w].name,
+                 jobs[w].model->name, strategy, tree.query_count(), st.tokens, double(unique) / 1e6,
+                 double(sequence) / double(unique), plan_time.median_us, run_cell, gbps_cell, roof_cell);
+      std::fflush(stdout);
+      rows.push_back(std::move(row));
+    }
   }
   if (!o.json.empty()) {
     PendingOutputs outputs;
@@ -108,47 +174,43 @@ void run_bench(const BenchOptions& o) {
 
 Command add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  o->forest.nodes = 10000;
-  o->forest.queries = 2000;
-  o->forest.roots = 100;
-  o->forest.min_tokens = 1;
-  o->forest.max_tokens = 32;
-  o->forest.heads = {32, 8, 128, 0.0f};
-  o->forest.listed_fraction = 0.0;
+  std::vector<std::string> models;
+  for (const ModelShape& m : model_shapes()) models.push_back(m.name);
   CLI::App* sub = app.add_subcommand(
       "bench",
-      "Time planning (and optionally execution) per strategy on a seeded random forest.\n"
-      "Prints a table; --json FILE also writes the rows. Plan time is the min and median of --repeat runs.\n"
-      "Example: treeattn bench --nodes 10000 --queries 2000 --strategy flatten,sequence --repeat 50");
-  sub->add_option("--nodes", o->forest.nodes, "Nodes in the forest")->check(CLI::Range(1, 10000000))->capture_default_str();
-  sub->add_option("--queries", o->forest.queries, "Queries")->check(CLI::Range(0, 10000000))->capture_default_str();
-  sub->add_option("--trees", o->forest.roots, "Independent trees (requests) in the forest")->check(CLI::Range(1, 10000000))->capture_default_str();
-  sub->add_option("--min-tokens", o->forest.min_tokens, "Fewest tokens per node")->check(CLI::NonNegativeNumber)->capture_default_str();
-  sub->add_option("--max-tokens", o->forest.max_tokens, "Most tokens per node")->check(CLI::NonNegativeNumber)->capture_default_str();
-  sub->add_option("--seed", o->forest.seed, "Random seed")->capture_default_str();
-  sub->add_option("--strategy", o->strategies, "Strategies to compare (comma-separated)")
+      "Benchmark workloads x model shapes x strategies on one backend: plan time, run time per layer (median of\n"
+      "--run-repeat runs of --layers back-to-back calls), unique tree KV bytes, the bytes a Q-guided kernel reads\n"
+      "(KV-IO reduction), effective bandwidth on unique KV bytes and its fraction of the roofline.\n"
+      "Workloads: fewshot (prompt + branches), speculative (Medusa token trees on a growing prefix),\n"
+      "reasoning (tree-of-thought replays), levels (FastTree kernel shapes), random (seeded forest).\n"
+      "Examples: treeattn bench --workload fewshot --branches 20 --strategy flatten,sequence,node\n"
+      "          treeattn bench --workload random --backend none --strategy flatten --repeat 100 --json plan.json");
+  sub->add_option("--workload", o->kinds, "Workload kinds (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(workload_kinds()))
+      ->capture_default_str();
+  sub->add_option("--model", o->models, "Model head shapes (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(models))
+      ->capture_default_str();
+  sub->add_option("--strategy", o->strategies, "Strategies (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember(strategy_names()))
       ->capture_default_str();
-  sub->add_option("--block-tokens", o->block_tokens, "Max KV tokens per block")->check(CLI::Range(1, 65536))->capture_default_str();
-  sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
-  sub->add_option("--backend", o->backend, "Also time execution on a backend (none: planning only)")
+  sub->add_option("--backend", o->backend, "Backend to time (none: planning only)")
       ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
       ->capture_default_str();
-  sub->add_option("--run-repeat", o->run_repeat, "Execution repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
+  sub->add_option("--block-tokens", o->block_tokens, "Max KV tokens per block")->check(CLI::Range(1, 65536))->capture_default_str();
+  sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
+  sub->add_option("--run-repeat", o->run_repeat, "Run repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
+  sub->add_option("--layers", o->layers, "Back-to-back calls per run (a model's layers)")->check(CLI::Range(1, 1000))->capture_default_str();
   sub->add_option("--threads", o->threads, "CPU backend threads (0: one per hardware thread)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--peak-gbps", o->peak_gbps,
+                  "Roofline bandwidth in GB/s (default: measured host read bandwidth for the CPU backend)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--json", o->json, "Also write the rows as JSON to this file");
-  return {sub, [o] {
-            if (o->forest.min_tokens > o->forest.max_tokens) {
-              throw Error(ErrorCategory::InvalidArgument,
-                          fmt::format("--min-tokens {} exceeds --max-tokens {}", o->forest.min_tokens, o->forest.max_tokens));
-            }
-            if (o->forest.roots > o->forest.nodes) {
-              throw Error(ErrorCategory::InvalidArgument,
-                          fmt::format("--trees {} exceeds --nodes {}", o->forest.roots, o->forest.nodes));
-            }
-            run_bench(*o);
-          }};
+  o->workloads.add_to(*sub);
+  return {sub, [o] { run_bench(*o); }};
 }
 
 }  // namespace treeattn::cli

@@ -8,6 +8,7 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
+#include "plan_svg.hpp"
 #include "treeattn/treeattn.hpp"
 
 namespace treeattn::cli {
@@ -18,6 +19,7 @@ struct PlanCommandOptions {
   PlanFlags plan;
   bool json = false;
   int items = 24;
+  std::string svg;
 };
 
 constexpr std::size_t kKvElementBytes = 2;  // the IO model assumes f16/bf16 KV
@@ -121,6 +123,11 @@ void run_plan(const PlanCommandOptions& o) {
   const PlanStats st = compute_stats(plan);
   if (o.json) fmt::print("{}\n", plan_json(tree, plan, st).dump(2));
   else print_plan(tree, plan, st, o.items);
+  if (!o.svg.empty()) {
+    PendingOutputs outputs;
+    outputs.write_text(o.svg, plan_svg(tree, plan, o.tree));
+    outputs.commit();
+  }
 }
 
 }  // namespace
@@ -135,6 +142,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--tree", o->tree, "Tree JSON")->required();
   o->plan.add_to(*sub);
   sub->add_flag("--json", o->json, "Print the whole plan as JSON instead of the summary");
+  sub->add_option("--svg", o->svg, "Also draw the plan over the tree as SVG (KV coloured by the block that reads it)");
   sub->add_option("--items", o->items, "Work items listed in the summary")->check(CLI::NonNegativeNumber)->capture_default_str();
   return {sub, [o] { run_plan(*o); }};
 }

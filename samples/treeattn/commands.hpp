@@ -17,6 +17,7 @@ struct Command {
 Command add_run_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
+Command add_demo_command(CLI::App& app);
 Command add_random_inputs_command(CLI::App& app);
 
 }  // namespace treeattn::cli

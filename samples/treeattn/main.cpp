@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
       treeattn::cli::add_run_command(app),
       treeattn::cli::add_plan_command(app),
       treeattn::cli::add_bench_command(app),
+      treeattn::cli::add_demo_command(app),
       treeattn::cli::add_random_inputs_command(app),
   };
 

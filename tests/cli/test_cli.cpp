@@ -162,7 +162,7 @@ TEST_CASE("plan prints the split, the load balance and the IO model; --json is c
 TEST_CASE("help teaches the commands and exits 0") {
   Result r = cli("--help");
   CHECK(r.status == 0);
-  for (const char* command : {"run", "plan", "bench", "random-inputs"}) CHECK(r.output.find(command) != std::string::npos);
+  for (const char* command : {"run", "plan", "bench", "demo", "random-inputs"}) CHECK(r.output.find(command) != std::string::npos);
   r = cli("run --help");
   CHECK(r.status == 0);
   CHECK(r.output.find("--block-tokens") != std::string::npos);
@@ -171,16 +171,63 @@ TEST_CASE("help teaches the commands and exits 0") {
 
 TEST_CASE("bench writes JSON rows per strategy") {
   TempDir dir;
-  const Result r = cli("bench --nodes 300 --queries 50 --trees 3 --strategy flatten,sequence --repeat 3 --backend cpu "
-                       "--json " + (dir / "bench.json"));
+  const Result r = cli("bench --workload random --nodes 300 --queries 50 --trees 3 --max-tokens 16 --strategy flatten,sequence "
+                       "--repeat 3 --backend cpu --json " + (dir / "bench.json"));
   REQUIRE_MESSAGE(r.status == 0, r.output);
   std::ifstream in(dir / "bench.json");
   const nlohmann::json rows = nlohmann::json::parse(in);
   REQUIRE(rows.size() == 2);
   CHECK(rows[0]["strategy"] == "flatten");
-  CHECK(rows[0]["kv_io_reduction"].get<double>() >= 1.0);
-  CHECK(rows[1]["kv_io_reduction"].get<double>() == doctest::Approx(1.0));
+  CHECK(rows[0]["kv_io_reduction"].get<double>() > 1.0);
+  CHECK(rows[0]["plan_read_kv_bytes"] == rows[0]["unique_kv_bytes"]);     // flatten reads the tree once
+  CHECK(rows[1]["plan_read_kv_bytes"] == rows[1]["sequence_kv_bytes"]);   // sequence reads every path
   CHECK(rows[1]["run_median_us"].get<double>() > 0.0);
+  CHECK(rows[0]["unique_kv_bytes"] == rows[1]["unique_kv_bytes"]);
+  CHECK(rows[0]["roofline_fraction"].get<double>() > 0.0);
+}
+
+TEST_CASE("bench covers the paper workloads and model shapes") {
+  TempDir dir;
+  const Result r = cli("bench --workload fewshot,speculative,reasoning,levels --branches 20 --tree-size 32 "
+                       "--reasoning keywordToT --levels 1,4,16:64,32,16 --model llama3-8b,codellama-34b "
+                       "--strategy flatten --backend none --repeat 2 --json " + (dir / "bench.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  std::ifstream in(dir / "bench.json");
+  const nlohmann::json rows = nlohmann::json::parse(in);
+  REQUIRE(rows.size() == 8);  // 4 workloads x 2 models
+  CHECK(rows[0]["workload"] == "fewshot b=20");
+  CHECK(rows[0]["tokens"] == 4000 + 20 * 400);
+  // DeFT's KV-IO reduction for few-shot: 20 paths of 4400 tokens over 12000 unique tokens.
+  CHECK(rows[0]["kv_io_reduction"].get<double>() == doctest::Approx(20.0 * 4400 / 12000));
+  CHECK(rows[4]["model"] == "codellama-34b");
+  CHECK(rows[4]["heads_q"] == 64);
+}
+
+TEST_CASE("demo replays a workload; its attention equals `run` on the dumped snapshot") {
+  TempDir dir;
+  Result r = cli("demo --workload fewshot --branches 3 --prompt 100 --generated 10 --layers 2 --block-tokens 32 "
+                 "--dump-step 7 --dump-dir " + dir.path + " --svg " + (dir / "demo.svg") + " --json " + (dir / "demo.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(r.output.find("tokens generated 30") != std::string::npos);
+  std::ifstream summary_file(dir / "demo.json");
+  const nlohmann::json summary = nlohmann::json::parse(summary_file);
+  CHECK(summary["steps"] == 10);
+  CHECK(summary["peak_pages"] == 7 + 3);  // the 100-token prompt in 16-token pages, one page per branch
+  CHECK(summary["unique_kv_bytes"].get<std::int64_t>() < summary["sequence_kv_bytes"].get<std::int64_t>());
+  CHECK(exists(dir / "demo.svg"));
+
+  r = cli("run --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") + " --v " +
+          (dir / "v.npy") + " --out " + (dir / "o_run.npy") + " --lse " + (dir / "lse_run.npy") + " --block-tokens 32");
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  const Tree tree = load_tree_json(dir / "tree.json");
+  CHECK(tree.query_count() == 3);
+  CHECK(total_tokens(tree) == 100 + 3 * 7);
+  CHECK(read_npy(dir / "o_run.npy").bytes == read_npy(dir / "o.npy").bytes);
+  CHECK(read_npy(dir / "lse_run.npy").bytes == read_npy(dir / "lse.npy").bytes);
+
+  r = cli("demo --workload speculative --tree-size 32 --steps 3 --layers 1 --dump-step 5 --dump-dir " + dir.path, true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("beyond the 3 steps") != std::string::npos);
 }
 
 TEST_CASE("bf16 inputs travel as <u2 and run end to end") {

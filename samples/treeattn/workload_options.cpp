@@ -1,0 +1,127 @@
+#include "workload_options.hpp"
+
+#include <fmt/format.h>
+
+#include "treeattn/error.hpp"
+
+namespace treeattn::cli {
+namespace {
+
+std::vector<std::int64_t> parse_list(const std::string& text, const std::string& what) {
+  std::vector<std::int64_t> values;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    try {
+      values.push_back(std::stoll(text.substr(at, comma - at)));
+    } catch (const std::exception&) {
+      throw Error(ErrorCategory::InvalidArgument, fmt::format("{} '{}' is not a comma-separated list of integers", what, text));
+    }
+    at = comma + 1;
+  }
+  return values;
+}
+
+// The n-th tree of a reasoning file that is not marked incompleted.
+const ReasoningTree& complete_tree(const std::vector<ReasoningTree>& trees, std::size_t n, const std::string& file) {
+  for (const ReasoningTree& t : trees) {
+    if (!t.incompleted && n-- == 0) return t;
+  }
+  throw Error(ErrorCategory::InvalidArgument, fmt::format("{}: fewer complete trees than asked for", file));
+}
+
+}  // namespace
+
+const std::vector<std::string>& workload_kinds() {
+  static const std::vector<std::string> kinds = {"fewshot", "speculative", "reasoning", "levels", "random"};
+  return kinds;
+}
+
+void WorkloadOptions::add_to(CLI::App& sub) {
+  sub.add_option("--workloads-dir", workloads_dir, "DeFT workload files (speculative/*.json, reasoning/*.json)")
+      ->capture_default_str();
+  sub.add_option("--prompt", prompt, "fewshot: prompt tokens")->check(CLI::PositiveNumber)->capture_default_str();
+  sub.add_option("--branches", branches, "fewshot: branches (comma-separated)")->delimiter(',')->check(CLI::PositiveNumber)->capture_default_str();
+  sub.add_option("--generated", generated, "fewshot: tokens each branch decodes")->check(CLI::PositiveNumber)->capture_default_str();
+  sub.add_option("--tree-size", tree_sizes, "speculative: Medusa token-tree sizes")
+      ->delimiter(',')
+      ->check(CLI::IsMember({32, 64, 128, 256}))
+      ->capture_default_str();
+  sub.add_option("--spec-record", spec_record, "speculative: record (prompt) of the workload file")->capture_default_str();
+  sub.add_option("--spec-step", spec_step, "speculative: snapshot after this many decode steps")->check(CLI::PositiveNumber)->capture_default_str();
+  sub.add_option("--reasoning", reasoning, "reasoning: files of reasoning/ without .json")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"sorting128ToT", "keywordToT", "docmergeToT"}))
+      ->capture_default_str();
+  sub.add_option("--reasoning-tree", reasoning_tree, "reasoning: which complete tree of each file (0 = first)")->capture_default_str();
+  sub.add_option("--reasoning-at", reasoning_at, "reasoning: snapshot at this fraction of the iterations")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  sub.add_option("--levels", levels, "levels: FastTree shapes NODES:CONTEXT per level, e.g. 1,4,16,512:1024,256,128,32")
+      ->capture_default_str();
+  sub.add_option("--nodes", random.nodes, "random: nodes")->check(CLI::Range(1, 10000000))->capture_default_str();
+  sub.add_option("--queries", random.queries, "random: queries")->check(CLI::Range(0, 10000000))->capture_default_str();
+  sub.add_option("--trees", random.roots, "random: independent trees in the forest")->check(CLI::Range(1, 10000000))->capture_default_str();
+  sub.add_option("--max-tokens", random.max_tokens, "random: most tokens per node (at least 1)")->check(CLI::Range(1, 1000000))->capture_default_str();
+  sub.add_option("--seed", random.seed, "random: seed")->capture_default_str();
+}
+
+std::vector<NamedScenario> make_scenarios(const std::string& kind, const WorkloadOptions& o) {
+  std::vector<NamedScenario> out;
+  if (kind == "fewshot") {
+    for (int b : o.branches) {
+      out.push_back({fmt::format("fewshot b={}", b), few_shot_scenario(o.prompt, b, o.generated)});
+    }
+  } else if (kind == "speculative") {
+    for (int t : o.tree_sizes) {
+      const MedusaWorkload w = load_medusa(fmt::format("{}/speculative/APPS_tree_size{}.json", o.workloads_dir, t));
+      out.push_back({fmt::format("speculative t={}", t), speculative_scenario(w, o.spec_record)});
+    }
+  } else if (kind == "reasoning") {
+    for (const std::string& file : o.reasoning) {
+      const std::string path = fmt::format("{}/reasoning/{}.json", o.workloads_dir, file);
+      const std::vector<ReasoningTree> trees = load_reasoning(path);
+      out.push_back({fmt::format("reasoning {}", file), reasoning_scenario(complete_tree(trees, o.reasoning_tree, path))});
+    }
+  } else {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("workload '{}' cannot be replayed step by step (choose fewshot, speculative or reasoning)", kind));
+  }
+  return out;
+}
+
+std::vector<NamedTree> make_trees(const std::string& kind, const WorkloadOptions& o, const HeadConfig& heads) {
+  std::vector<NamedTree> out;
+  if (kind == "fewshot") {
+    for (int b : o.branches) out.push_back({fmt::format("fewshot b={}", b), few_shot_tree(heads, o.prompt, b, o.generated)});
+  } else if (kind == "speculative" || kind == "reasoning") {
+    for (NamedScenario& s : make_scenarios(kind, o)) {
+      const std::int64_t steps = kind == "speculative"
+                                     ? std::min(o.spec_step, s.scenario->steps())
+                                     : std::max<std::int64_t>(1, std::int64_t(o.reasoning_at * double(s.scenario->steps())));
+      out.push_back({fmt::format("{} @{}", s.name, steps), replay(*s.scenario, steps, heads)});
+    }
+  } else if (kind == "levels") {
+    for (const std::string& shape : o.levels) {
+      const std::size_t colon = shape.find(':');
+      if (colon == std::string::npos) {
+        throw Error(ErrorCategory::InvalidArgument, fmt::format("--levels '{}' needs NODES:CONTEXT, e.g. 1,10:4000,400", shape));
+      }
+      const auto nodes = parse_list(shape.substr(0, colon), "--levels node counts");
+      const auto context = parse_list(shape.substr(colon + 1), "--levels contexts");
+      std::string name = "levels";
+      for (std::size_t k = 0; k < nodes.size(); ++k) name += fmt::format("{}{}x{}", k ? "/" : " ", nodes[k], k < context.size() ? context[k] : 0);
+      out.push_back({name, level_tree(heads, nodes, context)});
+    }
+  } else if (kind == "random") {
+    RandomForestOptions r = o.random;
+    r.heads = heads;
+    out.push_back({fmt::format("random n={} q={}", r.nodes, r.queries), random_forest(r)});
+  } else {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("unknown workload '{}' (choose fewshot, speculative, reasoning, levels or random)", kind));
+  }
+  return out;
+}
+
+}  // namespace treeattn::cli

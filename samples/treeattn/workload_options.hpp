@@ -1,0 +1,60 @@
+#pragma once
+// The workloads of DESIGN §6 as command-line choices, shared by `bench` and
+// `demo`: each becomes a replayable Scenario (for demo) or a tree snapshot (for
+// bench) under a short name that tables and JSON use.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "treeattn/scenarios.hpp"
+#include "treeattn/workloads.hpp"
+
+namespace treeattn::cli {
+
+struct WorkloadOptions {
+  std::string workloads_dir = TREEATTN_DEFAULT_WORKLOADS;  // holds speculative/ and reasoning/
+  std::int64_t prompt = 4000;                              // few-shot prompt tokens
+  std::vector<int> branches = {20, 30, 50};
+  std::int64_t generated = 400;
+  std::vector<int> tree_sizes = {32, 64, 128, 256};
+  std::size_t spec_record = 0;
+  std::int64_t spec_step = 100;                            // snapshot after this many steps
+  std::vector<std::string> reasoning = {"sorting128ToT", "keywordToT", "docmergeToT"};
+  std::size_t reasoning_tree = 0;                          // n-th complete tree of the file
+  double reasoning_at = 0.5;                               // snapshot at this fraction of the run
+  std::vector<std::string> levels = {"1,4,16,512:1024,256,128,32", "1,10:4000,400"};
+  RandomForestOptions random = [] {  // a 10 000-node forest of 100 requests, 2 000 queries
+    RandomForestOptions r;
+    r.nodes = 10000;
+    r.roots = 100;
+    r.queries = 2000;
+    r.max_tokens = 32;
+    r.listed_fraction = 0.0;
+    return r;
+  }();
+
+  void add_to(CLI::App& sub);
+};
+
+struct NamedScenario {
+  std::string name;
+  std::unique_ptr<Scenario> scenario;
+};
+
+// Replayable scenarios of a kind: fewshot, speculative or reasoning.
+std::vector<NamedScenario> make_scenarios(const std::string& kind, const WorkloadOptions& o);
+
+struct NamedTree {
+  std::string name;
+  Tree tree;
+};
+
+// Snapshots of a kind (the three above, plus levels and random), with `heads`.
+std::vector<NamedTree> make_trees(const std::string& kind, const WorkloadOptions& o, const HeadConfig& heads);
+
+const std::vector<std::string>& workload_kinds();
+
+}  // namespace treeattn::cli

@@ -1,4 +1,4 @@
-// treeattn bench: workloads x model shapes x strategies on one backend. Plan
+// treeattn bench: workloads x model shapes x strategies x backends. Plan
 // time and run time are measured separately; every row carries the IO model
 // (unique tree KV bytes, what a Q-guided kernel reads, the reduction) and the
 // effective bandwidth on unique KV bytes as a fraction of a roofline.
@@ -24,7 +24,7 @@ struct BenchOptions {
   std::vector<std::string> kinds = {"fewshot", "speculative", "reasoning", "levels"};
   std::vector<std::string> models = {"llama3-8b"};
   std::vector<std::string> strategies = {"flatten", "sequence"};
-  std::string backend = "auto";
+  std::vector<std::string> backends = {"auto"};
   int block_tokens = 256;
   int repeat = 20;
   int run_repeat = 3;
@@ -74,15 +74,20 @@ double measure_host_read_gbps() {
 }
 
 void run_bench(const BenchOptions& o) {
-  std::unique_ptr<Backend> backend;
-  double peak = o.peak_gbps;
-  if (o.backend != "none") {
+  struct Timed {
+    std::unique_ptr<Backend> backend;
+    double peak_gbps;
+  };
+  std::vector<Timed> backends;
+  for (const std::string& name : o.backends) {
+    if (name == "none") continue;
     BackendOptions backend_options;
     backend_options.threads = o.threads;
-    backend = make_backend(parse_backend(o.backend), backend_options);
-    if (peak <= 0.0 && std::string(backend->name()) == "cpu") peak = measure_host_read_gbps();
+    Timed t{make_backend(parse_backend(name), backend_options), o.peak_gbps};
+    if (t.peak_gbps <= 0.0 && std::string(t.backend->name()) == "cpu") t.peak_gbps = measure_host_read_gbps();
+    fmt::print(stderr, "bench: backend {}, roofline {:.1f} GB/s\n", t.backend->name(), t.peak_gbps);
+    backends.push_back(std::move(t));
   }
-  if (backend) fmt::print(stderr, "bench: backend {}, roofline {:.1f} GB/s\n", backend->name(), peak);
 
   struct Job {
     std::string workload;
@@ -101,15 +106,15 @@ void run_bench(const BenchOptions& o) {
   }
 
   nlohmann::json rows = nlohmann::json::array();
-  fmt::print("{:<34} {:<13} {:<10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload", "model", "strategy",
-             "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
+  fmt::print("{:<34} {:<13} {:<10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload", "model",
+             "strategy", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
   const std::size_t total = trees.size() * o.strategies.size();
   std::size_t done = 0;
   for (std::size_t w = 0; w < trees.size(); ++w) {
     const Tree& tree = trees[w].tree;
     const HeadConfig& h = tree.heads;
     HostArray q, k, v, out;
-    if (backend) {  // synthetic data, shared by the strategies of this workload
+    if (!backends.empty()) {  // synthetic data, shared by the strategies and backends of this workload
       const std::int64_t slots = std::max<std::int64_t>(1, treeattn::plan(tree).min_kv_slots);
       const std::int64_t nq = std::int64_t(tree.query_count());
       q = random_array(DType::f16, {nq, h.heads_q, h.head_dim}, 1);
@@ -134,33 +139,41 @@ void run_bench(const BenchOptions& o) {
                             {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
                             {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},
                             {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us}};
-      std::string run_cell = "-", gbps_cell = "-", roof_cell = "-";
-      if (backend) {
+      auto print_row = [&](const std::string& backend_name, const std::string& run_cell, const std::string& gbps_cell,
+                           const std::string& roof_cell) {
+        fmt::print("{:<34} {:<13} {:<10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>10} {:>9} {:>7}\n", trees[w].name,
+                   jobs[w].model->name, strategy, backend_name, tree.query_count(), st.tokens, double(unique) / 1e6,
+                   double(sequence) / double(unique), plan_time.median_us, run_cell, gbps_cell, roof_cell);
+        std::fflush(stdout);
+      };
+      if (backends.empty()) {
+        print_row("none", "-", "-", "-");
+        rows.push_back(row);
+      }
+      for (Timed& timed : backends) {
+        Backend& backend = *timed.backend;
         const Timing run_time = time_it(o.run_repeat, [&] {
           for (int layer = 0; layer < o.layers; ++layer) {
-            backend->run(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}});
+            backend.run(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}});
           }
         });
         const double per_layer = run_time.median_us / o.layers;
         const double gbps = double(unique) / (per_layer * 1e3);
-        row["backend"] = backend->name();
-        row["layers"] = o.layers;
-        row["run_median_us"] = per_layer;
-        row["run_min_us"] = run_time.min_us / o.layers;
-        row["effective_gbps"] = gbps;
-        run_cell = fmt::format("{:.0f}", per_layer);
-        gbps_cell = fmt::format("{:.2f}", gbps);
-        if (peak > 0.0) {
-          row["peak_gbps"] = peak;
-          row["roofline_fraction"] = gbps / peak;
-          roof_cell = fmt::format("{:.1f}%", 100.0 * gbps / peak);
+        nlohmann::json timed_row = row;
+        timed_row["backend"] = backend.name();
+        timed_row["layers"] = o.layers;
+        timed_row["run_median_us"] = per_layer;
+        timed_row["run_min_us"] = run_time.min_us / o.layers;
+        timed_row["effective_gbps"] = gbps;
+        std::string roof_cell = "-";
+        if (timed.peak_gbps > 0.0) {
+          timed_row["peak_gbps"] = timed.peak_gbps;
+          timed_row["roofline_fraction"] = gbps / timed.peak_gbps;
+          roof_cell = fmt::format("{:.1f}%", 100.0 * gbps / timed.peak_gbps);
         }
+        print_row(backend.name(), fmt::format("{:.0f}", per_layer), fmt::format("{:.2f}", gbps), roof_cell);
+        rows.push_back(std::move(timed_row));
       }
-      fmt::print("{:<34} {:<13} {:<10} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>10} {:>9} {:>7}\n", trees[w].name,
-                 jobs[w].model->name, strategy, tree.query_count(), st.tokens, double(unique) / 1e6,
-                 double(sequence) / double(unique), plan_time.median_us, run_cell, gbps_cell, roof_cell);
-      std::fflush(stdout);
-      rows.push_back(std::move(row));
     }
   }
   if (!o.json.empty()) {
@@ -178,7 +191,7 @@ Command add_bench_command(CLI::App& app) {
   for (const ModelShape& m : model_shapes()) models.push_back(m.name);
   CLI::App* sub = app.add_subcommand(
       "bench",
-      "Benchmark workloads x model shapes x strategies on one backend: plan time, run time per layer (median of\n"
+      "Benchmark workloads x model shapes x strategies x backends: plan time, run time per layer (median of\n"
       "--run-repeat runs of --layers back-to-back calls), unique tree KV bytes, the bytes a Q-guided kernel reads\n"
       "(KV-IO reduction), effective bandwidth on unique KV bytes and its fraction of the roofline.\n"
       "Workloads: fewshot (prompt + branches), speculative (Medusa token trees on a growing prefix),\n"
@@ -197,7 +210,8 @@ Command add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember(strategy_names()))
       ->capture_default_str();
-  sub->add_option("--backend", o->backend, "Backend to time (none: planning only)")
+  sub->add_option("--backend", o->backends, "Backends to time, comma-separated (none: planning only)")
+      ->delimiter(',')
       ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
       ->capture_default_str();
   sub->add_option("--block-tokens", o->block_tokens, "Max KV tokens per block")->check(CLI::Range(1, 65536))->capture_default_str();

@@ -9,6 +9,7 @@
 #include "treeattn/backend.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/npy.hpp"
+#include "treeattn/workloads.hpp"
 
 namespace treeattn::cli {
 
@@ -53,6 +54,12 @@ std::vector<std::string> strategy_names() {
 }
 
 std::vector<std::string> backend_names() { return {"auto", "cpu", "vulkan", "cuda"}; }
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const ModelShape& m : model_shapes()) names.push_back(m.name);
+  return names;
+}
 
 void PlanFlags::add_to(CLI::App& sub) {
   sub.add_option("--strategy", strategy,

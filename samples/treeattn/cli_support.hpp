@@ -30,9 +30,10 @@ class PendingOutputs {
   std::vector<std::pair<std::string, std::string>> files_;  // (temporary, final)
 };
 
-// The choices of --strategy and --backend, for CLI11's IsMember checks.
+// The choices of --strategy, --backend and --model, for CLI11's IsMember checks.
 std::vector<std::string> strategy_names();
 std::vector<std::string> backend_names();
+std::vector<std::string> model_names();
 
 // --strategy, --block-tokens and --query-tile, shared by the commands that plan.
 struct PlanFlags {

@@ -187,8 +187,6 @@ void run_bench(const BenchOptions& o) {
 
 Command add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  std::vector<std::string> models;
-  for (const ModelShape& m : model_shapes()) models.push_back(m.name);
   CLI::App* sub = app.add_subcommand(
       "bench",
       "Benchmark workloads x model shapes x strategies x backends: plan time, run time per layer (median of\n"
@@ -204,7 +202,7 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--model", o->models, "Model head shapes (comma-separated)")
       ->delimiter(',')
-      ->check(CLI::IsMember(models))
+      ->check(CLI::IsMember(model_names()))
       ->capture_default_str();
   sub->add_option("--strategy", o->strategies, "Strategies (comma-separated)")
       ->delimiter(',')

@@ -198,8 +198,6 @@ void run_demo(const DemoOptions& o) {
 
 Command add_demo_command(CLI::App& app) {
   auto o = std::make_shared<DemoOptions>();
-  std::vector<std::string> models;
-  for (const ModelShape& m : model_shapes()) models.push_back(m.name);
   CLI::App* sub = app.add_subcommand(
       "demo",
       "Replay tree decoding step by step: a branch controller grows, forks and prunes the tree, a paged KV cache\n"
@@ -210,7 +208,7 @@ Command add_demo_command(CLI::App& app) {
   sub->add_option("--workload", o->kind, "fewshot, speculative or reasoning")
       ->check(CLI::IsMember({"fewshot", "speculative", "reasoning"}))
       ->capture_default_str();
-  sub->add_option("--model", o->model, "Model head shape")->check(CLI::IsMember(models))->capture_default_str();
+  sub->add_option("--model", o->model, "Model head shape")->check(CLI::IsMember(model_names()))->capture_default_str();
   sub->add_option("--layers", o->layers, "Attention layers per step (0: the model's)")->check(CLI::Range(0, 1000))->capture_default_str();
   sub->add_option("--steps", o->steps, "Decode steps to run (0: the whole workload)")->check(CLI::NonNegativeNumber)->capture_default_str();
   o->plan.add_to(*sub);

@@ -1,6 +1,7 @@
 #include "cpu_backend.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -26,6 +27,29 @@ void load_row(const TensorRef& t, std::size_t offset, int n, float* out) {
 }  // namespace
 
 CpuBackend::CpuBackend(const BackendOptions& options) : pool_(options.threads), scratch_(std::size_t(pool_.size())) {}
+
+double CpuBackend::peak_gbps() {
+  if (peak_gbps_ > 0.0) return peak_gbps_;
+  // Every worker sums its share of a 256 MiB buffer; the best of three passes.
+  const std::size_t n = std::size_t(64) << 20;
+  std::vector<float> data(n, 1.0f);
+  std::vector<float> sums(std::size_t(pool_.size()));
+  const std::size_t share = n / sums.size();
+  double best_us = 1e30;
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool_.parallel_for(std::int64_t(sums.size()), [&](std::int64_t w, int) {
+      float s[8] = {};
+      for (std::size_t i = share * std::size_t(w); i + 8 <= share * std::size_t(w + 1); i += 8) {
+        for (int l = 0; l < 8; ++l) s[l] += data[i + std::size_t(l)];
+      }
+      sums[std::size_t(w)] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    });
+    best_us = std::min(best_us, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  peak_gbps_ = double(n * sizeof(float)) / (best_us * 1e3);
+  return peak_gbps_;
+}
 
 void CpuBackend::run(const Plan& plan, const AttentionArgs& args) {
   check_args(plan, args);

@@ -17,6 +17,8 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const BackendOptions& options);
   const char* name() const noexcept override { return "cpu"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
+  // Host read bandwidth, measured once (a quarter second) on first use.
+  double peak_gbps() override;
   int threads() const noexcept { return pool_.size(); }
 
  private:
@@ -31,6 +33,7 @@ class CpuBackend final : public Backend {
   std::vector<Scratch> scratch_;      // one per worker
   std::vector<float> partial_o_;      // [num_partials, heads_q, head_dim]
   std::vector<float> partial_lse_;    // [num_partials, heads_q]
+  double peak_gbps_ = 0.0;
 };
 
 }  // namespace treeattn::cpu

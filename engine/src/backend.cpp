@@ -1,5 +1,7 @@
 #include "treeattn/backend.hpp"
 
+#include <chrono>
+
 #include "fail.hpp"
 
 namespace treeattn {
@@ -19,6 +21,16 @@ BackendKind parse_backend(const std::string& name) {
     if (name == to_string(k)) return k;
   }
   fail(ErrorCategory::InvalidArgument, "unknown backend '{}' (choose auto, cpu, vulkan or cuda)", name);
+}
+
+std::vector<double> Backend::time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) {
+  std::vector<double> us;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int layer = 0; layer < layers; ++layer) run(plan, args);
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return us;
 }
 
 namespace {

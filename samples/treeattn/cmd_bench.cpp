@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -50,29 +49,6 @@ Timing time_it(int repeat, F&& body) {
   return {us.front(), us[us.size() / 2]};
 }
 
-// Host memory read bandwidth: every hardware thread sums its share of a 256 MiB
-// buffer; best of three passes. The CPU backend's roofline.
-double measure_host_read_gbps() {
-  const std::size_t n = std::size_t(64) << 20;  // floats
-  std::vector<float> data(n, 1.0f);
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<double> sums(threads);
-  const Timing t = time_it(3, [&] {
-    std::vector<std::thread> pool;
-    for (unsigned w = 0; w < threads; ++w) {
-      pool.emplace_back([&, w] {
-        float s[8] = {};
-        for (std::size_t i = n / threads * w; i + 8 <= n / threads * (w + 1); i += 8) {
-          for (int l = 0; l < 8; ++l) s[l] += data[i + std::size_t(l)];
-        }
-        sums[w] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
-      });
-    }
-    for (auto& th : pool) th.join();
-  });
-  return double(n * sizeof(float)) / (t.min_us * 1e3);
-}
-
 void run_bench(const BenchOptions& o) {
   struct Timed {
     std::unique_ptr<Backend> backend;
@@ -84,7 +60,7 @@ void run_bench(const BenchOptions& o) {
     BackendOptions backend_options;
     backend_options.threads = o.threads;
     Timed t{make_backend(parse_backend(name), backend_options), o.peak_gbps};
-    if (t.peak_gbps <= 0.0 && std::string(t.backend->name()) == "cpu") t.peak_gbps = measure_host_read_gbps();
+    if (t.peak_gbps <= 0.0) t.peak_gbps = t.backend->peak_gbps();
     fmt::print(stderr, "bench: backend {}, roofline {:.1f} GB/s\n", t.backend->name(), t.peak_gbps);
     backends.push_back(std::move(t));
   }
@@ -152,11 +128,10 @@ void run_bench(const BenchOptions& o) {
       }
       for (Timed& timed : backends) {
         Backend& backend = *timed.backend;
-        const Timing run_time = time_it(o.run_repeat, [&] {
-          for (int layer = 0; layer < o.layers; ++layer) {
-            backend.run(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}});
-          }
-        });
+        std::vector<double> us =
+            backend.time_layers(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}}, o.layers, o.run_repeat);
+        std::sort(us.begin(), us.end());
+        const Timing run_time{us.front(), us[us.size() / 2]};
         const double per_layer = run_time.median_us / o.layers;
         const double gbps = double(unique) / (per_layer * 1e3);
         nlohmann::json timed_row = row;
@@ -218,7 +193,8 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--layers", o->layers, "Back-to-back calls per run (a model's layers)")->check(CLI::Range(1, 1000))->capture_default_str();
   sub->add_option("--threads", o->threads, "CPU backend threads (0: one per hardware thread)")->check(CLI::NonNegativeNumber);
   sub->add_option("--peak-gbps", o->peak_gbps,
-                  "Roofline bandwidth in GB/s (default: measured host read bandwidth for the CPU backend)")
+                  "Roofline bandwidth in GB/s (default: the backend's: the device's HBM peak, or the measured host "
+                  "read bandwidth for the CPU)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--json", o->json, "Also write the rows as JSON to this file");
   o->workloads.add_to(*sub);

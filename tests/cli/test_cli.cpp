@@ -126,7 +126,7 @@ TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") 
   expect_failure("run --tree " + kExample + inputs, "--out is required");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --strategy deft", "--strategy");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --block-tokens 0", "--block-tokens");
-  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --backend cuda", "built without the cuda backend");
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --backend vulkan", "built without the vulkan backend");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --lse " + out, "named as two outputs");
   expect_failure("frobnicate", "frobnicate");
 

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <string>
 #include <vector>
 
 #include "treeattn/plan.hpp"
@@ -29,6 +30,16 @@ class Backend {
   // The tensors live in host memory. Throws InvalidArgument when a tensor's
   // shape or dtype does not match the plan.
   virtual void run(const Plan& plan, const AttentionArgs& args) = 0;
+
+  // For benchmarks: `repeats` timings, in microseconds, of `layers` consecutive
+  // attention calls of one decode step (the plan prepared once, as a model
+  // shares it between layers). The default times run() on the host; a GPU
+  // backend keeps the data on the device, gives each layer its own KV pool where
+  // memory allows, replays the calls as one graph and times it on the GPU.
+  virtual std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats);
+
+  // Roofline bandwidth in GB/s that benchmarks compare against (0: unknown).
+  virtual double peak_gbps() { return 0.0; }
 };
 
 // Throws Backend when `kind` is not built into this library or has no device here.

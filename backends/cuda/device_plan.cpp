@@ -1,0 +1,56 @@
+#include "device_plan.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace treeattn::cuda {
+
+void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
+  // Pack every array at a 16-byte aligned offset of one staging buffer.
+  struct Field {
+    const void* data;
+    std::size_t bytes;
+    const void** target;
+  };
+  KernelParams& p = params_;
+  p = KernelParams{};
+  const Field fields[] = {
+      {plan.token_slot.data(), plan.token_slot.size() * 4, reinterpret_cast<const void**>(&p.token_slot)},
+      {plan.segment_token_begin.data(), plan.segment_token_begin.size() * 4, reinterpret_cast<const void**>(&p.segment_token_begin)},
+      {plan.segment_token_end.data(), plan.segment_token_end.size() * 4, reinterpret_cast<const void**>(&p.segment_token_end)},
+      {plan.block_segment_begin.data(), plan.block_segment_begin.size() * 4, reinterpret_cast<const void**>(&p.block_segment_begin)},
+      {plan.item_block.data(), plan.item_block.size() * 4, reinterpret_cast<const void**>(&p.item_block)},
+      {plan.item_query_begin.data(), plan.item_query_begin.size() * 4, reinterpret_cast<const void**>(&p.item_query_begin)},
+      {plan.item_mask_begin.data(), plan.item_mask_begin.size() * 4, reinterpret_cast<const void**>(&p.item_mask_begin)},
+      {plan.segment_mask.data(), plan.segment_mask.size() * 8, reinterpret_cast<const void**>(&p.segment_mask)},
+      {plan.tile_query.data(), plan.tile_query.size() * 4, reinterpret_cast<const void**>(&p.tile_query)},
+      {plan.tile_partial.data(), plan.tile_partial.size() * 4, reinterpret_cast<const void**>(&p.tile_partial)},
+      {plan.merge_begin.data(), plan.merge_begin.size() * 4, reinterpret_cast<const void**>(&p.merge_begin)},
+      {plan.merge_partial.data(), plan.merge_partial.size() * 4, reinterpret_cast<const void**>(&p.merge_partial)},
+  };
+  std::size_t total = 0;
+  for (const Field& f : fields) total += (f.bytes + 15) / 16 * 16;
+  staging_.resize(std::max<std::size_t>(total, 16));
+  workspace_.reserve(staging_.size());
+  std::size_t offset = 0;
+  for (const Field& f : fields) {
+    if (f.bytes) std::memcpy(staging_.data() + offset, f.data, f.bytes);
+    *f.target = workspace_.as<unsigned char>() + offset;
+    offset += (f.bytes + 15) / 16 * 16;
+  }
+  TREEATTN_CUDA_CHECK(cudaMemcpyAsync(workspace_.data(), staging_.data(), total, cudaMemcpyHostToDevice, stream));
+
+  const std::size_t partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);
+  partials_.reserve(std::max<std::size_t>(partial_rows * std::size_t(plan.heads.head_dim + 1) * 4, 16));
+  p.partial_o = partials_.as<float>();
+  p.partial_lse = partials_.as<float>() + partial_rows * std::size_t(plan.heads.head_dim);
+  p.num_items = plan.num_items();
+  p.num_queries = plan.num_queries;
+  p.heads_q = plan.heads.heads_q;
+  p.heads_kv = plan.heads.heads_kv;
+  p.group = plan.heads.group_size();
+  p.scale_log2 = plan.heads.scale * 1.4426950408889634f;
+  head_dim_ = plan.heads.head_dim;
+}
+
+}  // namespace treeattn::cuda

@@ -1,0 +1,353 @@
+#pragma once
+// Tree attention on tensor cores (mma.sync m16n8k16, sm_80 and later).
+//
+// Stage 1: one CTA per (work item, KV head). The CTA maps its KV block's tokens
+// to KV-pool slots (shared memory), then, for each pass of 64 query rows (the
+// tile's queries x the group's query heads, packed query-major), streams the
+// block through shared memory in 64-token tiles gathered with cp.async (two
+// stages), computes S = Q K^T, applies the segment bit masks, runs the online
+// softmax and accumulates O = P V, and writes the normalised partial and its
+// log-sum-exp, or O and LSE directly when the item is the query's only one.
+// Stage 2 merges each query's partials in the plan's order (deterministic).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attn_params.hpp"
+#include "attn_traits.cuh"
+
+namespace treeattn::cuda {
+
+// -inf as a bit pattern (no constexpr -inf float in device code before C++20).
+#define TREEATTN_NEG_INF (-__int_as_float(0x7f800000))
+constexpr int kDirectWrite = -1;  // plan.hpp: kDirect
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, or zeros when `valid` is false (no NaN can leak
+// from rows past the block's end into P V).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(smem)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(smem)));
+}
+
+template <typename Element>
+struct Mma;
+
+template <>
+struct Mma<__half> {
+  __device__ __forceinline__ static void run(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  }
+};
+
+__device__ __forceinline__ void store_out(void* o, OutType type, std::int64_t index, float value) {
+  switch (type) {
+    case OutType::f16: static_cast<__half*>(o)[index] = __float2half_rn(value); break;
+    case OutType::bf16: static_cast<__nv_bfloat16*>(o)[index] = __float2bfloat16_rn(value); break;
+    case OutType::f32: static_cast<float*>(o)[index] = value; break;
+  }
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kStride = Traits::kStride;
+  constexpr int kTile = Traits::kTileTokens;
+  constexpr int kStages = Traits::kStages;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  Element* q_s = reinterpret_cast<Element*>(smem);
+  Element* k_s = reinterpret_cast<Element*>(smem + Traits::kKOffset);
+  Element* v_s = reinterpret_cast<Element*>(smem + Traits::kVOffset);
+  std::uint64_t* seg_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kMaskOffset);
+  std::int32_t* tok_slot = reinterpret_cast<std::int32_t*>(smem + Traits::kSlotOffset);
+  std::int32_t* seg_off = reinterpret_cast<std::int32_t*>(smem + Traits::kSegOffsetOffset);
+  std::uint16_t* tok_seg = reinterpret_cast<std::uint16_t*>(smem + Traits::kTokSegOffset);
+
+  const int item = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int block = p.item_block[item];
+  const int seg0 = p.block_segment_begin[block];
+  const int nseg = p.block_segment_begin[block + 1] - seg0;
+  const int q0 = p.item_query_begin[item];
+  const int tile = p.item_query_begin[item + 1] - q0;
+  const std::uint64_t* masks = p.segment_mask + p.item_mask_begin[item];
+
+  // The block's token map: segment offsets (a warp scan), then each token's
+  // KV-pool slot and segment.
+  if (warp == 0) {
+    int carry = 0;
+    for (int base = 0; base < nseg; base += 32) {
+      const int s = base + lane;
+      int len = s < nseg ? p.segment_token_end[seg0 + s] - p.segment_token_begin[seg0 + s] : 0;
+      for (int d = 1; d < 32; d *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, len, d);
+        if (lane >= d) len += up;
+      }
+      if (s < nseg) seg_off[s + 1] = carry + len;
+      carry += __shfl_sync(0xffffffffu, len, 31);
+    }
+    if (lane == 0) seg_off[0] = 0;
+  }
+  for (int s = tid; s < nseg; s += Traits::kThreads) seg_mask[s] = masks[s];
+  __syncthreads();
+  const int ntok = seg_off[nseg];
+  for (int s = warp; s < nseg; s += Traits::kWarps) {
+    const int first = p.segment_token_begin[seg0 + s];
+    for (int t = lane; t < seg_off[s + 1] - seg_off[s]; t += 32) {
+      tok_slot[seg_off[s] + t] = p.token_slot[first + t];
+      tok_seg[seg_off[s] + t] = static_cast<std::uint16_t>(s);
+    }
+  }
+  __syncthreads();
+
+  const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(kv_head) * D;
+  const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(kv_head) * D;
+  const std::int64_t kv_row = std::int64_t(p.heads_kv) * D;  // elements between consecutive slots
+  auto load_tile = [&](int t, int stage) {
+    Element* ks = k_s + stage * kTile * kStride;
+    Element* vs = v_s + stage * kTile * kStride;
+    for (int c = tid; c < kTile * Traits::kChunksPerRow; c += Traits::kThreads) {
+      const int row = c / Traits::kChunksPerRow, chunk = c % Traits::kChunksPerRow;
+      const int token = t * kTile + row;
+      const bool valid = token < ntok;
+      const std::int64_t offset = (valid ? tok_slot[token] : 0) * kv_row + chunk * 8;
+      cp_async_16(ks + row * kStride + chunk * 8, k_head + offset, valid);
+      cp_async_16(vs + row * kStride + chunk * 8, v_head + offset, valid);
+    }
+    cp_async_commit();
+  };
+
+  const int rows = tile * p.group;
+  const int ntiles = (ntok + kTile - 1) / kTile;
+  const int g = lane / 4, t4 = lane % 4;
+  for (int row0 = 0; row0 < rows; row0 += Traits::kRows) {
+    // Q rows of this pass: row r is query r / group, head kv_head * group + r % group.
+    for (int c = tid; c < Traits::kRows * Traits::kChunksPerRow; c += Traits::kThreads) {
+      const int r = c / Traits::kChunksPerRow, chunk = c % Traits::kChunksPerRow;
+      const int row = row0 + r;
+      uint4 value = make_uint4(0, 0, 0, 0);
+      if (row < rows) {
+        const int query = p.tile_query[q0 + row / p.group];
+        const int head = kv_head * p.group + row % p.group;
+        value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
+                                                (std::int64_t(query) * p.heads_q + head) * D + chunk * 8);
+      }
+      *reinterpret_cast<uint4*>(q_s + r * kStride + chunk * 8) = value;
+    }
+    load_tile(0, 0);
+    __syncthreads();
+
+    // This warp's 16 rows of Q as A fragments, for the whole head dimension.
+    std::uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int mat = lane / 8;
+      ldmatrix_x4(qf[kk], q_s + (warp * 16 + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
+    }
+    // Rows g and g + 8 of the warp: their query's bit in the masks, or -1 (padding).
+    int query_bit[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + warp * 16 + g + h * 8;
+      query_bit[h] = row < rows ? row / p.group : -1;
+    }
+
+    float acc[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
+
+    for (int t = 0; t < ntiles; ++t) {
+      const int stage = kStages == 2 ? t % 2 : 0;
+      if (kStages == 2 && t + 1 < ntiles) {
+        load_tile(t + 1, (t + 1) % 2);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const Element* ks = k_s + stage * kTile * kStride;
+      const Element* vs = v_s + stage * kTile * kStride;
+
+      // S = Q K^T for 16 rows x 64 tokens (8 n-tiles of 8 tokens).
+      float s[kTile / 8][4];
+#pragma unroll
+      for (int n = 0; n < kTile / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n += 2) {
+          std::uint32_t b[4];
+          const int mat = lane / 8;
+          ldmatrix_x4(b, ks + (n * 8 + (mat >> 1) * 8 + lane % 8) * kStride + kk * 16 + (mat & 1) * 8);
+          Mma<Element>::run(s[n], qf[kk], b[0], b[1]);
+          Mma<Element>::run(s[n + 1], qf[kk], b[2], b[3]);
+        }
+      }
+
+      // Masks and scale (base 2), then the online softmax per row.
+      float tile_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF};
+#pragma unroll
+      for (int n = 0; n < kTile / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const int token = t * kTile + n * 8 + t4 * 2 + (e & 1);
+          const bool visible =
+              token < ntok && query_bit[h] >= 0 && ((seg_mask[tok_seg[token]] >> query_bit[h]) & 1u);
+          s[n][e] = visible ? s[n][e] * p.scale_log2 : TREEATTN_NEG_INF;
+          tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+        }
+      }
+      float correction[2], reference[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float new_max = fmaxf(row_max[h], tile_max[h]);
+        // A row that has seen nothing yet keeps -inf: shift by 0 instead (no NaN).
+        reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : new_max;
+        correction[h] = exp2f(row_max[h] - reference[h]);
+        row_max[h] = new_max;
+        row_sum[h] *= correction[h];
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][0] *= correction[0];
+        acc[n][1] *= correction[0];
+        acc[n][2] *= correction[1];
+        acc[n][3] *= correction[1];
+      }
+#pragma unroll
+      for (int n = 0; n < kTile / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = exp2f(s[n][e] - reference[e / 2]);
+          row_sum[e / 2] += s[n][e];
+        }
+      }
+
+      // O += P V: P's accumulators become A fragments (16 tokens per k-step).
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        std::uint32_t a[4];
+        a[0] = Mma<Element>::pack(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = Mma<Element>::pack(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = Mma<Element>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = Mma<Element>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          std::uint32_t b[4];
+          const int mat = lane / 8;
+          ldmatrix_x4_trans(b, vs + (kk * 16 + (mat & 1) * 8 + lane % 8) * kStride + n * 8 + (mat >> 1) * 8);
+          Mma<Element>::run(acc[n], a, b[0], b[1]);
+          Mma<Element>::run(acc[n + 1], a, b[2], b[3]);
+        }
+      }
+      __syncthreads();  // the stage is refilled next
+    }
+
+    // Epilogue: finish the row sums, normalise, write the partial or the output.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+      if (query_bit[h] < 0) continue;
+      const int row = row0 + warp * 16 + g + h * 8;
+      const int entry = q0 + query_bit[h];
+      const int query = p.tile_query[entry];
+      const int head = kv_head * p.group + row % p.group;
+      const int partial = p.tile_partial[entry];
+      const float inv = 1.0f / row_sum[h];
+      const float lse = (row_max[h] + __log2f(row_sum[h])) * 0.6931471805599453f;
+      if (partial == kDirectWrite) {
+        const std::int64_t base = (std::int64_t(query) * p.heads_q + head) * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          store_out(p.o, p.out_type, base + n * 8 + t4 * 2, acc[n][2 * h] * inv);
+          store_out(p.o, p.out_type, base + n * 8 + t4 * 2 + 1, acc[n][2 * h + 1] * inv);
+        }
+        if (p.lse != nullptr && t4 == 0) p.lse[std::int64_t(query) * p.heads_q + head] = lse;
+      } else {
+        float* out = p.partial_o + (std::int64_t(partial) * p.heads_q + head) * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          *reinterpret_cast<float2*>(out + n * 8 + t4 * 2) = make_float2(acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
+        }
+        if (t4 == 0) p.partial_lse[std::int64_t(partial) * p.heads_q + head] = lse;
+      }
+    }
+    __syncthreads();  // q_s is refilled by the next pass
+  }
+}
+
+// Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
+template <int HeadDim>
+__global__ void __launch_bounds__(128) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
+  const int query = blockIdx.x;
+  const int m0 = p.merge_begin[query], m1 = p.merge_begin[query + 1];
+  if (m0 == m1) return;
+  for (int index = threadIdx.x; index < p.heads_q * HeadDim; index += blockDim.x) {
+    const int head = index / HeadDim, d = index % HeadDim;
+    float max_lse = TREEATTN_NEG_INF;
+    for (int m = m0; m < m1; ++m) max_lse = fmaxf(max_lse, p.partial_lse[std::int64_t(p.merge_partial[m]) * p.heads_q + head]);
+    float sum = 0.0f, acc = 0.0f;
+    for (int m = m0; m < m1; ++m) {
+      const std::int64_t part = p.merge_partial[m];
+      const float w = __expf(p.partial_lse[part * p.heads_q + head] - max_lse);
+      sum += w;
+      acc += w * p.partial_o[(part * p.heads_q + head) * HeadDim + d];
+    }
+    store_out(p.o, p.out_type, (std::int64_t(query) * p.heads_q + head) * HeadDim + d, acc / sum);
+    if (p.lse != nullptr && d == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);
+  }
+}
+
+}  // namespace treeattn::cuda

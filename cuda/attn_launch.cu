@@ -1,0 +1,44 @@
+// Instantiations of the tree-attention kernels (head_dim x element type) and
+// the one switch that turns run-time shapes into template arguments.
+
+#include "attn_kernel.cuh"
+#include "attn_launch.hpp"
+
+namespace treeattn::cuda {
+namespace {
+
+template <int HeadDim, typename Element>
+cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
+  using Traits = AttnTraits<HeadDim, Element>;
+  auto kernel = tree_attn_partial_kernel<Traits>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  if (p.num_items > 0) {
+    kernel<<<dim3(unsigned(p.num_items), unsigned(p.heads_kv)), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  if (p.num_queries > 0) {
+    tree_attn_merge_kernel<HeadDim><<<unsigned(p.num_queries), 128, 0, stream>>>(p);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+template <typename Element>
+cudaError_t launch_for_dim(const KernelParams& p, int head_dim, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return launch<64, Element>(p, stream);
+    case 128: return launch<128, Element>(p, stream);
+    case 256: return launch<256, Element>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t launch_tree_attention(const KernelParams& params, int head_dim, bool bf16, cudaStream_t stream) {
+  return bf16 ? launch_for_dim<__nv_bfloat16>(params, head_dim, stream)
+              : launch_for_dim<__half>(params, head_dim, stream);
+}
+
+}  // namespace treeattn::cuda

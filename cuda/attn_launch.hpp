@@ -1,0 +1,19 @@
+#pragma once
+// Host entry points of the CUDA kernels (implemented in attn_launch.cu), for
+// the CUDA backend. Enqueue only: no allocation, no synchronisation, so a decode
+// step can be captured in a CUDA graph.
+
+#include <cuda_runtime_api.h>
+
+#include "attn_params.hpp"
+
+namespace treeattn::cuda {
+
+// The largest KV block the stage-1 kernel accepts (its shared-memory token map).
+inline constexpr int kMaxBlockTokens = 512;
+
+// Stage 1 over every work item and KV head, then the stage-2 merge.
+// head_dim is 64, 128 or 256; bf16 selects bf16 inputs (else f16).
+cudaError_t launch_tree_attention(const KernelParams& params, int head_dim, bool bf16, cudaStream_t stream);
+
+}  // namespace treeattn::cuda

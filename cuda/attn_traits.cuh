@@ -1,0 +1,38 @@
+#pragma once
+// Tile shapes and shared-memory layout of the stage-1 kernel, one place for
+// all of them (the kernel body reads only Traits:: members).
+
+#include <cstdint>
+
+#include "attn_launch.hpp"
+
+namespace treeattn::cuda {
+
+template <int HeadDim_, typename Element_>
+struct AttnTraits {
+  using Element = Element_;                  // __half or __nv_bfloat16
+  static constexpr int kHeadDim = HeadDim_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = kWarps * 16;  // query rows (query x head) per pass: 16 per warp
+  static constexpr int kTileTokens = 64;     // KV tokens per shared-memory tile
+  // Two stages overlap the next tile's gather with this tile's math; at head_dim
+  // 256 one stage keeps the kernel inside the A100's 164 KB of shared memory.
+  static constexpr int kStages = HeadDim_ <= 128 ? 2 : 1;
+  static constexpr int kPad = 8;             // elements: rows shift by 16 B, ldmatrix avoids bank conflicts
+  static constexpr int kStride = kHeadDim + kPad;
+  static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
+
+  // Shared memory: tiles first (16-byte aligned), then the block's token map.
+  static constexpr int kQBytes = kRows * kStride * 2;
+  static constexpr int kTileBytes = kTileTokens * kStride * 2;
+  static constexpr int kKOffset = kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr int kMaskOffset = kVOffset + kStages * kTileBytes;               // u64 per segment
+  static constexpr int kSlotOffset = kMaskOffset + kMaxBlockTokens * 8;             // i32 per token
+  static constexpr int kSegOffsetOffset = kSlotOffset + kMaxBlockTokens * 4;        // i32 per segment + 1
+  static constexpr int kTokSegOffset = kSegOffsetOffset + (kMaxBlockTokens + 1) * 4;  // u16 per token
+  static constexpr int kSmemBytes = kTokSegOffset + kMaxBlockTokens * 2;
+};
+
+}  // namespace treeattn::cuda

@@ -1,0 +1,149 @@
+// The backend conformance suite: compiled into every backend's test program,
+// it runs against that program's make_test_backend(). The fp64 oracle never
+// sees the plan.
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <tuple>
+
+#include "support/conformance.hpp"
+#include "treeattn/error.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+using namespace treeattn::test;
+
+TEST_CASE("conformance: every strategy matches the fp64 oracle on random forests (f16)") {
+  auto backend = make_test_backend();
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    CAPTURE(seed);
+    RandomForestOptions o;
+    o.seed = seed;
+    o.nodes = std::int32_t(5 + seed * 3);
+    o.roots = std::int32_t(1 + seed % 3);
+    o.queries = std::int32_t(seed % 4 == 0 ? 90 : 12);  // 90: tiles beyond 64 queries
+    o.max_tokens = 48;
+    o.upto_fraction = 0.3;
+    o.heads = {4, 2, 64, 0.0f};
+    check_against_oracle(*backend, random_forest(o), DType::f16, seed, 1.0f, seed % 2 ? 64 : 16, seed % 3 ? 64 : 7);
+  }
+}
+
+TEST_CASE("conformance: GQA groups 1 to 16 and head_dim 64, 128, 256") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 21;
+  o.nodes = 10;
+  o.queries = 6;
+  o.max_tokens = 40;
+  for (auto [hq, hkv, d] : {std::tuple{2, 2, 64}, std::tuple{8, 2, 128}, std::tuple{16, 2, 64}, std::tuple{16, 1, 256},
+                            std::tuple{32, 8, 128}, std::tuple{32, 2, 128}}) {
+    CAPTURE(hq);
+    CAPTURE(hkv);
+    CAPTURE(d);
+    o.heads = {hq, hkv, d, 0.0f};
+    check_against_oracle(*backend, random_forest(o), DType::f16, 5);
+  }
+}
+
+TEST_CASE("conformance: many queries on one block (tiles of 64, 16 query heads per KV head)") {
+  auto backend = make_test_backend();
+  Tree tree({16, 1, 128});
+  tree.add_node_range(0, kNoParent, 0, 300);
+  for (std::int64_t i = 0; i < 150; ++i) {
+    tree.add_node_range(i + 1, 0, 300 + i, 1);
+    tree.add_query(i + 1);
+  }
+  check_against_oracle(*backend, tree, DType::f16, 3, 1.0f, 256);
+}
+
+TEST_CASE("conformance: bf16 inputs and a custom scale") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 4;
+  o.nodes = 20;
+  o.queries = 10;
+  o.heads = {4, 1, 64, 0.3f};
+  check_against_oracle(*backend, random_forest(o), DType::bf16, 8);
+}
+
+TEST_CASE("conformance: large-magnitude logits stay accurate (max-shifted softmax and merge)") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 33;
+  o.nodes = 25;
+  o.queries = 15;
+  o.max_tokens = 64;
+  o.heads = {4, 2, 128, 0.0f};
+  // Q in [-60, 60]: logits reach the hundreds; exp() without the max shift overflows.
+  check_against_oracle(*backend, random_forest(o), DType::f16, 12, 60.0f, 16);
+}
+
+TEST_CASE("conformance: f16 and bf16 outputs are the rounded f32 outputs") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 6;
+  o.nodes = 12;
+  o.queries = 8;
+  const Tree tree = random_forest(o);
+  Inputs in = make_inputs(tree, DType::f16, 3);
+  const Outputs f32 = run_backend(*backend, tree, in, PlanOptions{});
+  for (DType out_dtype : {DType::f16, DType::bf16}) {
+    const Outputs low = run_backend(*backend, tree, in, PlanOptions{}, out_dtype);
+    for (std::int64_t i = 0; i < f32.o.numel(); ++i) {
+      float want;
+      std::memcpy(&want, f32.o.bytes.data() + i * 4, 4);
+      HostArray rounded(out_dtype, {1});
+      store_from_float(rounded.bytes.data(), out_dtype, 0, want);
+      REQUIRE(std::memcmp(low.o.bytes.data() + i * 2, rounded.bytes.data(), 2) == 0);
+    }
+  }
+}
+
+TEST_CASE("conformance: the same inputs give bitwise the same output, run after run") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 77;
+  o.nodes = 150;
+  o.roots = 4;
+  o.queries = 200;
+  o.heads = {8, 2, 64, 0.0f};
+  const Tree tree = random_forest(o);
+  Inputs in = make_inputs(tree, DType::f16, 1);
+  for (Strategy s : {Strategy::flatten, Strategy::sequence}) {
+    const Outputs first = run_backend(*backend, tree, in, PlanOptions{s, 32, kMaxQueryTile, 0});
+    for (int run = 0; run < 3; ++run) {
+      const Outputs again = run_backend(*backend, tree, in, PlanOptions{s, 32, kMaxQueryTile, 0});
+      CHECK(again.o.bytes == first.o.bytes);
+      CHECK(again.lse.bytes == first.lse.bytes);
+    }
+  }
+}
+
+TEST_CASE("conformance: tensors that do not match the plan are rejected by name") {
+  auto backend = make_test_backend();
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 10);
+  tree.add_query(0);
+  tree.add_query(0, 4);
+  const Plan plan = treeattn::plan(tree);
+  auto run_with = [&](HostArray q, HostArray k, HostArray v, HostArray o, HostArray lse, const char* fragment) {
+    try {
+      backend->run(plan, AttentionArgs{q.view(), k.view(), v.view(), o.view(), lse.view()});
+      FAIL("accepted mismatched tensors");
+    } catch (const Error& e) {
+      CHECK(e.category() == ErrorCategory::InvalidArgument);
+      CHECK_MESSAGE(std::string(e.what()).find(fragment) != std::string::npos, e.what());
+    }
+  };
+  const HostArray q(DType::f16, {2, 4, 64}), k(DType::f16, {10, 2, 64}), o(DType::f32, {2, 4, 64}), lse(DType::f32, {2, 4});
+  run_with(HostArray(DType::f16, {3, 4, 64}), k, k, o, lse, "Q is [3, 4, 64] f16, expected [2, 4, 64]");
+  run_with(q, HostArray(DType::f16, {10, 4, 64}), k, o, lse, "K is [10, 4, 64] f16, expected [slots, 2, 64]");
+  run_with(q, HostArray(DType::f16, {9, 2, 64}), HostArray(DType::f16, {9, 2, 64}), o, lse,
+           "K has 9 slots but the tree reads slot 9");
+  run_with(q, k, HostArray(DType::f16, {11, 2, 64}), o, lse, "V is [11, 2, 64] f16");
+  run_with(HostArray(DType::bf16, {2, 4, 64}), k, k, o, lse, "share one dtype");
+  run_with(q, k, k, HostArray(DType::f32, {2, 4, 32}), lse, "O is [2, 4, 32]");
+  run_with(q, k, k, o, HostArray(DType::f16, {2, 4}), "LSE must be f32");
+}

@@ -1,0 +1,43 @@
+#include "support/conformance.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "support/oracle.hpp"
+#include "treeattn/workloads.hpp"
+
+namespace treeattn::test {
+
+double tolerance(DType inputs) { return inputs == DType::bf16 ? 1e-2 : 2e-3; }
+
+Inputs make_inputs(const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude) {
+  const HeadConfig& h = tree.heads;
+  const std::int64_t slots = std::max<std::int64_t>(total_tokens(tree), 1);
+  return {random_array(dtype, {std::int64_t(tree.query_count()), h.heads_q, h.head_dim}, seed, q_amplitude),
+          random_array(dtype, {slots, h.heads_kv, h.head_dim}, seed + 1),
+          random_array(dtype, {slots, h.heads_kv, h.head_dim}, seed + 2)};
+}
+
+Outputs run_backend(Backend& backend, const Tree& tree, Inputs& in, const PlanOptions& options, DType out_dtype) {
+  const Plan plan = treeattn::plan(tree, options);
+  const HeadConfig& h = tree.heads;
+  const std::int64_t nq = std::int64_t(tree.query_count());
+  Outputs out{HostArray(out_dtype, {nq, h.heads_q, h.head_dim}), HostArray(DType::f32, {nq, h.heads_q})};
+  backend.run(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), out.o.view(), out.lse.view()});
+  return out;
+}
+
+void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude,
+                          std::int32_t block_tokens, std::int32_t query_tile) {
+  Inputs in = make_inputs(tree, dtype, seed, q_amplitude);
+  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view());
+  for (Strategy s : all_strategies()) {
+    CAPTURE(to_string(s));
+    Outputs out = run_backend(backend, tree, in, PlanOptions{s, block_tokens, query_tile, 0});
+    CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(dtype));
+    CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(dtype));
+  }
+}
+
+}  // namespace treeattn::test

@@ -1,0 +1,38 @@
+#pragma once
+// Shared by the backend suites: inputs, one backend call, and the comparison
+// with the fp64 oracle. Each backend's test program defines make_test_backend();
+// the conformance cases (conformance/test_conformance.cpp) then run unchanged
+// against it.
+
+#include <memory>
+
+#include "treeattn/backend.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/tree.hpp"
+
+namespace treeattn::test {
+
+// The backend under test (defined once per test program).
+std::unique_ptr<Backend> make_test_backend();
+
+// Max abs error against the fp64 oracle that every backend meets: DESIGN §7
+// fixes 2e-3 for f16 inputs; bf16 keeps 8 mantissa bits (P is rounded to bf16
+// for the P V product on tensor cores), so it gets 1e-2.
+double tolerance(DType inputs);
+
+struct Inputs {
+  HostArray q, k, v;
+};
+Inputs make_inputs(const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude = 1.0f);
+
+struct Outputs {
+  HostArray o, lse;
+};
+Outputs run_backend(Backend& backend, const Tree& tree, Inputs& in, const PlanOptions& options,
+                    DType out_dtype = DType::f32);
+
+// Every strategy against the oracle, O and LSE within tolerance(dtype).
+void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude = 1.0f,
+                          std::int32_t block_tokens = 64, std::int32_t query_tile = kMaxQueryTile);
+
+}  // namespace treeattn::test

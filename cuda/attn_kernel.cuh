@@ -1,11 +1,12 @@
 #pragma once
 // Tree attention on tensor cores (mma.sync m16n8k16, sm_80 and later).
 //
-// Stage 1: one CTA per (work item, KV head). The CTA maps its KV block's tokens
-// to KV-pool slots (shared memory), then, for each pass of 64 query rows (the
-// tile's queries x the group's query heads, packed query-major), streams the
-// block through shared memory in 64-token tiles gathered with cp.async (two
-// stages), computes S = Q K^T, applies the segment bit masks, runs the online
+// Stage 1: one CTA per (work item, KV head, pass of 64 query rows); the rows
+// are the tile's queries x the group's query heads, packed query-major, and the
+// passes of one item are adjacent in the grid so they share the block in L2.
+// The CTA maps its KV block's tokens to KV-pool slots (shared memory), then
+// streams the block through shared memory in 64-token tiles gathered with
+// cp.async (two stages), computes S = Q K^T, applies the segment bit masks, runs the online
 // softmax and accumulates O = P V, and writes the normalised partial and its
 // log-sum-exp, or O and LSE directly when the item is the query's only one.
 // Stage 2 merges each query's partials in the plan's order (deterministic).
@@ -109,14 +110,18 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
   std::int32_t* seg_off = reinterpret_cast<std::int32_t*>(smem + Traits::kSegOffsetOffset);
   std::uint16_t* tok_seg = reinterpret_cast<std::uint16_t*>(smem + Traits::kTokSegOffset);
 
-  const int item = blockIdx.x;
-  const int kv_head = blockIdx.y;
+  const int pass = int(blockIdx.x % unsigned(p.row_passes));
+  const int kv_head = int(blockIdx.x / unsigned(p.row_passes) % unsigned(p.heads_kv));
+  const int item = int(blockIdx.x / unsigned(p.row_passes * p.heads_kv));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int block = p.item_block[item];
   const int seg0 = p.block_segment_begin[block];
   const int nseg = p.block_segment_begin[block + 1] - seg0;
   const int q0 = p.item_query_begin[item];
   const int tile = p.item_query_begin[item + 1] - q0;
+  const int rows = tile * p.group;
+  const int row0 = pass * Traits::kRows;
+  if (row0 >= rows) return;  // a smaller tile than the largest
   const std::uint64_t* masks = p.segment_mask + p.item_mask_begin[item];
 
   // The block's token map: segment offsets (a warp scan), then each token's
@@ -164,10 +169,9 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
     cp_async_commit();
   };
 
-  const int rows = tile * p.group;
   const int ntiles = (ntok + kTile - 1) / kTile;
   const int g = lane / 4, t4 = lane % 4;
-  for (int row0 = 0; row0 < rows; row0 += Traits::kRows) {
+  {
     // Q rows of this pass: row r is query r / group, head kv_head * group + r % group.
     for (int c = tid; c < Traits::kRows * Traits::kChunksPerRow; c += Traits::kThreads) {
       const int r = c / Traits::kChunksPerRow, chunk = c % Traits::kChunksPerRow;
@@ -324,30 +328,30 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
         if (t4 == 0) p.partial_lse[std::int64_t(partial) * p.heads_q + head] = lse;
       }
     }
-    __syncthreads();  // q_s is refilled by the next pass
   }
 }
 
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
+// One CTA per (query, query head), one thread per channel: enough CTAs to keep
+// every SM busy even for a handful of queries, and each thread's loads of
+// successive partials are independent, so they overlap (unrolled by 4).
 template <int HeadDim>
-__global__ void __launch_bounds__(128) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
-  const int query = blockIdx.x;
+__global__ void __launch_bounds__(HeadDim) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
+  const int query = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
   const int m0 = p.merge_begin[query], m1 = p.merge_begin[query + 1];
   if (m0 == m1) return;
-  for (int index = threadIdx.x; index < p.heads_q * HeadDim; index += blockDim.x) {
-    const int head = index / HeadDim, d = index % HeadDim;
-    float max_lse = TREEATTN_NEG_INF;
-    for (int m = m0; m < m1; ++m) max_lse = fmaxf(max_lse, p.partial_lse[std::int64_t(p.merge_partial[m]) * p.heads_q + head]);
-    float sum = 0.0f, acc = 0.0f;
-    for (int m = m0; m < m1; ++m) {
-      const std::int64_t part = p.merge_partial[m];
-      const float w = __expf(p.partial_lse[part * p.heads_q + head] - max_lse);
-      sum += w;
-      acc += w * p.partial_o[(part * p.heads_q + head) * HeadDim + d];
-    }
-    store_out(p.o, p.out_type, (std::int64_t(query) * p.heads_q + head) * HeadDim + d, acc / sum);
-    if (p.lse != nullptr && d == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);
+  float max_lse = TREEATTN_NEG_INF;
+  for (int m = m0; m < m1; ++m) max_lse = fmaxf(max_lse, p.partial_lse[std::int64_t(p.merge_partial[m]) * p.heads_q + head]);
+  float sum = 0.0f, acc = 0.0f;
+#pragma unroll 4
+  for (int m = m0; m < m1; ++m) {
+    const std::int64_t row = std::int64_t(p.merge_partial[m]) * p.heads_q + head;
+    const float w = __expf(p.partial_lse[row] - max_lse);
+    sum += w;
+    acc += w * p.partial_o[row * HeadDim + d];
   }
+  store_out(p.o, p.out_type, (std::int64_t(query) * p.heads_q + head) * HeadDim + d, acc / sum);
+  if (p.lse != nullptr && d == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);
 }
 
 }  // namespace treeattn::cuda

@@ -14,11 +14,12 @@ cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
   if (p.num_items > 0) {
-    kernel<<<dim3(unsigned(p.num_items), unsigned(p.heads_kv)), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+    const unsigned ctas = unsigned(p.num_items) * unsigned(p.heads_kv) * unsigned(p.row_passes);
+    kernel<<<ctas, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   if (p.num_queries > 0) {
-    tree_attn_merge_kernel<HeadDim><<<unsigned(p.num_queries), 128, 0, stream>>>(p);
+    tree_attn_merge_kernel<HeadDim><<<dim3(unsigned(p.num_queries), unsigned(p.heads_q)), HeadDim, 0, stream>>>(p);
     err = cudaGetLastError();
   }
   return err;

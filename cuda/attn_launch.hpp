@@ -11,6 +11,8 @@ namespace treeattn::cuda {
 
 // The largest KV block the stage-1 kernel accepts (its shared-memory token map).
 inline constexpr int kMaxBlockTokens = 512;
+// Query rows (queries x query heads of a KV head) one stage-1 CTA takes.
+inline constexpr int kRowsPerPass = 64;
 
 // Stage 1 over every work item and KV head, then the stage-2 merge.
 // head_dim is 64, 128 or 256; bf16 selects bf16 inputs (else f16).

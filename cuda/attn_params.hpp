@@ -38,6 +38,7 @@ struct KernelParams {
   std::int32_t heads_q;
   std::int32_t heads_kv;
   std::int32_t group;       // heads_q / heads_kv
+  std::int32_t row_passes;  // 64-row passes of the largest tile (query rows = queries x group)
   OutType out_type;
   float scale_log2;         // softmax scale * log2(e): logits in base 2
 };

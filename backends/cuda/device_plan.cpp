@@ -1,5 +1,8 @@
 #include "device_plan.hpp"
 
+#include "../../cuda/attn_launch.hpp"
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -49,6 +52,11 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   p.heads_q = plan.heads.heads_q;
   p.heads_kv = plan.heads.heads_kv;
   p.group = plan.heads.group_size();
+  std::int32_t largest_tile = 0;
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    largest_tile = std::max(largest_tile, plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)]);
+  }
+  p.row_passes = std::max(1, (largest_tile * p.group + kRowsPerPass - 1) / kRowsPerPass);
   p.scale_log2 = plan.heads.scale * 1.4426950408889634f;
   head_dim_ = plan.heads.head_dim;
 }

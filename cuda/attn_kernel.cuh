@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
   std::uint64_t* seg_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kMaskOffset);
   std::int32_t* tok_slot = reinterpret_cast<std::int32_t*>(smem + Traits::kSlotOffset);
   std::int32_t* seg_off = reinterpret_cast<std::int32_t*>(smem + Traits::kSegOffsetOffset);
+  std::int32_t* seg_first = reinterpret_cast<std::int32_t*>(smem + Traits::kSegFirstOffset);
   std::uint16_t* tok_seg = reinterpret_cast<std::uint16_t*>(smem + Traits::kTokSegOffset);
 
   const int pass = int(blockIdx.x % unsigned(p.row_passes));
@@ -130,7 +131,9 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
     int carry = 0;
     for (int base = 0; base < nseg; base += 32) {
       const int s = base + lane;
-      int len = s < nseg ? p.segment_token_end[seg0 + s] - p.segment_token_begin[seg0 + s] : 0;
+      const int first = s < nseg ? p.segment_token_begin[seg0 + s] : 0;
+      int len = s < nseg ? p.segment_token_end[seg0 + s] - first : 0;
+      if (s < nseg) seg_first[s] = first;
       for (int d = 1; d < 32; d *= 2) {
         const int up = __shfl_up_sync(0xffffffffu, len, d);
         if (lane >= d) len += up;
@@ -143,11 +146,20 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
   for (int s = tid; s < nseg; s += Traits::kThreads) seg_mask[s] = masks[s];
   __syncthreads();
   const int ntok = seg_off[nseg];
-  for (int s = warp; s < nseg; s += Traits::kWarps) {
-    const int first = p.segment_token_begin[seg0 + s];
-    for (int t = lane; t < seg_off[s + 1] - seg_off[s]; t += 32) {
-      tok_slot[seg_off[s] + t] = p.token_slot[first + t];
-      tok_seg[seg_off[s] + t] = static_cast<std::uint16_t>(s);
+  // Every thread maps its few tokens (a binary search over the segment
+  // offsets); the loop is unrolled so their global loads are all in flight at once.
+#pragma unroll
+  for (int i = 0; i < kMaxBlockTokens / Traits::kThreads; ++i) {
+    const int token = tid + i * Traits::kThreads;
+    if (token < ntok) {
+      int lo = 0, hi = nseg - 1;  // the last segment whose offset is <= token
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (seg_off[mid] <= token) lo = mid;
+        else hi = mid - 1;
+      }
+      tok_slot[token] = p.token_slot[seg_first[lo] + token - seg_off[lo]];
+      tok_seg[token] = static_cast<std::uint16_t>(lo);
     }
   }
   __syncthreads();
@@ -172,20 +184,28 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
   const int ntiles = (ntok + kTile - 1) / kTile;
   const int g = lane / 4, t4 = lane % 4;
   {
-    // Q rows of this pass: row r is query r / group, head kv_head * group + r % group.
-    for (int c = tid; c < Traits::kRows * Traits::kChunksPerRow; c += Traits::kThreads) {
-      const int r = c / Traits::kChunksPerRow, chunk = c % Traits::kChunksPerRow;
-      const int row = row0 + r;
-      uint4 value = make_uint4(0, 0, 0, 0);
+    // Q rows of this pass (row r: query r / group, head kv_head * group + r % group),
+    // all loads issued before any store so they are in flight together.
+    constexpr int kQChunks = Traits::kRows * Traits::kChunksPerRow / Traits::kThreads;
+    uint4 q_chunk[kQChunks];
+#pragma unroll
+    for (int i = 0; i < kQChunks; ++i) {
+      const int c = tid + i * Traits::kThreads;
+      const int row = row0 + c / Traits::kChunksPerRow, chunk = c % Traits::kChunksPerRow;
+      q_chunk[i] = make_uint4(0, 0, 0, 0);
       if (row < rows) {
         const int query = p.tile_query[q0 + row / p.group];
         const int head = kv_head * p.group + row % p.group;
-        value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
-                                                (std::int64_t(query) * p.heads_q + head) * D + chunk * 8);
+        q_chunk[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
+                                                     (std::int64_t(query) * p.heads_q + head) * D + chunk * 8);
       }
-      *reinterpret_cast<uint4*>(q_s + r * kStride + chunk * 8) = value;
     }
     load_tile(0, 0);
+#pragma unroll
+    for (int i = 0; i < kQChunks; ++i) {
+      const int c = tid + i * Traits::kThreads;
+      *reinterpret_cast<uint4*>(q_s + (c / Traits::kChunksPerRow) * kStride + (c % Traits::kChunksPerRow) * 8) = q_chunk[i];
+    }
     __syncthreads();
 
     // This warp's 16 rows of Q as A fragments, for the whole head dimension.
@@ -334,16 +354,17 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
 // One CTA per (query, query head), one thread per channel: enough CTAs to keep
 // every SM busy even for a handful of queries, and each thread's loads of
-// successive partials are independent, so they overlap (unrolled by 4).
+// successive partials are independent, so they overlap (unrolled by 8).
 template <int HeadDim>
 __global__ void __launch_bounds__(HeadDim) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
   const int query = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
   const int m0 = p.merge_begin[query], m1 = p.merge_begin[query + 1];
   if (m0 == m1) return;
   float max_lse = TREEATTN_NEG_INF;
+#pragma unroll 8
   for (int m = m0; m < m1; ++m) max_lse = fmaxf(max_lse, p.partial_lse[std::int64_t(p.merge_partial[m]) * p.heads_q + head]);
   float sum = 0.0f, acc = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
   for (int m = m0; m < m1; ++m) {
     const std::int64_t row = std::int64_t(p.merge_partial[m]) * p.heads_q + head;
     const float w = __expf(p.partial_lse[row] - max_lse);

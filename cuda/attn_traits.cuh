@@ -32,7 +32,8 @@ struct AttnTraits {
   static constexpr int kMaskOffset = kVOffset + kStages * kTileBytes;               // u64 per segment
   static constexpr int kSlotOffset = kMaskOffset + kMaxBlockTokens * 8;             // i32 per token
   static constexpr int kSegOffsetOffset = kSlotOffset + kMaxBlockTokens * 4;        // i32 per segment + 1
-  static constexpr int kTokSegOffset = kSegOffsetOffset + (kMaxBlockTokens + 1) * 4;  // u16 per token
+  static constexpr int kSegFirstOffset = kSegOffsetOffset + (kMaxBlockTokens + 1) * 4;  // i32 per segment
+  static constexpr int kTokSegOffset = kSegFirstOffset + kMaxBlockTokens * 4;            // u16 per token
   static constexpr int kSmemBytes = kTokSegOffset + kMaxBlockTokens * 2;
 };
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@ struct BenchOptions {
   WorkloadOptions workloads;
   std::vector<std::string> kinds = {"fewshot", "speculative", "reasoning", "levels"};
   std::vector<std::string> models = {"llama3-8b"};
+  std::vector<std::string> heads;  // extra head shapes HQ/HKV/D, beside the models
   std::vector<std::string> strategies = {"flatten", "sequence"};
   std::vector<std::string> backends = {"auto"};
   int block_tokens = 256;
@@ -67,22 +69,30 @@ void run_bench(const BenchOptions& o) {
 
   struct Job {
     std::string workload;
-    const ModelShape* model;
+    ModelShape model;
   };
+  std::vector<ModelShape> shapes;
+  for (const std::string& m : o.models) shapes.push_back(find_model(m));
+  for (const std::string& h : o.heads) {
+    ModelShape shape{"heads " + h, {}, 1};
+    if (std::sscanf(h.c_str(), "%d/%d/%d", &shape.heads.heads_q, &shape.heads.heads_kv, &shape.heads.head_dim) != 3) {
+      throw Error(ErrorCategory::InvalidArgument, fmt::format("--heads '{}' is not HQ/HKV/D, e.g. 16/1/128", h));
+    }
+    shapes.push_back(shape);
+  }
   std::vector<NamedTree> trees;
   std::vector<Job> jobs;
-  for (const std::string& m : o.models) {
-    const ModelShape& model = find_model(m);
+  for (const ModelShape& model : shapes) {
     for (const std::string& kind : o.kinds) {
       for (NamedTree& t : make_trees(kind, o.workloads, model.heads)) {
-        jobs.push_back({t.name, &model});
+        jobs.push_back({t.name, model});
         trees.push_back(std::move(t));
       }
     }
   }
 
   nlohmann::json rows = nlohmann::json::array();
-  fmt::print("{:<34} {:<13} {:<10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload", "model",
+  fmt::print("{:<34} {:<16} {:<10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload", "model",
              "strategy", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
   const std::size_t total = trees.size() * o.strategies.size();
   std::size_t done = 0;
@@ -99,7 +109,7 @@ void run_bench(const BenchOptions& o) {
       out = HostArray(DType::f16, {nq, h.heads_q, h.head_dim});
     }
     for (const std::string& strategy : o.strategies) {
-      fmt::print(stderr, "[{}/{}] {} {} {}\n", ++done, total, trees[w].name, jobs[w].model->name, strategy);
+      fmt::print(stderr, "[{}/{}] {} {} {}\n", ++done, total, trees[w].name, jobs[w].model.name, strategy);
       PlanOptions options;
       options.strategy = parse_strategy(strategy);
       options.block_tokens = o.block_tokens;
@@ -107,7 +117,7 @@ void run_bench(const BenchOptions& o) {
       const Timing plan_time = time_it(o.repeat, [&] { plan = treeattn::plan(tree, options); });
       const PlanStats st = compute_stats(plan);
       const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
-      nlohmann::json row = {{"workload", trees[w].name},       {"model", jobs[w].model->name},
+      nlohmann::json row = {{"workload", trees[w].name},       {"model", jobs[w].model.name},
                             {"strategy", strategy},            {"heads_q", h.heads_q},
                             {"heads_kv", h.heads_kv},          {"head_dim", h.head_dim},
                             {"nodes", tree.node_count()},      {"queries", tree.query_count()},
@@ -117,8 +127,8 @@ void run_bench(const BenchOptions& o) {
                             {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us}};
       auto print_row = [&](const std::string& backend_name, const std::string& run_cell, const std::string& gbps_cell,
                            const std::string& roof_cell) {
-        fmt::print("{:<34} {:<13} {:<10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>10} {:>9} {:>7}\n", trees[w].name,
-                   jobs[w].model->name, strategy, backend_name, tree.query_count(), st.tokens, double(unique) / 1e6,
+        fmt::print("{:<34} {:<16} {:<10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>10} {:>9} {:>7}\n", trees[w].name,
+                   jobs[w].model.name, strategy, backend_name, tree.query_count(), st.tokens, double(unique) / 1e6,
                    double(sequence) / double(unique), plan_time.median_us, run_cell, gbps_cell, roof_cell);
         std::fflush(stdout);
       };
@@ -179,6 +189,8 @@ Command add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember(model_names()))
       ->capture_default_str();
+  sub->add_option("--heads", o->heads, "Further head shapes HQ/HKV/D beside the models (comma-separated), e.g. 16/1/128")
+      ->delimiter(',');
   sub->add_option("--strategy", o->strategies, "Strategies (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember(strategy_names()))

@@ -136,8 +136,22 @@ std::vector<double> CudaBackend::time_layers(const Plan& plan, const AttentionAr
                                         cudaMemcpyDeviceToDevice, stream_));
   }
 
+  // Graph, executable graph and events are released on every path out.
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  struct Release {
+    cudaGraph_t& graph;
+    cudaGraphExec_t& exec;
+    cudaEvent_t& start;
+    cudaEvent_t& stop;
+    ~Release() {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+    }
+  } release{graph, exec, start, stop};
   TREEATTN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   for (int l = 0; l < layers; ++l) {
     AttentionArgs device = a;
@@ -152,7 +166,6 @@ std::vector<double> CudaBackend::time_layers(const Plan& plan, const AttentionAr
   TREEATTN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
   DeviceBuffer flush(std::size_t(256) << 20);  // larger than any L2: evicts the previous replay's data
-  cudaEvent_t start = nullptr, stop = nullptr;
   TREEATTN_CUDA_CHECK(cudaEventCreate(&start));
   TREEATTN_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<double> us;
@@ -167,10 +180,6 @@ std::vector<double> CudaBackend::time_layers(const Plan& plan, const AttentionAr
     TREEATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     us.push_back(double(ms) * 1e3);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   TREEATTN_CUDA_CHECK(cudaMemcpyAsync(a.o.data, o_.data(), a.o.bytes(), cudaMemcpyDeviceToHost, stream_));
   TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return us;

@@ -93,13 +93,285 @@ __device__ __forceinline__ void store_out(void* o, OutType type, std::int64_t in
   }
 }
 
-template <typename Traits>
-__global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
+// What one pass of stage 1 needs from the kernel's prologue.
+template <typename Element>
+struct PassContext {
+  const KernelParams& p;
+  Element* q_s;
+  Element* k_s;
+  Element* v_s;
+  const std::uint64_t* seg_mask;
+  const std::int32_t* tok_slot;
+  const std::uint16_t* tok_seg;
+  int ntok, rows, row0, q0, kv_head;
+};
+
+// One pass of up to 64 query rows over the whole KV block.
+// kSplitKV false: warp w owns rows 16w..16w+15 and every token of a tile.
+// kSplitKV true (at most 16 rows): every warp owns rows 0..15 and tokens
+// 16w..16w+15 of each tile; the four partial softmax states are merged in
+// shared memory at the end.
+template <typename Traits, bool kSplitKV>
+__device__ __forceinline__ void attend_pass(const PassContext<typename Traits::Element>& c) {
   using Element = typename Traits::Element;
   constexpr int D = Traits::kHeadDim;
   constexpr int kStride = Traits::kStride;
   constexpr int kTile = Traits::kTileTokens;
   constexpr int kStages = Traits::kStages;
+  constexpr int kNTiles = kSplitKV ? 2 : kTile / 8;   // 8-token n-tiles of S per warp and tile
+  constexpr int kKSteps = kSplitKV ? 1 : kTile / 16;  // 16-token k-steps of P V per warp and tile
+  const KernelParams& p = c.p;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int warp_row = kSplitKV ? 0 : warp * 16;
+  const int n_base = kSplitKV ? warp * kNTiles : 0;
+
+  const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(c.kv_head) * D;
+  const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(c.kv_head) * D;
+  const std::int64_t kv_row = std::int64_t(p.heads_kv) * D;  // elements between consecutive slots
+  auto load_tile = [&](int t, int stage) {
+    Element* ks = c.k_s + stage * kTile * kStride;
+    Element* vs = c.v_s + stage * kTile * kStride;
+    for (int i = tid; i < kTile * Traits::kChunksPerRow; i += Traits::kThreads) {
+      const int row = i / Traits::kChunksPerRow, chunk = i % Traits::kChunksPerRow;
+      const int token = t * kTile + row;
+      const bool valid = token < c.ntok;
+      const std::int64_t offset = (valid ? c.tok_slot[token] : 0) * kv_row + chunk * 8;
+      cp_async_16(ks + row * kStride + chunk * 8, k_head + offset, valid);
+      cp_async_16(vs + row * kStride + chunk * 8, v_head + offset, valid);
+    }
+    cp_async_commit();
+  };
+
+  // Q rows of this pass (row r: query r / group, head kv_head * group + r % group),
+  // all loads issued before any store so they are in flight together.
+  constexpr int kQChunks = Traits::kRows * Traits::kChunksPerRow / Traits::kThreads;
+  uint4 q_chunk[kQChunks];
+#pragma unroll
+  for (int i = 0; i < kQChunks; ++i) {
+    const int e = tid + i * Traits::kThreads;
+    const int row = c.row0 + e / Traits::kChunksPerRow, chunk = e % Traits::kChunksPerRow;
+    q_chunk[i] = make_uint4(0, 0, 0, 0);
+    if (row < c.rows) {
+      const int query = p.tile_query[c.q0 + row / p.group];
+      const int head = c.kv_head * p.group + row % p.group;
+      q_chunk[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
+                                                   (std::int64_t(query) * p.heads_q + head) * D + chunk * 8);
+    }
+  }
+  load_tile(0, 0);
+#pragma unroll
+  for (int i = 0; i < kQChunks; ++i) {
+    const int e = tid + i * Traits::kThreads;
+    *reinterpret_cast<uint4*>(c.q_s + (e / Traits::kChunksPerRow) * kStride + (e % Traits::kChunksPerRow) * 8) = q_chunk[i];
+  }
+  __syncthreads();
+
+  // The warp's 16 rows of Q as A fragments, for the whole head dimension.
+  std::uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int mat = lane / 8;
+    ldmatrix_x4(qf[kk], c.q_s + (warp_row + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
+  }
+  // Rows g and g + 8 of the warp: their query's bit in the masks, or -1 (padding).
+  int query_bit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = c.row0 + warp_row + g + h * 8;
+    query_bit[h] = row < c.rows ? row / p.group : -1;
+  }
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
+
+  const int ntiles = (c.ntok + kTile - 1) / kTile;
+  for (int t = 0; t < ntiles; ++t) {
+    const int stage = kStages == 2 ? t % 2 : 0;
+    if (kStages == 2 && t + 1 < ntiles) {
+      load_tile(t + 1, (t + 1) % 2);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const Element* ks = c.k_s + stage * kTile * kStride;
+    const Element* vs = c.v_s + stage * kTile * kStride;
+
+    // S = Q K^T for the warp's 16 rows and its n-tiles of 8 tokens.
+    float s[kNTiles][4];
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int n = 0; n < kNTiles; n += 2) {
+        std::uint32_t b[4];
+        const int mat = lane / 8;
+        ldmatrix_x4(b, ks + ((n_base + n) * 8 + (mat >> 1) * 8 + lane % 8) * kStride + kk * 16 + (mat & 1) * 8);
+        Mma<Element>::run(s[n], qf[kk], b[0], b[1]);
+        Mma<Element>::run(s[n + 1], qf[kk], b[2], b[3]);
+      }
+    }
+
+    // Masks and scale (base 2), then the online softmax per row.
+    float tile_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF};
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int token = t * kTile + (n_base + n) * 8 + t4 * 2 + (e & 1);
+        const bool visible =
+            token < c.ntok && query_bit[h] >= 0 && ((c.seg_mask[c.tok_seg[token]] >> query_bit[h]) & 1u);
+        s[n][e] = visible ? s[n][e] * p.scale_log2 : TREEATTN_NEG_INF;
+        tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+      }
+    }
+    float correction[2], reference[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float new_max = fmaxf(row_max[h], tile_max[h]);
+      // A row that has seen nothing yet keeps -inf: shift by 0 instead (no NaN).
+      reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : new_max;
+      correction[h] = exp2f(row_max[h] - reference[h]);
+      row_max[h] = new_max;
+      row_sum[h] *= correction[h];
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      acc[n][0] *= correction[0];
+      acc[n][1] *= correction[0];
+      acc[n][2] *= correction[1];
+      acc[n][3] *= correction[1];
+    }
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - reference[e / 2]);
+        row_sum[e / 2] += s[n][e];
+      }
+    }
+
+    // O += P V: P's accumulators become A fragments (16 tokens per k-step).
+#pragma unroll
+    for (int j = 0; j < kKSteps; ++j) {
+      std::uint32_t a[4];
+      a[0] = Mma<Element>::pack(s[2 * j][0], s[2 * j][1]);
+      a[1] = Mma<Element>::pack(s[2 * j][2], s[2 * j][3]);
+      a[2] = Mma<Element>::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
+      a[3] = Mma<Element>::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+      const int token0 = (n_base / 2 + j) * 16;
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        std::uint32_t b[4];
+        const int mat = lane / 8;
+        ldmatrix_x4_trans(b, vs + (token0 + (mat & 1) * 8 + lane % 8) * kStride + n * 8 + (mat >> 1) * 8);
+        Mma<Element>::run(acc[n], a, b[0], b[1]);
+        Mma<Element>::run(acc[n + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the stage is refilled next
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+  // Where row `row` of the pass goes: the query's O and LSE when this item is its
+  // only one, else its partial slot (looked up once per row, not per element).
+  struct RowDest {
+    std::int64_t index;  // (query or partial) * heads_q + head
+    bool direct;
+  };
+  auto row_dest = [&](int row) {
+    const int entry = c.q0 + (c.row0 + row) / p.group;
+    const int head = c.kv_head * p.group + (c.row0 + row) % p.group;
+    const int partial = p.tile_partial[entry];
+    const bool direct = partial == kDirectWrite;
+    return RowDest{std::int64_t(direct ? p.tile_query[entry] : partial) * p.heads_q + head, direct};
+  };
+  auto write_lse = [&](const RowDest& d, float lse) {
+    if (!d.direct) p.partial_lse[d.index] = lse;
+    else if (p.lse != nullptr) p.lse[d.index] = lse;
+  };
+  constexpr float kLn2 = 0.6931471805599453f;
+
+  if constexpr (!kSplitKV) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (query_bit[h] < 0) continue;
+      const RowDest d = row_dest(warp_row + g + h * 8);
+      const float inv = 1.0f / row_sum[h];
+      if (d.direct) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          store_out(p.o, p.out_type, d.index * D + n * 8 + t4 * 2, acc[n][2 * h] * inv);
+          store_out(p.o, p.out_type, d.index * D + n * 8 + t4 * 2 + 1, acc[n][2 * h + 1] * inv);
+        }
+      } else {
+        float* out = p.partial_o + d.index * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          *reinterpret_cast<float2*>(out + n * 8 + t4 * 2) = make_float2(acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
+        }
+      }
+      if (t4 == 0) write_lse(d, (row_max[h] + __log2f(row_sum[h])) * kLn2);
+    }
+  } else {
+    // Merge the four warps' states for the 16 rows in shared memory (the K/V
+    // stages are free now): per warp the unnormalised acc, row max and row sum.
+    float* red_acc = reinterpret_cast<float*>(c.k_s);  // [4][16][D]
+    float* red_max = red_acc + Traits::kWarps * 16 * D;  // [4][16]
+    float* red_sum = red_max + Traits::kWarps * 16;      // [4][16]
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        red_acc[(warp * 16 + g + (e / 2) * 8) * D + n * 8 + t4 * 2 + (e & 1)] = acc[n][e];
+      }
+    }
+    if (t4 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        red_max[warp * 16 + g + h * 8] = row_max[h];
+        red_sum[warp * 16 + g + h * 8] = row_sum[h];
+      }
+    }
+    RowDest* dests = reinterpret_cast<RowDest*>(red_sum + Traits::kWarps * 16);  // [16]
+    const int rows_here = min(16, c.rows - c.row0);
+    if (tid < rows_here) dests[tid] = row_dest(tid);
+    __syncthreads();
+    for (int i = tid; i < rows_here * D; i += Traits::kThreads) {
+      const int row = i / D, col = i % D;
+      const RowDest d = dests[row];
+      float m = TREEATTN_NEG_INF;
+#pragma unroll
+      for (int w = 0; w < Traits::kWarps; ++w) m = fmaxf(m, red_max[w * 16 + row]);
+      const float ref = m == TREEATTN_NEG_INF ? 0.0f : m;
+      float sum = 0.0f, value = 0.0f;
+#pragma unroll
+      for (int w = 0; w < Traits::kWarps; ++w) {
+        const float f = exp2f(red_max[w * 16 + row] - ref);
+        sum += red_sum[w * 16 + row] * f;
+        value += red_acc[(w * 16 + row) * D + col] * f;
+      }
+      if (d.direct) store_out(p.o, p.out_type, d.index * D + col, value / sum);
+      else p.partial_o[d.index * D + col] = value / sum;
+      if (col == 0) write_lse(d, (m + __log2f(sum)) * kLn2);
+    }
+  }
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
+  using Element = typename Traits::Element;
 
   extern __shared__ __align__(16) unsigned char smem[];
   Element* q_s = reinterpret_cast<Element*>(smem);
@@ -164,191 +436,11 @@ __global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(con
   }
   __syncthreads();
 
-  const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(kv_head) * D;
-  const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(kv_head) * D;
-  const std::int64_t kv_row = std::int64_t(p.heads_kv) * D;  // elements between consecutive slots
-  auto load_tile = [&](int t, int stage) {
-    Element* ks = k_s + stage * kTile * kStride;
-    Element* vs = v_s + stage * kTile * kStride;
-    for (int c = tid; c < kTile * Traits::kChunksPerRow; c += Traits::kThreads) {
-      const int row = c / Traits::kChunksPerRow, chunk = c % Traits::kChunksPerRow;
-      const int token = t * kTile + row;
-      const bool valid = token < ntok;
-      const std::int64_t offset = (valid ? tok_slot[token] : 0) * kv_row + chunk * 8;
-      cp_async_16(ks + row * kStride + chunk * 8, k_head + offset, valid);
-      cp_async_16(vs + row * kStride + chunk * 8, v_head + offset, valid);
-    }
-    cp_async_commit();
-  };
-
-  const int ntiles = (ntok + kTile - 1) / kTile;
-  const int g = lane / 4, t4 = lane % 4;
-  {
-    // Q rows of this pass (row r: query r / group, head kv_head * group + r % group),
-    // all loads issued before any store so they are in flight together.
-    constexpr int kQChunks = Traits::kRows * Traits::kChunksPerRow / Traits::kThreads;
-    uint4 q_chunk[kQChunks];
-#pragma unroll
-    for (int i = 0; i < kQChunks; ++i) {
-      const int c = tid + i * Traits::kThreads;
-      const int row = row0 + c / Traits::kChunksPerRow, chunk = c % Traits::kChunksPerRow;
-      q_chunk[i] = make_uint4(0, 0, 0, 0);
-      if (row < rows) {
-        const int query = p.tile_query[q0 + row / p.group];
-        const int head = kv_head * p.group + row % p.group;
-        q_chunk[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
-                                                     (std::int64_t(query) * p.heads_q + head) * D + chunk * 8);
-      }
-    }
-    load_tile(0, 0);
-#pragma unroll
-    for (int i = 0; i < kQChunks; ++i) {
-      const int c = tid + i * Traits::kThreads;
-      *reinterpret_cast<uint4*>(q_s + (c / Traits::kChunksPerRow) * kStride + (c % Traits::kChunksPerRow) * 8) = q_chunk[i];
-    }
-    __syncthreads();
-
-    // This warp's 16 rows of Q as A fragments, for the whole head dimension.
-    std::uint32_t qf[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int mat = lane / 8;
-      ldmatrix_x4(qf[kk], q_s + (warp * 16 + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
-    }
-    // Rows g and g + 8 of the warp: their query's bit in the masks, or -1 (padding).
-    int query_bit[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + warp * 16 + g + h * 8;
-      query_bit[h] = row < rows ? row / p.group : -1;
-    }
-
-    float acc[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
-
-    for (int t = 0; t < ntiles; ++t) {
-      const int stage = kStages == 2 ? t % 2 : 0;
-      if (kStages == 2 && t + 1 < ntiles) {
-        load_tile(t + 1, (t + 1) % 2);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
-      const Element* ks = k_s + stage * kTile * kStride;
-      const Element* vs = v_s + stage * kTile * kStride;
-
-      // S = Q K^T for 16 rows x 64 tokens (8 n-tiles of 8 tokens).
-      float s[kTile / 8][4];
-#pragma unroll
-      for (int n = 0; n < kTile / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-        for (int n = 0; n < kTile / 8; n += 2) {
-          std::uint32_t b[4];
-          const int mat = lane / 8;
-          ldmatrix_x4(b, ks + (n * 8 + (mat >> 1) * 8 + lane % 8) * kStride + kk * 16 + (mat & 1) * 8);
-          Mma<Element>::run(s[n], qf[kk], b[0], b[1]);
-          Mma<Element>::run(s[n + 1], qf[kk], b[2], b[3]);
-        }
-      }
-
-      // Masks and scale (base 2), then the online softmax per row.
-      float tile_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF};
-#pragma unroll
-      for (int n = 0; n < kTile / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const int token = t * kTile + n * 8 + t4 * 2 + (e & 1);
-          const bool visible =
-              token < ntok && query_bit[h] >= 0 && ((seg_mask[tok_seg[token]] >> query_bit[h]) & 1u);
-          s[n][e] = visible ? s[n][e] * p.scale_log2 : TREEATTN_NEG_INF;
-          tile_max[h] = fmaxf(tile_max[h], s[n][e]);
-        }
-      }
-      float correction[2], reference[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        const float new_max = fmaxf(row_max[h], tile_max[h]);
-        // A row that has seen nothing yet keeps -inf: shift by 0 instead (no NaN).
-        reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : new_max;
-        correction[h] = exp2f(row_max[h] - reference[h]);
-        row_max[h] = new_max;
-        row_sum[h] *= correction[h];
-      }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        acc[n][0] *= correction[0];
-        acc[n][1] *= correction[0];
-        acc[n][2] *= correction[1];
-        acc[n][3] *= correction[1];
-      }
-#pragma unroll
-      for (int n = 0; n < kTile / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[n][e] = exp2f(s[n][e] - reference[e / 2]);
-          row_sum[e / 2] += s[n][e];
-        }
-      }
-
-      // O += P V: P's accumulators become A fragments (16 tokens per k-step).
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        std::uint32_t a[4];
-        a[0] = Mma<Element>::pack(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = Mma<Element>::pack(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = Mma<Element>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = Mma<Element>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          std::uint32_t b[4];
-          const int mat = lane / 8;
-          ldmatrix_x4_trans(b, vs + (kk * 16 + (mat & 1) * 8 + lane % 8) * kStride + n * 8 + (mat >> 1) * 8);
-          Mma<Element>::run(acc[n], a, b[0], b[1]);
-          Mma<Element>::run(acc[n + 1], a, b[2], b[3]);
-        }
-      }
-      __syncthreads();  // the stage is refilled next
-    }
-
-    // Epilogue: finish the row sums, normalise, write the partial or the output.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-      if (query_bit[h] < 0) continue;
-      const int row = row0 + warp * 16 + g + h * 8;
-      const int entry = q0 + query_bit[h];
-      const int query = p.tile_query[entry];
-      const int head = kv_head * p.group + row % p.group;
-      const int partial = p.tile_partial[entry];
-      const float inv = 1.0f / row_sum[h];
-      const float lse = (row_max[h] + __log2f(row_sum[h])) * 0.6931471805599453f;
-      if (partial == kDirectWrite) {
-        const std::int64_t base = (std::int64_t(query) * p.heads_q + head) * D;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          store_out(p.o, p.out_type, base + n * 8 + t4 * 2, acc[n][2 * h] * inv);
-          store_out(p.o, p.out_type, base + n * 8 + t4 * 2 + 1, acc[n][2 * h + 1] * inv);
-        }
-        if (p.lse != nullptr && t4 == 0) p.lse[std::int64_t(query) * p.heads_q + head] = lse;
-      } else {
-        float* out = p.partial_o + (std::int64_t(partial) * p.heads_q + head) * D;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          *reinterpret_cast<float2*>(out + n * 8 + t4 * 2) = make_float2(acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
-        }
-        if (t4 == 0) p.partial_lse[std::int64_t(partial) * p.heads_q + head] = lse;
-      }
-    }
-  }
+  PassContext<Element> ctx{p, q_s, k_s, v_s, seg_mask, tok_slot, tok_seg, ntok, rows, row0, q0, kv_head};
+  // Decode tiles are small: a pass with at most 16 rows splits the KV tile among
+  // the warps instead of giving three of them padding rows to compute.
+  if (rows - row0 <= 16) attend_pass<Traits, true>(ctx);
+  else attend_pass<Traits, false>(ctx);
 }
 
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.

@@ -35,6 +35,10 @@ struct AttnTraits {
   static constexpr int kSegFirstOffset = kSegOffsetOffset + (kMaxBlockTokens + 1) * 4;  // i32 per segment
   static constexpr int kTokSegOffset = kSegFirstOffset + kMaxBlockTokens * 4;            // u16 per token
   static constexpr int kSmemBytes = kTokSegOffset + kMaxBlockTokens * 2;
+  // The split-KV merge reuses the K/V stages for every warp's 16 x head_dim
+  // accumulators, their row maxima and sums, and 16 row destinations.
+  static_assert(kWarps * 16 * (kHeadDim + 2) * 4 + 16 * 16 <= kMaskOffset - kKOffset,
+                "K/V stages too small for the merge");
 };
 
 }  // namespace treeattn::cuda

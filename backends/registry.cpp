@@ -25,7 +25,7 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& op
       fail(ErrorCategory::Backend, "treeattn was built without the cuda backend (no CUDA toolkit at configure time)");
 #endif
     case BackendKind::vulkan:
-      fail(ErrorCategory::Backend, "treeattn was built without the vulkan backend (not implemented yet)");
+      fail(ErrorCategory::Backend, "treeattn was built without the vulkan backend (this version has none; use cpu or cuda)");
   }
   fail(ErrorCategory::Backend, "unknown backend kind {}", int(kind));
 }

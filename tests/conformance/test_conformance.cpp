@@ -103,13 +103,7 @@ TEST_CASE("conformance: f16 and bf16 outputs are the rounded f32 outputs") {
 
 TEST_CASE("conformance: the same inputs give bitwise the same output, run after run") {
   auto backend = make_test_backend();
-  RandomForestOptions o;
-  o.seed = 77;
-  o.nodes = 150;
-  o.roots = 4;
-  o.queries = 200;
-  o.heads = {8, 2, 64, 0.0f};
-  const Tree tree = random_forest(o);
+  const Tree tree = determinism_forest();
   Inputs in = make_inputs(tree, DType::f16, 1);
   for (Strategy s : {Strategy::flatten, Strategy::sequence}) {
     const Outputs first = run_backend(*backend, tree, in, PlanOptions{s, 32, kMaxQueryTile, 0});

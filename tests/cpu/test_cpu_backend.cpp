@@ -22,13 +22,7 @@ TEST_CASE("f32 inputs") {
 }
 
 TEST_CASE("output is bitwise identical for any thread count") {
-  RandomForestOptions o;
-  o.seed = 77;
-  o.nodes = 150;
-  o.roots = 4;
-  o.queries = 200;
-  o.heads = {8, 2, 64, 0.0f};
-  const Tree tree = random_forest(o);
+  const Tree tree = determinism_forest();
   Inputs in = make_inputs(tree, DType::f16, 1);
   auto with_threads = [](int threads) {
     BackendOptions options;

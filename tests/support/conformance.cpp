@@ -11,6 +11,16 @@ namespace treeattn::test {
 
 double tolerance(DType inputs) { return inputs == DType::bf16 ? 1e-2 : 2e-3; }
 
+Tree determinism_forest() {
+  RandomForestOptions o;
+  o.seed = 77;
+  o.nodes = 150;
+  o.roots = 4;
+  o.queries = 200;
+  o.heads = {8, 2, 64, 0.0f};
+  return random_forest(o);
+}
+
 Inputs make_inputs(const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude) {
   const HeadConfig& h = tree.heads;
   const std::int64_t slots = std::max<std::int64_t>(total_tokens(tree), 1);

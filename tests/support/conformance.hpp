@@ -20,6 +20,10 @@ std::unique_ptr<Backend> make_test_backend();
 // for the P V product on tensor cores), so it gets 1e-2.
 double tolerance(DType inputs);
 
+// A 4-request forest of 150 nodes and 200 queries (many shared blocks, tiles of
+// up to 64 queries) for the determinism checks.
+Tree determinism_forest();
+
 struct Inputs {
   HostArray q, k, v;
 };

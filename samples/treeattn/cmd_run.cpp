@@ -34,7 +34,9 @@ void run(const RunOptions& o) {
   HostArray lse(DType::f32, {nq, hq});
   BackendOptions backend_options;
   backend_options.threads = o.threads;
-  std::unique_ptr<Backend> backend = make_backend(parse_backend(o.backend), backend_options);
+  BackendKind kind = parse_backend(o.backend);
+  if (kind == BackendKind::automatic && q.dtype == DType::f32) kind = BackendKind::cpu;  // GPU kernels take f16/bf16
+  std::unique_ptr<Backend> backend = make_backend(kind, backend_options);
   if (o.verbose) {
     const PlanStats st = compute_stats(plan);
     fmt::print(stderr, "treeattn run: backend {}, strategy {}, {} queries, {} tokens, {} work items\n",

@@ -174,6 +174,7 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
     const int mat = lane / 8;
     ldmatrix_x4(qf[kk], c.q_s + (warp_row + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
   }
+  if constexpr (Traits::kQInStage) __syncthreads();  // every warp has its Q: the stage may be refilled
   // Rows g and g + 8 of the warp: their query's bit in the masks, or -1 (padding).
   int query_bit[2];
 #pragma unroll
@@ -370,11 +371,11 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
 }
 
 template <typename Traits>
-__global__ void __launch_bounds__(Traits::kThreads) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
   using Element = typename Traits::Element;
 
   extern __shared__ __align__(16) unsigned char smem[];
-  Element* q_s = reinterpret_cast<Element*>(smem);
+  Element* q_s = reinterpret_cast<Element*>(smem + Traits::kQOffset);
   Element* k_s = reinterpret_cast<Element*>(smem + Traits::kKOffset);
   Element* v_s = reinterpret_cast<Element*>(smem + Traits::kVOffset);
   std::uint64_t* seg_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kMaskOffset);

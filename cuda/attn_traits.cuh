@@ -25,9 +25,15 @@ struct AttnTraits {
   static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
 
   // Shared memory: tiles first (16-byte aligned), then the block's token map.
+  // With two stages, Q lives in the second K stage: it is read into registers
+  // before that stage is first filled, and the 17 KB saved (with the token map
+  // sized for 256 tokens) fits three CTAs on an SM instead of two.
   static constexpr int kQBytes = kRows * kStride * 2;
   static constexpr int kTileBytes = kTileTokens * kStride * 2;
-  static constexpr int kKOffset = kQBytes;
+  static_assert(kStages == 1 || kQBytes <= kTileBytes, "Q must fit in a K stage");
+  static constexpr bool kQInStage = kStages == 2;
+  static constexpr int kKOffset = kQInStage ? 0 : kQBytes;
+  static constexpr int kQOffset = kQInStage ? kKOffset + kTileBytes : 0;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kMaskOffset = kVOffset + kStages * kTileBytes;               // u64 per segment
   static constexpr int kSlotOffset = kMaskOffset + kMaxBlockTokens * 8;             // i32 per token
@@ -39,6 +45,8 @@ struct AttnTraits {
   // accumulators, their row maxima and sums, and 16 row destinations.
   static_assert(kWarps * 16 * (kHeadDim + 2) * 4 + 16 * 16 <= kMaskOffset - kKOffset,
                 "K/V stages too small for the merge");
+  // CTAs per SM the registers are capped for (170 registers at three).
+  static constexpr int kMinBlocksPerSM = kQInStage ? 3 : 1;
 };
 
 }  // namespace treeattn::cuda

@@ -26,7 +26,7 @@ TEST_CASE("f32 inputs and oversized blocks are refused with the limit named") {
   CHECK_THROWS_WITH_AS(run_backend(*backend, tree, f32, PlanOptions{}), doctest::Contains("must be f16 or bf16"), Error);
   Inputs f16 = make_inputs(tree, DType::f16, 1);
   CHECK_THROWS_WITH_AS(run_backend(*backend, tree, f16, PlanOptions{Strategy::node, 1000, kMaxQueryTile, 0}),
-                       doctest::Contains("more than the kernel's 512"), Error);
+                       doctest::Contains("more than the kernel's 256"), Error);
 }
 
 TEST_CASE("the graph-replayed layers compute what run() computes") {

@@ -446,23 +446,40 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
 // One CTA per (query, query head), one thread per channel: enough CTAs to keep
-// every SM busy even for a handful of queries, and each thread's loads of
-// successive partials are independent, so they overlap (unrolled by 8).
+// every SM busy even for a handful of queries. The partials' slots and LSEs are
+// staged in shared memory a chunk at a time (one round trip for the whole
+// chunk), so each thread's loop only loads its channel of each partial, and
+// those loads are independent; a running max keeps the merge one pass.
 template <int HeadDim>
 __global__ void __launch_bounds__(HeadDim) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
+  constexpr int kChunk = 256;
+  __shared__ std::int32_t slot[kChunk];
+  __shared__ float slot_lse[kChunk];
   const int query = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
   const int m0 = p.merge_begin[query], m1 = p.merge_begin[query + 1];
   if (m0 == m1) return;
-  float max_lse = TREEATTN_NEG_INF;
+  float max_lse = TREEATTN_NEG_INF, sum = 0.0f, acc = 0.0f;
+  for (int c0 = m0; c0 < m1; c0 += kChunk) {
+    const int n = min(kChunk, m1 - c0);
+    __syncthreads();  // the previous chunk is consumed
+    for (int i = d; i < n; i += HeadDim) {
+      slot[i] = p.merge_partial[c0 + i];
+      slot_lse[i] = p.partial_lse[std::int64_t(slot[i]) * p.heads_q + head];
+    }
+    __syncthreads();
+    float chunk_max = TREEATTN_NEG_INF;
+    for (int i = 0; i < n; ++i) chunk_max = fmaxf(chunk_max, slot_lse[i]);
+    const float new_max = fmaxf(max_lse, chunk_max);
+    const float rescale = __expf(max_lse - new_max);  // 0 on the first chunk
+    sum *= rescale;
+    acc *= rescale;
+    max_lse = new_max;
 #pragma unroll 8
-  for (int m = m0; m < m1; ++m) max_lse = fmaxf(max_lse, p.partial_lse[std::int64_t(p.merge_partial[m]) * p.heads_q + head]);
-  float sum = 0.0f, acc = 0.0f;
-#pragma unroll 8
-  for (int m = m0; m < m1; ++m) {
-    const std::int64_t row = std::int64_t(p.merge_partial[m]) * p.heads_q + head;
-    const float w = __expf(p.partial_lse[row] - max_lse);
-    sum += w;
-    acc += w * p.partial_o[row * HeadDim + d];
+    for (int i = 0; i < n; ++i) {
+      const float w = __expf(slot_lse[i] - max_lse);
+      sum += w;
+      acc += w * p.partial_o[(std::int64_t(slot[i]) * p.heads_q + head) * HeadDim + d];
+    }
   }
   store_out(p.o, p.out_type, (std::int64_t(query) * p.heads_q + head) * HeadDim + d, acc / sum);
   if (p.lse != nullptr && d == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);

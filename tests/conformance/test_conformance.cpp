@@ -58,6 +58,15 @@ TEST_CASE("conformance: many queries on one block (tiles of 64, 16 query heads p
   check_against_oracle(*backend, tree, DType::f16, 3, 1.0f, 256);
 }
 
+TEST_CASE("conformance: a query merged from hundreds of partials") {
+  auto backend = make_test_backend();
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 700);
+  tree.add_query(0);
+  tree.add_query(0, 333);
+  check_against_oracle(*backend, tree, DType::f16, 17, 1.0f, 2);  // 350 blocks of 2 tokens
+}
+
 TEST_CASE("conformance: bf16 inputs and a custom scale") {
   auto backend = make_test_backend();
   RandomForestOptions o;

@@ -57,6 +57,9 @@ void WorkloadOptions::add_to(CLI::App& sub) {
   sub.add_option("--reasoning-at", reasoning_at, "reasoning: snapshot at this fraction of the iterations")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  sub.add_option("--reasoning-step", reasoning_step, "reasoning: snapshot at this iteration instead (0: use --reasoning-at)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   sub.add_option("--levels", levels, "levels: FastTree shapes NODES:CONTEXT per level, e.g. 1,4,16,512:1024,256,128,32")
       ->capture_default_str();
   sub.add_option("--nodes", random.nodes, "random: nodes")->check(CLI::Range(1, 10000000))->capture_default_str();
@@ -96,9 +99,11 @@ std::vector<NamedTree> make_trees(const std::string& kind, const WorkloadOptions
     for (int b : o.branches) out.push_back({fmt::format("fewshot b={}", b), few_shot_tree(heads, o.prompt, b, o.generated)});
   } else if (kind == "speculative" || kind == "reasoning") {
     for (NamedScenario& s : make_scenarios(kind, o)) {
-      const std::int64_t steps = kind == "speculative"
-                                     ? std::min(o.spec_step, s.scenario->steps())
+      std::int64_t steps = std::min(o.spec_step, s.scenario->steps());
+      if (kind == "reasoning") {
+        steps = o.reasoning_step > 0 ? o.reasoning_step
                                      : std::max<std::int64_t>(1, std::int64_t(o.reasoning_at * double(s.scenario->steps())));
+      }
       out.push_back({fmt::format("{} @{}", s.name, steps), replay(*s.scenario, steps, heads)});
     }
   } else if (kind == "levels") {

@@ -25,6 +25,7 @@ struct WorkloadOptions {
   std::vector<std::string> reasoning = {"sorting128ToT", "keywordToT", "docmergeToT"};
   std::size_t reasoning_tree = 0;                          // n-th complete tree of the file
   double reasoning_at = 0.5;                               // snapshot at this fraction of the run
+  std::int64_t reasoning_step = 0;                         // or at this iteration (0: use the fraction)
   std::vector<std::string> levels = {"1,4,16,512:1024,256,128,32", "1,10:4000,400"};
   RandomForestOptions random = [] {  // a 10 000-node forest of 100 requests, 2 000 queries
     RandomForestOptions r;

@@ -203,6 +203,22 @@ TEST_CASE("bench covers the paper workloads and model shapes") {
   CHECK(rows[4]["heads_q"] == 64);
 }
 
+TEST_CASE("bench snapshots a reasoning tree at any iteration") {
+  TempDir dir;
+  const Result r = cli("bench --workload reasoning --reasoning keywordToT --reasoning-step 300 --backend none "
+                       "--strategy flatten --repeat 1 --json " + (dir / "bench.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  std::ifstream in(dir / "bench.json");
+  const nlohmann::json rows = nlohmann::json::parse(in);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["workload"] == "reasoning keywordToT @300");
+  CHECK(rows[0]["tokens"] == 1907);  // the live tree at iteration 300, computed from the JSON independently
+  CHECK(rows[0]["queries"] == 10);
+  const Result bad = cli("bench --workload reasoning --reasoning keywordToT --reasoning-step 9999 --backend none", true);
+  CHECK(bad.status == 1);
+  CHECK(bad.output.find("step 9999 is outside [1, 564]") != std::string::npos);
+}
+
 TEST_CASE("demo replays a workload; its attention equals `run` on the dumped snapshot") {
   TempDir dir;
   Result r = cli("demo --workload fewshot --branches 3 --prompt 100 --generated 10 --layers 2 --block-tokens 32 "

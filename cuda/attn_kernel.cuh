@@ -380,60 +380,34 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
   Element* v_s = reinterpret_cast<Element*>(smem + Traits::kVOffset);
   std::uint64_t* seg_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kMaskOffset);
   std::int32_t* tok_slot = reinterpret_cast<std::int32_t*>(smem + Traits::kSlotOffset);
-  std::int32_t* seg_off = reinterpret_cast<std::int32_t*>(smem + Traits::kSegOffsetOffset);
-  std::int32_t* seg_first = reinterpret_cast<std::int32_t*>(smem + Traits::kSegFirstOffset);
   std::uint16_t* tok_seg = reinterpret_cast<std::uint16_t*>(smem + Traits::kTokSegOffset);
 
   const int pass = int(blockIdx.x % unsigned(p.row_passes));
   const int kv_head = int(blockIdx.x / unsigned(p.row_passes) % unsigned(p.heads_kv));
   const int item = int(blockIdx.x / unsigned(p.row_passes * p.heads_kv));
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x;
   const int block = p.item_block[item];
-  const int seg0 = p.block_segment_begin[block];
-  const int nseg = p.block_segment_begin[block + 1] - seg0;
   const int q0 = p.item_query_begin[item];
   const int tile = p.item_query_begin[item + 1] - q0;
   const int rows = tile * p.group;
   const int row0 = pass * Traits::kRows;
   if (row0 >= rows) return;  // a smaller tile than the largest
-  const std::uint64_t* masks = p.segment_mask + p.item_mask_begin[item];
 
-  // The block's token map: segment offsets (a warp scan), then each token's
-  // KV-pool slot and segment.
-  if (warp == 0) {
-    int carry = 0;
-    for (int base = 0; base < nseg; base += 32) {
-      const int s = base + lane;
-      const int first = s < nseg ? p.segment_token_begin[seg0 + s] : 0;
-      int len = s < nseg ? p.segment_token_end[seg0 + s] - first : 0;
-      if (s < nseg) seg_first[s] = first;
-      for (int d = 1; d < 32; d *= 2) {
-        const int up = __shfl_up_sync(0xffffffffu, len, d);
-        if (lane >= d) len += up;
-      }
-      if (s < nseg) seg_off[s + 1] = carry + len;
-      carry += __shfl_sync(0xffffffffu, len, 31);
-    }
-    if (lane == 0) seg_off[0] = 0;
-  }
-  for (int s = tid; s < nseg; s += Traits::kThreads) seg_mask[s] = masks[s];
-  __syncthreads();
-  const int ntok = seg_off[nseg];
-  // Every thread maps its few tokens (a binary search over the segment
-  // offsets); the loop is unrolled so their global loads are all in flight at once.
+  // The block's token map (slots and segment of each token, derived once per
+  // plan upload) and this item's segment masks, into shared memory; the loads
+  // are unrolled so they are all in flight together.
+  const int tok0 = p.block_token_begin[block];
+  const int ntok = p.block_token_begin[block + 1] - tok0;
+  const int nseg = p.block_segment_begin[block + 1] - p.block_segment_begin[block];
+  const std::uint64_t* masks = p.segment_mask + p.item_mask_begin[item];
 #pragma unroll
   for (int i = 0; i < kMaxBlockTokens / Traits::kThreads; ++i) {
-    const int token = tid + i * Traits::kThreads;
-    if (token < ntok) {
-      int lo = 0, hi = nseg - 1;  // the last segment whose offset is <= token
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (seg_off[mid] <= token) lo = mid;
-        else hi = mid - 1;
-      }
-      tok_slot[token] = p.token_slot[seg_first[lo] + token - seg_off[lo]];
-      tok_seg[token] = static_cast<std::uint16_t>(lo);
+    const int t = tid + i * Traits::kThreads;
+    if (t < ntok) {
+      tok_slot[t] = p.block_token_slot[tok0 + t];
+      tok_seg[t] = p.block_token_segment[tok0 + t];
     }
+    if (t < nseg) seg_mask[t] = masks[t];
   }
   __syncthreads();
 

@@ -32,6 +32,11 @@ struct KernelParams {
   const std::int32_t* tile_partial;
   const std::int32_t* merge_begin;
   const std::int32_t* merge_partial;
+  // Derived at upload (DevicePlan): each KV block's tokens as KV-pool slots and
+  // as segment indices local to the block, so a CTA maps its block in one load.
+  const std::int32_t* block_token_begin;     // [num_blocks + 1]
+  const std::int32_t* block_token_slot;      // [sum of block tokens]
+  const std::uint16_t* block_token_segment;  // [sum of block tokens]
 
   std::int32_t num_items;
   std::int32_t num_queries;

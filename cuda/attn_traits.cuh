@@ -37,9 +37,7 @@ struct AttnTraits {
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kMaskOffset = kVOffset + kStages * kTileBytes;               // u64 per segment
   static constexpr int kSlotOffset = kMaskOffset + kMaxBlockTokens * 8;             // i32 per token
-  static constexpr int kSegOffsetOffset = kSlotOffset + kMaxBlockTokens * 4;        // i32 per segment + 1
-  static constexpr int kSegFirstOffset = kSegOffsetOffset + (kMaxBlockTokens + 1) * 4;  // i32 per segment
-  static constexpr int kTokSegOffset = kSegFirstOffset + kMaxBlockTokens * 4;            // u16 per token
+  static constexpr int kTokSegOffset = kSlotOffset + kMaxBlockTokens * 4;           // u16 per token
   static constexpr int kSmemBytes = kTokSegOffset + kMaxBlockTokens * 2;
   // The split-KV merge reuses the K/V stages for every warp's 16 x head_dim
   // accumulators, their row maxima and sums, and 16 row destinations.

@@ -1,6 +1,7 @@
 #pragma once
 // A Plan on the device: its arrays uploaded verbatim into one workspace (one
-// copy per decode step, shared by every layer) plus the partial buffers.
+// copy per decode step, shared by every layer), a per-block token map derived
+// from them, and the partial buffers.
 
 #include <cuda_runtime_api.h>
 
@@ -26,6 +27,8 @@ class DevicePlan {
   DeviceBuffer workspace_;
   DeviceBuffer partials_;
   std::vector<unsigned char> staging_;
+  std::vector<std::int32_t> block_token_begin_, block_token_slot_;
+  std::vector<std::uint16_t> block_token_segment_;
   KernelParams params_{};
   int head_dim_ = 0;
 };

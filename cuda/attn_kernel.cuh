@@ -4,11 +4,12 @@
 // Stage 1: one CTA per (work item, KV head, pass of 64 query rows); the rows
 // are the tile's queries x the group's query heads, packed query-major, and the
 // passes of one item are adjacent in the grid so they share the block in L2.
-// The CTA maps its KV block's tokens to KV-pool slots (shared memory), then
-// streams the block through shared memory in 64-token tiles gathered with
-// cp.async (two stages), computes S = Q K^T, applies the segment bit masks, runs the online
-// softmax and accumulates O = P V, and writes the normalised partial and its
-// log-sum-exp, or O and LSE directly when the item is the query's only one.
+// The CTA loads its block's token map (KV-pool slot and segment of each token)
+// and its masks into shared memory, streams the block through 64-token tiles
+// gathered with cp.async (two stages), computes S = Q K^T, applies the segment
+// bit masks, runs the online softmax, accumulates O = P V, and writes the
+// normalised partial and its log-sum-exp, or O and LSE directly when the item
+// is the query's only one.
 // Stage 2 merges each query's partials in the plan's order (deterministic).
 
 #include <cuda_bf16.h>

@@ -56,6 +56,11 @@ struct TempDir {
 
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
 const std::string kExample = std::string(TREEATTN_EXAMPLES) + "/fewshot.json";
 
 }  // namespace
@@ -174,8 +179,7 @@ TEST_CASE("bench writes JSON rows per strategy") {
   const Result r = cli("bench --workload random --nodes 300 --queries 50 --trees 3 --max-tokens 16 --strategy flatten,sequence "
                        "--repeat 3 --backend cpu --json " + (dir / "bench.json"));
   REQUIRE_MESSAGE(r.status == 0, r.output);
-  std::ifstream in(dir / "bench.json");
-  const nlohmann::json rows = nlohmann::json::parse(in);
+  const nlohmann::json rows = read_json(dir / "bench.json");
   REQUIRE(rows.size() == 2);
   CHECK(rows[0]["strategy"] == "flatten");
   CHECK(rows[0]["kv_io_reduction"].get<double>() > 1.0);
@@ -192,8 +196,7 @@ TEST_CASE("bench covers the paper workloads and model shapes") {
                        "--reasoning keywordToT --levels 1,4,16:64,32,16 --model llama3-8b,codellama-34b "
                        "--strategy flatten --backend none --repeat 2 --json " + (dir / "bench.json"));
   REQUIRE_MESSAGE(r.status == 0, r.output);
-  std::ifstream in(dir / "bench.json");
-  const nlohmann::json rows = nlohmann::json::parse(in);
+  const nlohmann::json rows = read_json(dir / "bench.json");
   REQUIRE(rows.size() == 8);  // 4 workloads x 2 models
   CHECK(rows[0]["workload"] == "fewshot b=20");
   CHECK(rows[0]["tokens"] == 4000 + 20 * 400);
@@ -208,8 +211,7 @@ TEST_CASE("bench snapshots a reasoning tree at any iteration") {
   const Result r = cli("bench --workload reasoning --reasoning keywordToT --reasoning-step 300 --backend none "
                        "--strategy flatten --repeat 1 --json " + (dir / "bench.json"));
   REQUIRE_MESSAGE(r.status == 0, r.output);
-  std::ifstream in(dir / "bench.json");
-  const nlohmann::json rows = nlohmann::json::parse(in);
+  const nlohmann::json rows = read_json(dir / "bench.json");
   REQUIRE(rows.size() == 1);
   CHECK(rows[0]["workload"] == "reasoning keywordToT @300");
   CHECK(rows[0]["tokens"] == 1907);  // the live tree at iteration 300, computed from the JSON independently
@@ -225,8 +227,7 @@ TEST_CASE("demo replays a workload; its attention equals `run` on the dumped sna
                  "--dump-step 7 --dump-dir " + dir.path + " --svg " + (dir / "demo.svg") + " --json " + (dir / "demo.json"));
   REQUIRE_MESSAGE(r.status == 0, r.output);
   CHECK(r.output.find("tokens generated 30") != std::string::npos);
-  std::ifstream summary_file(dir / "demo.json");
-  const nlohmann::json summary = nlohmann::json::parse(summary_file);
+  const nlohmann::json summary = read_json(dir / "demo.json");
   CHECK(summary["steps"] == 10);
   CHECK(summary["peak_pages"] == 7 + 3);  // the 100-token prompt in 16-token pages, one page per branch
   CHECK(summary["unique_kv_bytes"].get<std::int64_t>() < summary["sequence_kv_bytes"].get<std::int64_t>());

@@ -7,14 +7,28 @@
 #ifdef TREEATTN_HAVE_CUDA
 #include "cuda/cuda_backend.hpp"
 #endif
+#ifdef TREEATTN_HAVE_VULKAN
+#include "vulkan/vulkan_backend.hpp"
+#endif
 
 namespace treeattn {
 
 std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options) {
   switch (kind) {
-    case BackendKind::automatic:  // CUDA when a device is there, else the CPU (Vulkan is not built yet)
+    case BackendKind::automatic:  // CUDA when a device is there, then a Vulkan GPU, else the CPU
 #ifdef TREEATTN_HAVE_CUDA
       if (cuda::device_count() > 0) return std::make_unique<cuda::CudaBackend>(options);
+#endif
+#ifdef TREEATTN_HAVE_VULKAN
+      try {
+        for (const VulkanDeviceReport& d : vulkan_devices(options)) {
+          if (d.selected && d.type != "CPU" && d.variant_f16.rfind("none", 0) != 0) {
+            return std::make_unique<vulkan::VulkanBackend>(options);
+          }
+        }
+      } catch (const Error&) {
+        // no loader or no device: the CPU backend below
+      }
 #endif
       return std::make_unique<cpu::CpuBackend>(options);
     case BackendKind::cpu: return std::make_unique<cpu::CpuBackend>(options);
@@ -25,9 +39,23 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& op
       fail(ErrorCategory::Backend, "treeattn was built without the cuda backend (no CUDA toolkit at configure time)");
 #endif
     case BackendKind::vulkan:
-      fail(ErrorCategory::Backend, "treeattn was built without the vulkan backend (this version has none; use cpu or cuda)");
+#ifdef TREEATTN_HAVE_VULKAN
+      return std::make_unique<vulkan::VulkanBackend>(options);
+#else
+      fail(ErrorCategory::Backend,
+           "treeattn was built without the vulkan backend (configure found no Vulkan headers, volk or glslang)");
+#endif
   }
   fail(ErrorCategory::Backend, "unknown backend kind {}", int(kind));
 }
 
 }  // namespace treeattn
+
+#ifndef TREEATTN_HAVE_VULKAN
+namespace treeattn {
+std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions&) {
+  fail(ErrorCategory::Backend,
+       "treeattn was built without the vulkan backend (configure found no Vulkan headers, volk or glslang)");
+}
+}  // namespace treeattn
+#endif

@@ -3,7 +3,8 @@
 # Idempotent and quiet: when everything is present it only asks dpkg.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libfmt-dev)
+packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+          libvulkan-dev libvulkan-volk-dev mesa-vulkan-drivers vulkan-validationlayers python3)
 
 missing=()
 for package in "${packages[@]}"; do

@@ -9,20 +9,7 @@
 namespace treeattn::cuda {
 
 void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
-  // Each block's tokens in order: their KV-pool slots and block-local segments.
-  block_token_begin_.assign(1, 0);
-  block_token_slot_.clear();
-  block_token_segment_.clear();
-  for (std::int32_t b = 0; b < plan.num_blocks(); ++b) {
-    const std::int32_t s0 = plan.block_segment_begin[std::size_t(b)];
-    for (std::int32_t s = s0; s < plan.block_segment_begin[std::size_t(b) + 1]; ++s) {
-      for (std::int32_t t = plan.segment_token_begin[std::size_t(s)]; t < plan.segment_token_end[std::size_t(s)]; ++t) {
-        block_token_slot_.push_back(plan.token_slot[std::size_t(t)]);
-        block_token_segment_.push_back(std::uint16_t(s - s0));
-      }
-    }
-    block_token_begin_.push_back(std::int32_t(block_token_slot_.size()));
-  }
+  const BlockTokenMap map = block_token_map(plan);
 
   // Pack every array at a 16-byte aligned offset of one staging buffer.
   struct Field {
@@ -45,9 +32,9 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
       {plan.tile_partial.data(), plan.tile_partial.size() * 4, reinterpret_cast<const void**>(&p.tile_partial)},
       {plan.merge_begin.data(), plan.merge_begin.size() * 4, reinterpret_cast<const void**>(&p.merge_begin)},
       {plan.merge_partial.data(), plan.merge_partial.size() * 4, reinterpret_cast<const void**>(&p.merge_partial)},
-      {block_token_begin_.data(), block_token_begin_.size() * 4, reinterpret_cast<const void**>(&p.block_token_begin)},
-      {block_token_slot_.data(), block_token_slot_.size() * 4, reinterpret_cast<const void**>(&p.block_token_slot)},
-      {block_token_segment_.data(), block_token_segment_.size() * 2, reinterpret_cast<const void**>(&p.block_token_segment)},
+      {map.begin.data(), map.begin.size() * 4, reinterpret_cast<const void**>(&p.block_token_begin)},
+      {map.slot.data(), map.slot.size() * 4, reinterpret_cast<const void**>(&p.block_token_slot)},
+      {map.segment.data(), map.segment.size() * 2, reinterpret_cast<const void**>(&p.block_token_segment)},
   };
   std::size_t total = 0;
   for (const Field& f : fields) total += (f.bytes + 15) / 16 * 16;

@@ -27,8 +27,6 @@ class DevicePlan {
   DeviceBuffer workspace_;
   DeviceBuffer partials_;
   std::vector<unsigned char> staging_;
-  std::vector<std::int32_t> block_token_begin_, block_token_slot_;
-  std::vector<std::uint16_t> block_token_segment_;
   KernelParams params_{};
   int head_dim_ = 0;
 };

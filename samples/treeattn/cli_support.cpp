@@ -61,6 +61,19 @@ std::vector<std::string> model_names() {
   return names;
 }
 
+void BackendFlags::add_to(CLI::App& sub) {
+  sub.add_option("--threads", options.threads, "CPU backend threads (0: one per hardware thread)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--device", options.device,
+                 "Vulkan device index (`treeattn devices` lists them; default: $TREEATTN_VK_DEVICE, else the first "
+                 "discrete GPU)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--vk-variant", options.vk_variant,
+                 "Vulkan stage-1 shaders: auto (cooperative matrices where the device has them), scalar or coopmat")
+      ->check(CLI::IsMember({"auto", "scalar", "coopmat"}))
+      ->capture_default_str();
+}
+
 void PlanFlags::add_to(CLI::App& sub) {
   sub.add_option("--strategy", strategy,
                  "How KV is grouped with queries: flatten (DeFT-Flatten: depth-first, even blocks), "

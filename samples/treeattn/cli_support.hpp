@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "treeattn/backend.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/tensor.hpp"
 
@@ -43,6 +44,14 @@ struct PlanFlags {
 
   void add_to(CLI::App& sub);
   PlanOptions options(std::int64_t kv_slots = 0) const;
+};
+
+// --threads (CPU), --device and --vk-variant (Vulkan), shared by the commands
+// that run a backend. --verbose is the command's own and is copied in.
+struct BackendFlags {
+  BackendOptions options;
+
+  void add_to(CLI::App& sub);
 };
 
 // "16.6 MB", "512 B": decimal units, as bandwidths are quoted.

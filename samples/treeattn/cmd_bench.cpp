@@ -30,7 +30,8 @@ struct BenchOptions {
   int repeat = 20;
   int run_repeat = 3;
   int layers = 1;
-  int threads = 0;
+  BackendFlags backend_flags;
+  bool verbose = false;
   double peak_gbps = 0.0;
   std::string json;
 };
@@ -59,8 +60,8 @@ void run_bench(const BenchOptions& o) {
   std::vector<Timed> backends;
   for (const std::string& name : o.backends) {
     if (name == "none") continue;
-    BackendOptions backend_options;
-    backend_options.threads = o.threads;
+    BackendOptions backend_options = o.backend_flags.options;
+    backend_options.verbose = o.verbose;
     Timed t{make_backend(parse_backend(name), backend_options), o.peak_gbps};
     if (t.peak_gbps <= 0.0) t.peak_gbps = t.backend->peak_gbps();
     fmt::print(stderr, "bench: backend {}, roofline {:.1f} GB/s\n", t.backend->name(), t.peak_gbps);
@@ -203,7 +204,8 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--run-repeat", o->run_repeat, "Run repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--layers", o->layers, "Back-to-back calls per run (a model's layers)")->check(CLI::Range(1, 1000))->capture_default_str();
-  sub->add_option("--threads", o->threads, "CPU backend threads (0: one per hardware thread)")->check(CLI::NonNegativeNumber);
+  o->backend_flags.add_to(*sub);
+  sub->add_flag("--verbose", o->verbose, "Say on stderr which device and shader variant each backend runs");
   sub->add_option("--peak-gbps", o->peak_gbps,
                   "Roofline bandwidth in GB/s (default: the backend's: the device's HBM peak, or the measured host "
                   "read bandwidth for the CPU)")

@@ -31,7 +31,8 @@ struct DemoOptions {
   std::int64_t steps = 0;  // 0: the whole scenario
   PlanFlags plan;
   std::string backend = "auto";
-  int threads = 0;
+  BackendFlags backend_flags;
+  bool verbose = false;
   int page_size = 16;
   std::string svg;
   std::int64_t svg_step = 0;  // 0: the last step
@@ -100,8 +101,8 @@ void run_demo(const DemoOptions& o) {
   SequenceTree live(cache);
   HostArray k(DType::f16, {cache.slots(), heads.heads_kv, heads.head_dim});
   HostArray v(DType::f16, {cache.slots(), heads.heads_kv, heads.head_dim});
-  BackendOptions backend_options;
-  backend_options.threads = o.threads;
+  BackendOptions backend_options = o.backend_flags.options;
+  backend_options.verbose = o.verbose;
   std::unique_ptr<Backend> backend = make_backend(parse_backend(o.backend), backend_options);
   fmt::print(stderr, "demo: {} on {} ({} layers, heads {}/{}/{}), backend {}, strategy {}, KV cache {} pages of {} tokens\n",
              named.name, model.name, layers, heads.heads_q, heads.heads_kv, heads.head_dim, backend->name(),
@@ -215,7 +216,8 @@ Command add_demo_command(CLI::App& app) {
   sub->add_option("--backend", o->backend, "auto picks CUDA, then Vulkan, then the CPU")
       ->check(CLI::IsMember(backend_names()))
       ->capture_default_str();
-  sub->add_option("--threads", o->threads, "CPU backend threads (0: one per hardware thread)")->check(CLI::NonNegativeNumber);
+  o->backend_flags.add_to(*sub);
+  sub->add_flag("--verbose", o->verbose, "Say on stderr which device and shader variant each backend runs");
   sub->add_option("--page-size", o->page_size, "Tokens per KV cache page")->check(CLI::Range(1, 4096))->capture_default_str();
   sub->add_option("--svg", o->svg, "Draw the tree and its plan at --svg-step as SVG");
   sub->add_option("--svg-step", o->svg_step, "Step to draw (0: the last)")->check(CLI::NonNegativeNumber);

@@ -15,7 +15,7 @@ struct RunOptions {
   std::string tree, q, k, v, out, lse;
   std::string backend = "auto";
   PlanFlags plan;
-  int threads = 0;
+  BackendFlags backend_flags;
   bool verbose = false;
 };
 
@@ -32,8 +32,8 @@ void run(const RunOptions& o) {
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, d = plan.heads.head_dim;
   HostArray out(DType::f32, {nq, hq, d});
   HostArray lse(DType::f32, {nq, hq});
-  BackendOptions backend_options;
-  backend_options.threads = o.threads;
+  BackendOptions backend_options = o.backend_flags.options;
+  backend_options.verbose = o.verbose;
   BackendKind kind = parse_backend(o.backend);
   if (kind == BackendKind::automatic && q.dtype == DType::f32) kind = BackendKind::cpu;  // GPU kernels take f16/bf16
   std::unique_ptr<Backend> backend = make_backend(kind, backend_options);
@@ -72,10 +72,8 @@ Command add_run_command(CLI::App& app) {
       ->check(CLI::IsMember(backend_names()))
       ->capture_default_str();
   o->plan.add_to(*sub);
-  sub->add_option("--threads", o->threads, "CPU backend threads (0: one per hardware thread)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  sub->add_flag("--verbose", o->verbose, "Say which backend ran and the size of the plan");
+  o->backend_flags.add_to(*sub);
+  sub->add_flag("--verbose", o->verbose, "Say which backend (device, shader variant) ran and the size of the plan");
   return {sub, [o] { run(*o); }};
 }
 

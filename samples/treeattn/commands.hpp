@@ -19,5 +19,6 @@ Command add_plan_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);
 Command add_random_inputs_command(CLI::App& app);
+Command add_devices_command(CLI::App& app);
 
 }  // namespace treeattn::cli

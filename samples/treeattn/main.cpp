@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       treeattn::cli::add_bench_command(app),
       treeattn::cli::add_demo_command(app),
       treeattn::cli::add_random_inputs_command(app),
+      treeattn::cli::add_devices_command(app),
   };
 
   // CLI11 would only say "a subcommand is required" for a mistyped command.

@@ -3,7 +3,8 @@
 // then Vulkan, then the CPU, among those this build contains and this machine runs.
 
 #include <memory>
-#include <string>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,11 @@ const char* to_string(BackendKind kind) noexcept;
 BackendKind parse_backend(const std::string& name);
 
 struct BackendOptions {
-  int threads = 0;  // CPU worker threads; 0: one per hardware thread
+  int threads = 0;                   // CPU worker threads; 0: one per hardware thread
+  int device = -1;                   // Vulkan device index; -1: TREEATTN_VK_DEVICE, else the first discrete GPU
+  std::string vk_variant = "auto";   // Vulkan stage-1 shaders: auto, scalar or coopmat
+  std::size_t vk_max_chunk_bytes = 0;  // split Vulkan KV pools into buffers of at most this size (0: the device's limit)
+  bool verbose = false;              // say on stderr which device and shader variant run
 };
 
 class Backend {
@@ -44,6 +49,22 @@ class Backend {
 
 // Throws Backend when `kind` is not built into this library or has no device here.
 std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options = {});
+
+// A Vulkan device as `treeattn devices` reports it: what it is and the
+// capabilities that choose the shader variant.
+struct VulkanDeviceReport {
+  int index = 0;
+  std::string name, type, driver, api_version;
+  std::uint32_t subgroup_size = 0, min_subgroup_size = 0, max_subgroup_size = 0;
+  std::uint32_t shared_memory_bytes = 0;
+  std::uint64_t max_storage_buffer_range = 0, max_allocation_bytes = 0, device_local_bytes = 0;
+  bool cooperative_matrix = false;
+  std::vector<std::string> cooperative_matrix_shapes;  // "16x16x16 f16->f32", subgroup scope
+  std::string variant_f16, variant_bf16;               // the stage-1 variant chosen, and why
+  bool selected = false;                               // the device --backend vulkan would use
+};
+// Throws Backend when this build has no Vulkan backend or there is no loader.
+std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions& options = {});
 
 // Checks every tensor of `args` against the plan (shapes, dtypes, KV rows the
 // plan reads). Backends call it first; throws InvalidArgument naming the tensor.

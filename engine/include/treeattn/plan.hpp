@@ -99,6 +99,16 @@ struct Plan {
   std::int32_t block_token_count(std::int32_t block) const noexcept;
 };
 
+// Each KV block's tokens in plan order, as a GPU kernel gathers them: their
+// KV-pool slots and their segment indices local to the block (derived once per
+// plan so a work group maps its whole block with one load per token).
+struct BlockTokenMap {
+  std::vector<std::int32_t> begin;     // [num_blocks + 1] CSR into slot and segment
+  std::vector<std::int32_t> slot;      // [sum of block tokens]
+  std::vector<std::uint16_t> segment;  // [sum of block tokens]
+};
+BlockTokenMap block_token_map(const Plan& plan);
+
 // Throws InvalidPlan naming the first inconsistency (array sizes, CSR order,
 // ranges, mask bits beyond the tile, partial slots not used exactly once,
 // reduction lists that disagree with the tiles).

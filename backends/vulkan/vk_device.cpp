@@ -1,0 +1,363 @@
+#include "vk_device.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "vk_check.hpp"
+
+namespace treeattn::vulkan {
+namespace {
+
+std::atomic<int> g_validation_messages{0};
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                     VkDebugUtilsMessageTypeFlagsEXT,
+                                                     const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+  if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+    ++g_validation_messages;
+    std::fprintf(stderr, "treeattn: Vulkan validation: %s\n", data->pMessage);
+  }
+  return VK_FALSE;
+}
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}
+
+bool has_layer(const char* name) {
+  std::uint32_t count = 0;
+  vkEnumerateInstanceLayerProperties(&count, nullptr);
+  std::vector<VkLayerProperties> layers(count);
+  vkEnumerateInstanceLayerProperties(&count, layers.data());
+  return std::any_of(layers.begin(), layers.end(), [&](const VkLayerProperties& l) { return std::strcmp(l.layerName, name) == 0; });
+}
+
+std::vector<std::string> device_extensions(VkPhysicalDevice physical) {
+  std::uint32_t count = 0;
+  vkEnumerateDeviceExtensionProperties(physical, nullptr, &count, nullptr);
+  std::vector<VkExtensionProperties> props(count);
+  vkEnumerateDeviceExtensionProperties(physical, nullptr, &count, props.data());
+  std::vector<std::string> names;
+  for (const auto& p : props) names.emplace_back(p.extensionName);
+  return names;
+}
+
+constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
+
+}  // namespace
+
+std::shared_ptr<Instance> Instance::get() {
+  static std::mutex mutex;
+  static std::weak_ptr<Instance> shared;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<Instance> instance = shared.lock();
+  if (!instance) {
+    instance.reset(new Instance());
+    shared = instance;
+  }
+  return instance;
+}
+
+Instance::Instance() {
+  if (volkInitialize() != VK_SUCCESS) {
+    throw Error(ErrorCategory::Backend,
+                "no Vulkan loader (libvulkan.so.1) on this machine: install the Vulkan loader and a driver "
+                "(Debian: libvulkan1 and mesa-vulkan-drivers), or use --backend cpu");
+  }
+  if (volkGetInstanceVersion() < VK_API_VERSION_1_2) {
+    throw Error(ErrorCategory::Backend, "the Vulkan loader is older than 1.2: treeattn's shaders need Vulkan 1.2");
+  }
+  const bool validation = env_flag("TREEATTN_VK_VALIDATION");
+  if (validation && !has_layer(kValidationLayer)) {
+    throw Error(ErrorCategory::Backend,
+                "TREEATTN_VK_VALIDATION is set but the Khronos validation layer is not installed "
+                "(Debian: vulkan-validationlayers)");
+  }
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "treeattn";
+  app.apiVersion = VK_API_VERSION_1_3;
+  VkInstanceCreateInfo info{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  info.pApplicationInfo = &app;
+  const char* layers[] = {kValidationLayer};
+  const char* extensions[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
+  VkDebugUtilsMessengerCreateInfoEXT messenger{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+  messenger.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+  messenger.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                          VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+  messenger.pfnUserCallback = on_validation_message;
+  if (validation) {
+    info.enabledLayerCount = 1;
+    info.ppEnabledLayerNames = layers;
+    info.enabledExtensionCount = 1;
+    info.ppEnabledExtensionNames = extensions;
+    info.pNext = &messenger;  // also reports on instance creation and destruction
+  }
+  TREEATTN_VK_CHECK(vkCreateInstance(&info, nullptr, &instance_));
+  volkLoadInstanceOnly(instance_);
+  if (validation) TREEATTN_VK_CHECK(vkCreateDebugUtilsMessengerEXT(instance_, &messenger, nullptr, &messenger_));
+}
+
+Instance::~Instance() {
+  if (messenger_ != VK_NULL_HANDLE) vkDestroyDebugUtilsMessengerEXT(instance_, messenger_, nullptr);
+  vkDestroyInstance(instance_, nullptr);
+}
+
+int Instance::validation_messages() noexcept { return g_validation_messages.load(); }
+
+bool DeviceCaps::has_coopmat_shape(std::uint32_t m, std::uint32_t n, std::uint32_t k, VkComponentTypeKHR a,
+                                   VkComponentTypeKHR c) const noexcept {
+  return std::any_of(coopmat_shapes.begin(), coopmat_shapes.end(), [&](const CoopmatShape& s) {
+    return s.m == m && s.n == n && s.k == k && s.a == a && s.c == c;
+  });
+}
+
+const char* DeviceCaps::type_name() const noexcept {
+  switch (type) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "CPU";
+    default: return "other";
+  }
+}
+
+std::string DeviceCaps::scalar_unsupported() const {
+  if (api_version < VK_API_VERSION_1_2) return "needs Vulkan 1.2";
+  if (!buffer_device_address) return "needs the bufferDeviceAddress feature";
+  if (!shader_int64) return "needs the shaderInt64 feature";
+  if (!subgroup_shuffle || min_subgroup_size < 8) return "needs subgroup shuffles in compute shaders with subgroups of 8 or more";
+  if (shared_memory_bytes < 16384) return "needs 16 KiB of shared memory";
+  return "";
+}
+
+std::string DeviceCaps::coopmat_unsupported(bool bf16_inputs) const {
+  if (std::string scalar = scalar_unsupported(); !scalar.empty()) return scalar;
+  if (!coopmat) return "no VK_KHR_cooperative_matrix";
+  const VkComponentTypeKHR a = bf16_inputs ? VK_COMPONENT_TYPE_BFLOAT16_KHR : VK_COMPONENT_TYPE_FLOAT16_KHR;
+  if (!has_coopmat_shape(16, 16, 16, a, VK_COMPONENT_TYPE_FLOAT32_KHR)) {
+    return bf16_inputs ? "no 16x16x16 bf16 x bf16 -> f32 cooperative matrix" : "no 16x16x16 f16 x f16 -> f32 cooperative matrix";
+  }
+  if (!shader_float16 || !storage_16bit) return "needs shaderFloat16 and storageBuffer16BitAccess";
+  if (!vulkan_memory_model || !memory_model_device_scope) return "needs the Vulkan memory model (device scope)";
+  if (!subgroup_size_control || !compute_full_subgroups || min_subgroup_size > 32 || max_subgroup_size < 32) {
+    return "needs subgroup size control with full subgroups of 32";
+  }
+  if (!maintenance4) return "needs maintenance4";
+  if (shared_memory_bytes < 32768) return "needs 32 KiB of shared memory";
+  return "";
+}
+
+std::vector<DeviceCaps> probe_devices(const Instance& instance) {
+  std::uint32_t count = 0;
+  TREEATTN_VK_CHECK(vkEnumeratePhysicalDevices(instance.handle(), &count, nullptr));
+  std::vector<VkPhysicalDevice> physicals(count);
+  TREEATTN_VK_CHECK(vkEnumeratePhysicalDevices(instance.handle(), &count, physicals.data()));
+
+  std::vector<DeviceCaps> devices;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    DeviceCaps c;
+    c.index = i;
+    c.physical = physicals[i];
+    const std::vector<std::string> extensions = device_extensions(c.physical);
+    auto has_extension = [&](const char* name) { return std::find(extensions.begin(), extensions.end(), name) != extensions.end(); };
+
+    VkPhysicalDeviceProperties basic{};
+    vkGetPhysicalDeviceProperties(c.physical, &basic);
+    c.api_version = basic.apiVersion;
+    if (c.api_version < VK_API_VERSION_1_2) {  // the chained 1.1+ queries below need 1.2
+      c.name = basic.deviceName;
+      c.type = basic.deviceType;
+      devices.push_back(c);
+      continue;
+    }
+    VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+    VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceSubgroupSizeControlProperties size_control{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES};
+    VkPhysicalDeviceMaintenance3Properties maintenance3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+    VkPhysicalDeviceMaintenance4Properties maintenance4{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES};
+    VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+    props.pNext = &subgroup;
+    subgroup.pNext = &maintenance3;
+    maintenance3.pNext = &driver;
+    const bool v13 = c.api_version >= VK_API_VERSION_1_3;
+    if (v13) {
+      driver.pNext = &size_control;
+      size_control.pNext = &maintenance4;
+    }
+    vkGetPhysicalDeviceProperties2(c.physical, &props);
+    c.name = props.properties.deviceName;
+    c.driver = fmt::format("{} {}", driver.driverName, driver.driverInfo);
+    c.type = props.properties.deviceType;
+    c.subgroup_size = subgroup.subgroupSize;
+    c.min_subgroup_size = v13 ? size_control.minSubgroupSize : subgroup.subgroupSize;
+    c.max_subgroup_size = v13 ? size_control.maxSubgroupSize : subgroup.subgroupSize;
+    c.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                         (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
+    c.shared_memory_bytes = props.properties.limits.maxComputeSharedMemorySize;
+    c.max_storage_buffer_range = props.properties.limits.maxStorageBufferRange;
+    c.max_allocation_bytes = maintenance3.maxMemoryAllocationSize;
+    c.max_buffer_bytes = v13 ? maintenance4.maxBufferSize : maintenance3.maxMemoryAllocationSize;
+    c.timestamp_period_ns = props.properties.limits.timestampPeriod;
+    c.timestamps = props.properties.limits.timestampComputeAndGraphics;
+
+    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceVulkan13Features f13{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES};
+    VkPhysicalDeviceCooperativeMatrixFeaturesKHR fcm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+    features.pNext = &f11;
+    f11.pNext = &f12;
+    if (v13) f12.pNext = &f13;
+    const bool coopmat_extension = has_extension(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+    if (coopmat_extension) (v13 ? f13.pNext : f12.pNext) = &fcm;
+    vkGetPhysicalDeviceFeatures2(c.physical, &features);
+    c.shader_int64 = features.features.shaderInt64;
+    c.storage_16bit = f11.storageBuffer16BitAccess;
+    c.buffer_device_address = f12.bufferDeviceAddress;
+    c.shader_float16 = f12.shaderFloat16;
+    c.vulkan_memory_model = f12.vulkanMemoryModel;
+    c.memory_model_device_scope = f12.vulkanMemoryModelDeviceScope;
+    c.subgroup_size_control = v13 && f13.subgroupSizeControl;
+    c.compute_full_subgroups = v13 && f13.computeFullSubgroups;
+    c.maintenance4 = v13 && f13.maintenance4;
+    c.coopmat = coopmat_extension && fcm.cooperativeMatrix;
+    c.bfloat16 = has_extension("VK_KHR_shader_bfloat16");
+
+    if (c.coopmat) {
+      auto get_shapes = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR>(
+          vkGetInstanceProcAddr(instance.handle(), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+      std::uint32_t shape_count = 0;
+      if (get_shapes && get_shapes(c.physical, &shape_count, nullptr) == VK_SUCCESS) {
+        std::vector<VkCooperativeMatrixPropertiesKHR> shapes(shape_count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR});
+        get_shapes(c.physical, &shape_count, shapes.data());
+        for (const auto& s : shapes) {
+          if (s.scope == VK_SCOPE_SUBGROUP_KHR && s.AType == s.BType && s.CType == s.ResultType) {
+            c.coopmat_shapes.push_back({s.MSize, s.NSize, s.KSize, s.AType, s.CType});
+          }
+        }
+      }
+    }
+
+    VkPhysicalDeviceMemoryProperties memory{};
+    vkGetPhysicalDeviceMemoryProperties(c.physical, &memory);
+    for (std::uint32_t h = 0; h < memory.memoryHeapCount; ++h) {
+      if (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) c.device_local_bytes += memory.memoryHeaps[h].size;
+    }
+    devices.push_back(std::move(c));
+  }
+  return devices;
+}
+
+const DeviceCaps& select_device(const std::vector<DeviceCaps>& devices, int requested) {
+  if (devices.empty()) {
+    throw Error(ErrorCategory::Backend,
+                "no Vulkan device: the loader found no driver (Debian: mesa-vulkan-drivers gives the lavapipe CPU "
+                "device; set VK_DRIVER_FILES to a driver's ICD json), or use --backend cpu");
+  }
+  const char* from_env = std::getenv("TREEATTN_VK_DEVICE");
+  if (requested < 0 && from_env != nullptr && *from_env != '\0') {
+    char* end = nullptr;
+    requested = int(std::strtol(from_env, &end, 10));
+    if (*end != '\0' || requested < 0) {
+      throw Error(ErrorCategory::InvalidArgument, fmt::format("TREEATTN_VK_DEVICE='{}' is not a device index", from_env));
+    }
+  }
+  if (requested >= 0) {
+    if (std::size_t(requested) >= devices.size()) {
+      throw Error(ErrorCategory::InvalidArgument,
+                  fmt::format("Vulkan device {} does not exist: this machine has {} (0 to {}; `treeattn devices` lists them)",
+                              requested, devices.size(), devices.size() - 1));
+    }
+    return devices[std::size_t(requested)];
+  }
+  for (VkPhysicalDeviceType type : {VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU, VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU,
+                                    VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU, VK_PHYSICAL_DEVICE_TYPE_CPU}) {
+    for (const DeviceCaps& d : devices) {
+      if (d.type == type && d.scalar_unsupported().empty()) return d;
+    }
+  }
+  return devices.front();
+}
+
+Device::Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps) : instance_(std::move(instance)), caps_(caps) {
+  if (std::string why = caps.scalar_unsupported(); !why.empty()) {
+    throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} ({}) cannot run treeattn's shaders: {}", caps.index,
+                                                    caps.name, why));
+  }
+  std::uint32_t family_count = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(caps.physical, &family_count, nullptr);
+  std::vector<VkQueueFamilyProperties> families(family_count);
+  vkGetPhysicalDeviceQueueFamilyProperties(caps.physical, &family_count, families.data());
+  // A compute queue, preferring a family without graphics (a dedicated compute engine).
+  int chosen = -1;
+  for (std::uint32_t f = 0; f < family_count; ++f) {
+    if (!(families[f].queueFlags & VK_QUEUE_COMPUTE_BIT) || families[f].timestampValidBits == 0) continue;
+    if (chosen < 0 || !(families[f].queueFlags & VK_QUEUE_GRAPHICS_BIT)) chosen = int(f);
+    if (!(families[f].queueFlags & VK_QUEUE_GRAPHICS_BIT)) break;
+  }
+  if (chosen < 0) throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} has no compute queue with timestamps", caps.name));
+  queue_family_ = std::uint32_t(chosen);
+
+  const bool coopmat = caps.coopmat_unsupported(false).empty();
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.features.shaderInt64 = VK_TRUE;
+  VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  f11.storageBuffer16BitAccess = caps.storage_16bit;
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  f12.bufferDeviceAddress = VK_TRUE;
+  f12.shaderFloat16 = caps.shader_float16;
+  f12.vulkanMemoryModel = caps.vulkan_memory_model;
+  f12.vulkanMemoryModelDeviceScope = caps.memory_model_device_scope;
+  VkPhysicalDeviceVulkan13Features f13{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES};
+  f13.subgroupSizeControl = caps.subgroup_size_control;
+  f13.computeFullSubgroups = caps.compute_full_subgroups;
+  f13.maintenance4 = caps.maintenance4;
+  VkPhysicalDeviceCooperativeMatrixFeaturesKHR fcm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+  fcm.cooperativeMatrix = VK_TRUE;
+  features.pNext = &f11;
+  f11.pNext = &f12;
+  if (caps.api_version >= VK_API_VERSION_1_3) f12.pNext = &f13;
+  std::vector<const char*> extensions;
+  if (coopmat) {
+    f13.pNext = &fcm;
+    extensions.push_back(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+  }
+
+  const float priority = 1.0f;
+  VkDeviceQueueCreateInfo queue_info{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  queue_info.queueFamilyIndex = queue_family_;
+  queue_info.queueCount = 1;
+  queue_info.pQueuePriorities = &priority;
+  VkDeviceCreateInfo info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  info.pNext = &features;
+  info.queueCreateInfoCount = 1;
+  info.pQueueCreateInfos = &queue_info;
+  info.enabledExtensionCount = std::uint32_t(extensions.size());
+  info.ppEnabledExtensionNames = extensions.data();
+  TREEATTN_VK_CHECK(vkCreateDevice(caps.physical, &info, nullptr, &device_));
+  volkLoadDevice(device_);
+  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  vkGetPhysicalDeviceMemoryProperties(caps.physical, &memory_);
+}
+
+Device::~Device() {
+  if (device_ != VK_NULL_HANDLE) vkDestroyDevice(device_, nullptr);
+}
+
+std::uint32_t Device::memory_type(std::uint32_t type_bits, VkMemoryPropertyFlags required, VkMemoryPropertyFlags preferred) const {
+  for (VkMemoryPropertyFlags want : {required | preferred, required}) {
+    for (std::uint32_t t = 0; t < memory_.memoryTypeCount; ++t) {
+      if ((type_bits & (1u << t)) && (memory_.memoryTypes[t].propertyFlags & want) == want) return t;
+    }
+  }
+  throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} has no memory type with flags {:#x}", caps_.name, required));
+}
+
+}  // namespace treeattn::vulkan

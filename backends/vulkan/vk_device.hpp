@@ -1,0 +1,105 @@
+#pragma once
+// The Vulkan instance, what each physical device can do (probed once), and the
+// logical device treeattn computes on: one compute queue, the features the
+// chosen shader variant needs, and memory-type selection.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vk_api.hpp"
+
+namespace treeattn::vulkan {
+
+// The process-wide instance. TREEATTN_VK_VALIDATION=1 enables the Khronos
+// validation layer; its messages go to stderr and are counted.
+class Instance {
+ public:
+  // Throws Backend when no Vulkan loader or no Vulkan 1.2 implementation exists.
+  static std::shared_ptr<Instance> get();
+  ~Instance();
+  Instance(const Instance&) = delete;
+  Instance& operator=(const Instance&) = delete;
+
+  VkInstance handle() const noexcept { return instance_; }
+  bool validation() const noexcept { return messenger_ != VK_NULL_HANDLE; }
+  // Validation warnings and errors reported so far in this process.
+  static int validation_messages() noexcept;
+
+ private:
+  Instance();
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+};
+
+struct CoopmatShape {
+  std::uint32_t m, n, k;
+  VkComponentTypeKHR a, c;  // A/B element type and accumulator type
+};
+
+// What treeattn needs to know of a physical device.
+struct DeviceCaps {
+  std::uint32_t index = 0;
+  VkPhysicalDevice physical = VK_NULL_HANDLE;
+  std::string name, driver;
+  VkPhysicalDeviceType type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
+  std::uint32_t api_version = 0;
+  std::uint32_t subgroup_size = 0, min_subgroup_size = 0, max_subgroup_size = 0;
+  bool subgroup_shuffle = false;      // subgroup shuffles in compute shaders
+  bool subgroup_size_control = false, compute_full_subgroups = false;
+  std::uint32_t shared_memory_bytes = 0;
+  std::uint64_t max_storage_buffer_range = 0, max_allocation_bytes = 0, max_buffer_bytes = 0;
+  std::uint64_t device_local_bytes = 0;
+  bool buffer_device_address = false, shader_int64 = false, maintenance4 = false;
+  bool shader_float16 = false, storage_16bit = false, vulkan_memory_model = false, memory_model_device_scope = false;
+  bool timestamps = false;
+  float timestamp_period_ns = 1.0f;
+  bool coopmat = false;  // VK_KHR_cooperative_matrix with the cooperativeMatrix feature
+  bool bfloat16 = false; // VK_KHR_shader_bfloat16
+  std::vector<CoopmatShape> coopmat_shapes;
+
+  bool has_coopmat_shape(std::uint32_t m, std::uint32_t n, std::uint32_t k, VkComponentTypeKHR a,
+                         VkComponentTypeKHR c) const noexcept;
+  const char* type_name() const noexcept;
+  // Why the scalar/subgroup variant cannot run here ("" when it can).
+  std::string scalar_unsupported() const;
+  // Why the cooperative-matrix variant cannot run here for these inputs ("" when it can).
+  std::string coopmat_unsupported(bool bf16_inputs) const;
+};
+
+// Every physical device, in the loader's order.
+std::vector<DeviceCaps> probe_devices(const Instance& instance);
+
+// `requested` >= 0 picks that index; otherwise TREEATTN_VK_DEVICE when set;
+// otherwise the first discrete GPU, then integrated, virtual, CPU. Throws
+// Backend naming the valid range when the index does not exist.
+const DeviceCaps& select_device(const std::vector<DeviceCaps>& devices, int requested);
+
+class Device {
+ public:
+  // Creates the logical device with what both shader variants need, as far as
+  // the physical device offers it (coopmat features only when it has them).
+  Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  VkDevice handle() const noexcept { return device_; }
+  VkQueue queue() const noexcept { return queue_; }
+  std::uint32_t queue_family() const noexcept { return queue_family_; }
+  const DeviceCaps& caps() const noexcept { return caps_; }
+  // A memory type with `required` flags among `type_bits`, preferring `preferred` too.
+  std::uint32_t memory_type(std::uint32_t type_bits, VkMemoryPropertyFlags required,
+                            VkMemoryPropertyFlags preferred = 0) const;
+
+ private:
+  std::shared_ptr<Instance> instance_;
+  DeviceCaps caps_;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  std::uint32_t queue_family_ = 0;
+  VkPhysicalDeviceMemoryProperties memory_{};
+};
+
+}  // namespace treeattn::vulkan

@@ -1,0 +1,300 @@
+#include "vulkan_backend.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "shaders.hpp"
+#include "vk_check.hpp"
+#include "vk_sequence.hpp"
+
+namespace treeattn::vulkan {
+namespace {
+
+constexpr std::uint32_t kScalarRowsPerPass = 16;   // tree_attn_scalar.comp: 16 rows x 8 lanes
+constexpr std::uint32_t kCoopmatRowsPerPass = 64;  // tree_attn_coopmat.comp: 4 subgroups x 16 rows
+
+std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+std::uint32_t out_type(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return 0;
+    case DType::bf16: return 1;
+    case DType::f32: return 2;
+  }
+  return 2;
+}
+
+void check_supported(const Plan& plan, const AttentionArgs& args) {
+  check_args(plan, args);
+  if (args.q.dtype == DType::f32) {
+    throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
+  }
+}
+
+// Tokens per shared-memory stage of the scalar shader: K and V (2 bytes each)
+// plus an 8-byte mask per token must fit the device's shared memory.
+std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim) {
+  for (std::uint32_t chunk : {64u, 32u, 16u, 8u}) {
+    if (chunk * (4u * std::uint32_t(head_dim) + 8u) <= caps.shared_memory_bytes) return chunk;
+  }
+  return 8;
+}
+
+// Tokens per stage of the cooperative-matrix shader: K and V, a mask per token,
+// and per subgroup (4) S in f32 and P in f16 for 16 rows, plus a 16x16 f32 tile.
+std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim) {
+  for (std::uint32_t chunk : {64u, 32u}) {
+    const std::uint32_t bytes = chunk * (4u * std::uint32_t(head_dim) + 8u) + 4u * 16u * chunk * 6u + 4u * 256u * 4u;
+    if (bytes <= caps.shared_memory_bytes) return chunk;
+  }
+  return 16;
+}
+
+}  // namespace
+
+// One call's device buffers: the encoded plan, the tensors, and `pools` copies
+// of the KV pool (one per benchmarked layer), each split into chunks of at most
+// the device's allocation size and reached through a table of chunk addresses.
+struct VulkanBackend::Staged {
+  Variant variant = Variant::scalar;
+  EncodedPlan encoded;
+  Buffer plan, q, o, lse, partial_o, partial_lse, kv_table, readback;
+  std::vector<Buffer> kv_chunks;  // pool-major: pool p's K chunks, then its V chunks
+  std::uint32_t chunk_slots = 0, chunks = 0;
+};
+
+VulkanBackend::VulkanBackend(const BackendOptions& options) : options_(options), instance_(Instance::get()) {
+  const std::vector<DeviceCaps> devices = probe_devices(*instance_);
+  const DeviceCaps& caps = select_device(devices, options.device);
+  device_ = std::make_unique<Device>(instance_, caps);
+  VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  TREEATTN_VK_CHECK(vkCreatePipelineCache(device_->handle(), &cache_info, nullptr, &cache_));
+  if (options.verbose) {
+    std::fprintf(stderr, "treeattn: Vulkan device %u: %s (%s, %s), subgroup %u, shared memory %u KiB%s\n", caps.index,
+                 caps.name.c_str(), caps.type_name(), caps.driver.c_str(), caps.subgroup_size,
+                 caps.shared_memory_bytes / 1024, instance_->validation() ? ", validation layer on" : "");
+  }
+}
+
+VulkanBackend::~VulkanBackend() {
+  staged_.reset();
+  stage1_.clear();
+  merge_.clear();
+  if (cache_ != VK_NULL_HANDLE) vkDestroyPipelineCache(device_->handle(), cache_, nullptr);
+}
+
+Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, std::string* reason) {
+  [[maybe_unused]] const bool bf16 = inputs == DType::bf16;
+  std::string why_not_coopmat;
+#ifdef TREEATTN_HAVE_VK_COOPMAT
+  why_not_coopmat = caps.coopmat_unsupported(bf16);
+  if (why_not_coopmat.empty() && bf16) {
+    why_not_coopmat = "bf16 cooperative-matrix shaders need GL_EXT_bfloat16, which the glslang of this build lacks";
+  }
+#else
+  why_not_coopmat = "this build's glslang cannot compile cooperative-matrix shaders (scripts/setup_glslang.sh provides one)";
+#endif
+  auto say = [&](std::string text) {
+    if (reason) *reason = std::move(text);
+  };
+  if (forced == "scalar") {
+    say("scalar (forced by --vk-variant)");
+    return Variant::scalar;
+  }
+  if (forced == "coopmat") {
+    if (!why_not_coopmat.empty()) {
+      throw Error(ErrorCategory::Backend,
+                  fmt::format("--vk-variant coopmat: Vulkan device {} cannot run it: {}", caps.name, why_not_coopmat));
+    }
+    say("coopmat (forced by --vk-variant)");
+    return Variant::coopmat;
+  }
+  if (forced != "auto" && !forced.empty()) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("unknown Vulkan variant '{}' (choose auto, scalar or coopmat)", forced));
+  }
+  if (why_not_coopmat.empty()) {
+    say("coopmat (VK_KHR_cooperative_matrix 16x16x16 f16 -> f32)");
+    return Variant::coopmat;
+  }
+  say("scalar (coopmat: " + why_not_coopmat + ")");
+  return Variant::scalar;
+}
+
+const ComputePipeline& VulkanBackend::stage1_pipeline(Variant variant, int head_dim, bool bf16) {
+  auto& slot = stage1_[{variant, head_dim, bf16}];
+  if (!slot) {
+    if (variant == Variant::scalar) {
+      slot = std::make_unique<ComputePipeline>(
+          *device_, cache_, SpirvModule{spirv::tree_attn_scalar, spirv::tree_attn_scalar_words},
+          std::vector<std::uint32_t>{std::uint32_t(head_dim), scalar_chunk_tokens(device_->caps(), head_dim), bf16 ? 1u : 0u},
+          std::uint32_t(sizeof(PushConstants)));
+    } else {
+#ifdef TREEATTN_HAVE_VK_COOPMAT
+      slot = std::make_unique<ComputePipeline>(
+          *device_, cache_, SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words},
+          std::vector<std::uint32_t>{std::uint32_t(head_dim), coopmat_chunk_tokens(device_->caps(), head_dim)},
+          std::uint32_t(sizeof(PushConstants)), 32);
+#endif
+    }
+  }
+  return *slot;
+}
+
+const ComputePipeline& VulkanBackend::merge_pipeline(int head_dim) {
+  auto& slot = merge_[head_dim];
+  if (!slot) {
+    slot = std::make_unique<ComputePipeline>(*device_, cache_, SpirvModule{spirv::tree_merge, spirv::tree_merge_words},
+                                             std::vector<std::uint32_t>{std::uint32_t(head_dim)},
+                                             std::uint32_t(sizeof(PushConstants)));
+  }
+  return *slot;
+}
+
+void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools) {
+  check_supported(plan, a);
+  std::string reason;
+  const Variant variant = choose_variant(device_->caps(), options_.vk_variant, a.q.dtype, &reason);
+  if (options_.verbose && reason != logged_variant_) {
+    std::fprintf(stderr, "treeattn: Vulkan shader variant: %s\n", reason.c_str());
+    logged_variant_ = reason;
+  }
+  staged_.reset();  // frees the previous call's memory first
+  auto s = std::make_unique<Staged>();
+  s->variant = variant;
+  s->encoded = encode_plan(plan, variant == Variant::coopmat ? kCoopmatRowsPerPass : kScalarRowsPerPass);
+
+  // KV chunks: whole slots, at most one allocation each (or the test limit).
+  const DeviceCaps& caps = device_->caps();
+  const std::size_t slot_bytes = a.k.bytes() / std::size_t(std::max<std::int64_t>(a.k.shape[0], 1));
+  std::uint64_t chunk_limit = std::min(caps.max_allocation_bytes, caps.max_buffer_bytes);
+  if (options_.vk_max_chunk_bytes > 0) chunk_limit = std::min<std::uint64_t>(chunk_limit, options_.vk_max_chunk_bytes);
+  s->chunk_slots = std::uint32_t(std::max<std::uint64_t>(chunk_limit / std::max<std::size_t>(slot_bytes, 1), 1));
+  const std::uint64_t slots = std::uint64_t(std::max<std::int64_t>(a.k.shape[0], 1));
+  s->chunks = std::uint32_t((slots + s->chunk_slots - 1) / s->chunk_slots);
+
+  const Device& dev = *device_;
+  const std::size_t plan_bytes = s->encoded.words.size() * 4;
+  const std::size_t table_bytes = std::size_t(kv_pools) * 2 * s->chunks * 8;
+  const std::size_t partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);
+  s->plan = Buffer(dev, plan_bytes, Buffer::Kind::device_local);
+  s->q = Buffer(dev, a.q.bytes(), Buffer::Kind::device_local);
+  s->o = Buffer(dev, a.o.bytes(), Buffer::Kind::device_local);
+  s->lse = Buffer(dev, a.lse.data ? a.lse.bytes() : 0, Buffer::Kind::device_local);
+  s->partial_o = Buffer(dev, partial_rows * std::size_t(plan.heads.head_dim) * 4, Buffer::Kind::device_local);
+  s->partial_lse = Buffer(dev, partial_rows * 4, Buffer::Kind::device_local);
+  s->kv_table = Buffer(dev, table_bytes, Buffer::Kind::device_local);
+  std::vector<std::uint64_t> table;
+  for (int p = 0; p < kv_pools; ++p) {
+    for (int which = 0; which < 2; ++which) {
+      for (std::uint32_t c = 0; c < s->chunks; ++c) {
+        const std::uint64_t first = std::uint64_t(c) * s->chunk_slots;
+        s->kv_chunks.emplace_back(dev, std::size_t(std::min<std::uint64_t>(s->chunk_slots, slots - first)) * slot_bytes,
+                                  Buffer::Kind::device_local);
+        table.push_back(s->kv_chunks.back().address());
+      }
+    }
+  }
+
+  // One staging buffer carries every input up and the outputs back.
+  const std::size_t q_at = align16(plan_bytes), k_at = q_at + align16(a.q.bytes());
+  const std::size_t v_at = k_at + align16(a.k.bytes()), table_at = v_at + align16(a.v.bytes());
+  const std::size_t staging_bytes = std::max(table_at + table_bytes, align16(a.o.bytes()) + (a.lse.data ? a.lse.bytes() : 0));
+  s->readback = Buffer(dev, staging_bytes, Buffer::Kind::staging);
+  auto* host = static_cast<unsigned char*>(s->readback.mapped());
+  std::memcpy(host, s->encoded.words.data(), plan_bytes);
+  std::memcpy(host + q_at, a.q.data, a.q.bytes());
+  std::memcpy(host + k_at, a.k.data, a.k.bytes());
+  std::memcpy(host + v_at, a.v.data, a.v.bytes());
+  std::memcpy(host + table_at, table.data(), table_bytes);
+
+  CommandSequence upload(dev);
+  upload.begin();
+  upload.copy(s->readback, s->plan, plan_bytes, 0);
+  upload.copy(s->readback, s->q, a.q.bytes(), q_at);
+  upload.copy(s->readback, s->kv_table, table_bytes, table_at);
+  for (std::size_t i = 0; i < s->kv_chunks.size(); ++i) {
+    const std::size_t which = (i / s->chunks) % 2, c = i % s->chunks;
+    upload.copy(s->readback, s->kv_chunks[i], s->kv_chunks[i].bytes(), (which ? v_at : k_at) + c * s->chunk_slots * slot_bytes);
+  }
+  upload.end();
+  upload.submit_and_wait();
+  staged_ = std::move(s);
+}
+
+void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, const AttentionArgs& a, int pool) {
+  const Staged& s = *staged_;
+  PushConstants pc{};
+  pc.plan = s.plan.address();
+  pc.q = s.q.address();
+  pc.kv_chunks = s.kv_table.address() + std::uint64_t(pool) * 2 * s.chunks * 8;
+  pc.o = s.o.address();
+  pc.lse = a.lse.data ? s.lse.address() : 0;
+  pc.partial_o = s.partial_o.address();
+  pc.partial_lse = s.partial_lse.address();
+  pc.chunk_slots = s.chunk_slots;
+  pc.num_chunks = s.chunks;
+  pc.heads_q = std::uint32_t(plan.heads.heads_q);
+  pc.heads_kv = std::uint32_t(plan.heads.heads_kv);
+  pc.group = std::uint32_t(plan.heads.group_size());
+  pc.out_type = out_type(a.o.dtype);
+  pc.scale_log2 = plan.heads.scale * 1.4426950408889634f;
+  const int d = plan.heads.head_dim;
+  sequence.dispatch(stage1_pipeline(s.variant, d, a.q.dtype == DType::bf16), &pc, sizeof(pc), s.encoded.passes,
+                    std::uint32_t(plan.heads.heads_kv));
+  if (plan.num_partials > 0) {
+    sequence.barrier();
+    sequence.dispatch(merge_pipeline(d), &pc, sizeof(pc), std::uint32_t(plan.num_queries), std::uint32_t(plan.heads.heads_q));
+  }
+  sequence.barrier();
+}
+
+void VulkanBackend::run(const Plan& plan, const AttentionArgs& a) {
+  stage(plan, a, 1);
+  CommandSequence sequence(*device_);
+  sequence.begin();
+  record_layer(sequence, plan, a, 0);
+  sequence.copy(staged_->o, staged_->readback, a.o.bytes());
+  if (a.lse.data) sequence.copy(staged_->lse, staged_->readback, a.lse.bytes(), 0, align16(a.o.bytes()));
+  sequence.end();
+  sequence.submit_and_wait();
+  const auto* host = static_cast<const unsigned char*>(staged_->readback.mapped());
+  std::memcpy(a.o.data, host, a.o.bytes());
+  if (a.lse.data) std::memcpy(a.lse.data, host + align16(a.o.bytes()), a.lse.bytes());
+}
+
+std::vector<double> VulkanBackend::time_layers(const Plan& plan, const AttentionArgs& a, int layers, int repeats) {
+  if (!device_->caps().timestamps) {
+    throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} has no compute timestamps", device_->caps().name));
+  }
+  // Each layer reads its own KV pool where half the device memory holds them.
+  const std::size_t pool_bytes = std::max<std::size_t>(a.k.bytes() + a.v.bytes(), 1);
+  const int pools = int(std::clamp<std::uint64_t>(device_->caps().device_local_bytes / 2 / pool_bytes, 1, std::uint64_t(layers)));
+  stage(plan, a, pools);
+  // Larger than any last-level cache: filled before each replay so no layer
+  // starts with the previous replay's KV in cache.
+  Buffer flush(*device_, std::size_t(256) << 20, Buffer::Kind::device_local);
+
+  CommandSequence sequence(*device_, 2);
+  sequence.begin();
+  sequence.fill(flush, 0);
+  sequence.barrier();
+  sequence.timestamp(0);
+  for (int l = 0; l < layers; ++l) record_layer(sequence, plan, a, l % pools);
+  sequence.timestamp(1);
+  sequence.copy(staged_->o, staged_->readback, a.o.bytes());
+  sequence.end();
+  std::vector<double> us;
+  sequence.submit_and_wait();  // warm-up
+  for (int r = 0; r < repeats; ++r) {
+    sequence.submit_and_wait();
+    us.push_back(sequence.elapsed_ns(0, 1) / 1e3);
+  }
+  std::memcpy(a.o.data, staged_->readback.mapped(), a.o.bytes());
+  return us;
+}
+
+}  // namespace treeattn::vulkan

@@ -1,0 +1,59 @@
+#pragma once
+// The Vulkan backend: picks a device and a shader variant from queried
+// features, uploads the plan and tensors, and runs stage 1 and the merge as
+// compute dispatches; time_layers replays a recorded multi-layer command
+// buffer and reads GPU timestamps.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "treeattn/backend.hpp"
+#include "vk_buffer.hpp"
+#include "vk_device.hpp"
+#include "vk_pipeline.hpp"
+#include "vk_plan.hpp"
+
+namespace treeattn::vulkan {
+
+class CommandSequence;
+
+enum class Variant { scalar, coopmat };
+
+// The stage-1 shader variant for inputs of this dtype on this device: `forced`
+// is "auto" (coopmat where the device and this build can, else scalar),
+// "scalar" or "coopmat" (throws Backend saying why the device cannot). `reason`
+// receives the choice and why, for --verbose and `treeattn devices`.
+Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, std::string* reason = nullptr);
+
+class VulkanBackend final : public Backend {
+ public:
+  // Throws Backend naming the reason when no usable Vulkan device exists.
+  explicit VulkanBackend(const BackendOptions& options);
+  ~VulkanBackend() override;
+
+  const char* name() const noexcept override { return "vulkan"; }
+  void run(const Plan& plan, const AttentionArgs& args) override;
+  std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
+  double peak_gbps() override { return 0.0; }  // Vulkan does not report the memory clock
+
+
+ private:
+  struct Staged;  // the device buffers of one call's tensors and plan
+  void stage(const Plan& plan, const AttentionArgs& args, int kv_pools);
+  void record_layer(CommandSequence& sequence, const Plan& plan, const AttentionArgs& args, int pool);
+  const ComputePipeline& stage1_pipeline(Variant variant, int head_dim, bool bf16);
+  const ComputePipeline& merge_pipeline(int head_dim);
+
+  BackendOptions options_;
+  std::shared_ptr<Instance> instance_;
+  std::unique_ptr<Device> device_;
+  VkPipelineCache cache_ = VK_NULL_HANDLE;
+  std::map<std::tuple<Variant, int, bool>, std::unique_ptr<ComputePipeline>> stage1_;
+  std::map<int, std::unique_ptr<ComputePipeline>> merge_;
+  std::unique_ptr<Staged> staged_;
+  std::string logged_variant_;
+};
+
+}  // namespace treeattn::vulkan

@@ -1,0 +1,102 @@
+// Shared by the tree-attention shaders: the push-constant block, the device
+// addresses of every tensor (buffer device address: no binding-size limit, so
+// KV pools larger than maxStorageBufferRange work), the plan workspace layout,
+// and exact 16-bit conversions.
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer Words { uint w[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Quads { uvec4 q[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer OutWords { uint w[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer Floats { float f[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Addresses { uint64_t a[]; };
+
+// Mirrors vulkan::PushConstants (vk_plan.hpp).
+layout(push_constant) uniform Params {
+  uint64_t plan;         // Words: the plan workspace (header of array offsets, then the arrays)
+  uint64_t q;            // [queries, heads_q, head_dim] 16-bit
+  uint64_t kv_chunks;    // Addresses: K chunk bases, then V chunk bases
+  uint64_t o;            // [queries, heads_q, head_dim] f16, bf16 or f32
+  uint64_t lse;          // [queries, heads_q] f32, natural log (0: not wanted)
+  uint64_t partial_o;    // [partials, heads_q, head_dim] f32
+  uint64_t partial_lse;  // [partials, heads_q] f32, base 2
+  uint chunk_slots;      // KV-pool slots per chunk
+  uint num_chunks;
+  uint heads_q;
+  uint heads_kv;
+  uint group;            // heads_q / heads_kv
+  uint out_type;         // 0 f16, 1 bf16, 2 f32
+  float scale_log2;      // softmax scale * log2(e): logits in base 2
+} pc;
+
+// The workspace header: word offsets of the plan arrays (vk_plan.cpp writes it).
+const uint kBlockTokenBegin = 0, kBlockTokenSlot = 1, kBlockTokenSegment = 2, kItemBlock = 3,
+           kItemQueryBegin = 4, kItemMaskBegin = 5, kSegmentMask = 6, kTileQuery = 7, kTilePartial = 8,
+           kMergeBegin = 9, kMergePartial = 10, kPassItem = 11, kPassRow = 12;
+const int kDirect = -1;
+const float kLn2 = 0.69314718055994531;
+
+uint plan_word(uint array, uint index) {
+  Words plan = Words(pc.plan);
+  return plan.w[plan.w[array] + index];
+}
+int plan_int(uint array, uint index) { return int(plan_word(array, index)); }
+
+// The block-local segment of a block token (uint16 entries, two per word).
+uint token_segment(uint token) {
+  return (plan_word(kBlockTokenSegment, token >> 1) >> ((token & 1u) * 16u)) & 0xffffu;
+}
+
+// A uint64 segment mask as (low word, high word).
+uvec2 segment_mask(uint mask_index) {
+  Words plan = Words(pc.plan);
+  uint at = plan.w[kSegmentMask] + 2u * mask_index;
+  return uvec2(plan.w[at], plan.w[at + 1u]);
+}
+bool mask_has(uvec2 mask, uint bit) { return ((bit < 32u ? mask.x >> bit : mask.y >> (bit - 32u)) & 1u) != 0u; }
+
+// 16 bytes (8 elements) of head `head` of KV-pool row `slot`, from K (which=0) or V (which=1).
+uvec4 kv_quad(uint which, uint slot, uint head, uint quad, uint quads_per_head) {
+  uint chunk = pc.num_chunks == 1u ? 0u : slot / pc.chunk_slots;
+  uint local_slot = slot - chunk * pc.chunk_slots;
+  Quads base = Quads(Addresses(pc.kv_chunks).a[which * pc.num_chunks + chunk]);
+  return base.q[(local_slot * pc.heads_kv + head) * quads_per_head + quad];
+}
+
+// Two 16-bit inputs of one word, as floats.
+vec2 unpack_pair(uint word, bool bf16) {
+  return bf16 ? vec2(uintBitsToFloat(word << 16), uintBitsToFloat(word & 0xffff0000u)) : unpackHalf2x16(word);
+}
+
+// Round to nearest even, bit-exact with the host's store_from_float (the GLSL
+// packHalf2x16 leaves the rounding mode to the implementation).
+uint f32_to_f16(float value) {
+  uint x = floatBitsToUint(value);
+  uint sign = (x >> 16) & 0x8000u;
+  uint ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return sign | 0x7e00u;           // NaN
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;          // rounds to infinity
+  if (ax < 0x38800000u) {                                // f16 subnormal: the f32 add rounds to 2^-24 steps
+    return sign | (floatBitsToUint(uintBitsToFloat(ax) + 0.5) - 0x3f000000u);
+  }
+  uint r = ax - 0x38000000u;                             // rebias the exponent from 127 to 15
+  r += 0xfffu + ((r >> 13) & 1u);
+  return sign | (r >> 13);
+}
+uint f32_to_bf16(float value) {
+  uint x = floatBitsToUint(value);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40u;  // NaN stays NaN
+  return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+}
+
+// Writes elements [index, index + 1] of O in its dtype (index even).
+void store_output_pair(uint index, vec2 value) {
+  if (pc.out_type == 2u) {
+    Floats(pc.o).f[index] = value.x;
+    Floats(pc.o).f[index + 1u] = value.y;
+  } else if (pc.out_type == 1u) {
+    OutWords(pc.o).w[index >> 1] = f32_to_bf16(value.x) | (f32_to_bf16(value.y) << 16);
+  } else {
+    OutWords(pc.o).w[index >> 1] = f32_to_f16(value.x) | (f32_to_f16(value.y) << 16);
+  }
+}

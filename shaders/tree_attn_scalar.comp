@@ -1,0 +1,112 @@
+#version 460
+// Stage 1, the portable variant: one work group per (row pass, KV head). A row
+// is one (tile query, query head of the group); 16 rows per pass, 8 lanes per
+// row, each lane owning head_dim/8 dimensions. The block's K/V rows are gathered
+// into shared memory CHUNK tokens at a time; scores are reduced across a row's
+// 8 lanes with an xor-shuffle butterfly (any subgroup size >= 8), and the online
+// softmax runs in base 2. Runs anywhere, lavapipe included.
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_GOOGLE_include_directive : require
+#include "attn_common.glsl"
+
+layout(local_size_x = 128) in;
+layout(constant_id = 0) const uint HEAD_DIM = 128;
+layout(constant_id = 1) const uint CHUNK = 32;     // tokens per shared-memory stage
+layout(constant_id = 2) const bool IN_BF16 = false;
+
+const uint LANES = 8u, ROWS = 16u, THREADS = 128u;
+const uint DIMS = HEAD_DIM / LANES;                 // per lane: 8, 16 or 32
+const uint QUADS = HEAD_DIM / 8u;                   // uvec4 per head row
+const uint LANE_QUADS = DIMS / 8u;
+
+shared uvec4 k_tile[CHUNK * QUADS];
+shared uvec4 v_tile[CHUNK * QUADS];
+shared uvec2 token_mask[CHUNK];
+
+void main() {
+  const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
+  const uint item = plan_word(kPassItem, pass_index);
+  const uint row = plan_word(kPassRow, pass_index) + tid / LANES, lane = tid % LANES;
+  const uint block = plan_word(kItemBlock, item);
+  const uint tile_begin = plan_word(kItemQueryBegin, item);
+  const uint tile_rows = (plan_word(kItemQueryBegin, item + 1u) - tile_begin) * pc.group;
+  const uint mask_begin = plan_word(kItemMaskBegin, item);
+  const uint token_begin = plan_word(kBlockTokenBegin, block);
+  const uint tokens = plan_word(kBlockTokenBegin, block + 1u) - token_begin;
+
+  const bool row_live = row < tile_rows;
+  const uint tile_query = row_live ? row / pc.group : 0u;
+  const uint head = kv_head * pc.group + (row_live ? row % pc.group : 0u);
+  const uint query = plan_word(kTileQuery, tile_begin + tile_query);
+
+  // This lane's slice of the query, pre-scaled into base-2 logits.
+  float q[DIMS];
+  const uint q_word0 = ((query * pc.heads_q + head) * HEAD_DIM + lane * DIMS) / 2u;
+  for (uint i = 0u; i < DIMS / 2u; ++i) {
+    vec2 pair = unpack_pair(Words(pc.q).w[q_word0 + i], IN_BF16) * pc.scale_log2;
+    q[2u * i] = pair.x;
+    q[2u * i + 1u] = pair.y;
+  }
+  float acc[DIMS];
+  for (uint i = 0u; i < DIMS; ++i) acc[i] = 0.0;
+  float running_max = -1.0 / 0.0, running_sum = 0.0;
+
+  for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
+    const uint count = min(CHUNK, tokens - chunk0);
+    barrier();
+    for (uint i = tid; i < count * QUADS; i += THREADS) {
+      const uint t = i / QUADS, quad = i % QUADS;
+      const uint slot = plan_word(kBlockTokenSlot, token_begin + chunk0 + t);
+      k_tile[i] = kv_quad(0u, slot, kv_head, quad, QUADS);
+      v_tile[i] = kv_quad(1u, slot, kv_head, quad, QUADS);
+    }
+    if (tid < count) token_mask[tid] = segment_mask(mask_begin + token_segment(token_begin + chunk0 + tid));
+    barrier();
+
+    for (uint t = 0u; t < count; ++t) {
+      float partial = 0.0;
+      for (uint i = 0u; i < LANE_QUADS; ++i) {
+        const uvec4 k = k_tile[t * QUADS + lane * LANE_QUADS + i];
+        for (uint c = 0u; c < 4u; ++c) {
+          const vec2 kk = unpack_pair(k[c], IN_BF16);
+          partial += q[8u * i + 2u * c] * kk.x + q[8u * i + 2u * c + 1u] * kk.y;
+        }
+      }
+      partial += subgroupShuffleXor(partial, 4u);  // lanes of a row are 8 aligned invocations
+      partial += subgroupShuffleXor(partial, 2u);
+      const float score = partial + subgroupShuffleXor(partial, 1u);
+      // Branch-free, so a row's lanes stay converged for the next shuffle.
+      const bool visible = row_live && mask_has(token_mask[t], tile_query);
+      const float new_max = visible ? max(running_max, score) : running_max;
+      const float alpha = new_max == running_max ? 1.0 : exp2(running_max - new_max);
+      const float p = visible ? exp2(score - new_max) : 0.0;
+      running_sum = running_sum * alpha + p;
+      running_max = new_max;
+      for (uint i = 0u; i < LANE_QUADS; ++i) {
+        const uvec4 v = v_tile[t * QUADS + lane * LANE_QUADS + i];
+        for (uint c = 0u; c < 4u; ++c) {
+          const vec2 vv = unpack_pair(v[c], IN_BF16);
+          acc[8u * i + 2u * c] = acc[8u * i + 2u * c] * alpha + p * vv.x;
+          acc[8u * i + 2u * c + 1u] = acc[8u * i + 2u * c + 1u] * alpha + p * vv.y;
+        }
+      }
+    }
+  }
+  if (!row_live) return;
+
+  // Every tile query sees at least one token of its item (the planner's
+  // invariant), so running_sum > 0.
+  const float inv = 1.0 / running_sum;
+  const float lse2 = running_max + log2(running_sum);
+  const int partial_slot = plan_int(kTilePartial, tile_begin + tile_query);
+  if (partial_slot == kDirect) {
+    const uint out0 = (query * pc.heads_q + head) * HEAD_DIM + lane * DIMS;
+    for (uint i = 0u; i < DIMS; i += 2u) store_output_pair(out0 + i, vec2(acc[i], acc[i + 1u]) * inv);
+    if (pc.lse != 0ul && lane == 0u) Floats(pc.lse).f[query * pc.heads_q + head] = lse2 * kLn2;
+  } else {
+    const uint row_index = uint(partial_slot) * pc.heads_q + head;
+    Floats partial_o = Floats(pc.partial_o);
+    for (uint i = 0u; i < DIMS; ++i) partial_o.f[row_index * HEAD_DIM + lane * DIMS + i] = acc[i] * inv;
+    if (lane == 0u) Floats(pc.partial_lse).f[row_index] = lse2;
+  }
+}

@@ -1,0 +1,148 @@
+// The Vulkan backend: the conformance suite (test_conformance.cpp) once per
+// shader variant this device runs (scalar everywhere, coopmat where the device
+// and the build have it), plus what is particular to Vulkan. The Khronos
+// validation layer is on (ctest sets TREEATTN_VK_VALIDATION=1) and any message
+// it reports fails the program. Without a Vulkan device the program says so and
+// exits 77, which ctest reports as skipped.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "../backends/vulkan/vk_device.hpp"
+#include "support/conformance.hpp"
+#include "support/oracle.hpp"
+#include "treeattn/error.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+using namespace treeattn::test;
+
+namespace {
+std::string g_variant = "scalar";  // the variant this pass of the suite forces
+
+BackendOptions variant_options(const std::string& variant) {
+  BackendOptions options;
+  options.vk_variant = variant;
+  return options;
+}
+}  // namespace
+
+std::unique_ptr<Backend> treeattn::test::make_test_backend() {
+  return make_backend(BackendKind::vulkan, variant_options(g_variant));
+}
+
+TEST_CASE("f32 inputs are refused by name") {
+  auto backend = make_test_backend();
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 100);
+  tree.add_query(0);
+  Inputs f32 = make_inputs(tree, DType::f32, 1);
+  CHECK_THROWS_WITH_AS(run_backend(*backend, tree, f32, PlanOptions{}), doctest::Contains("must be f16 or bf16"), Error);
+}
+
+TEST_CASE("a device index that does not exist and an unknown variant are refused") {
+  BackendOptions options;
+  options.device = 99;
+  CHECK_THROWS_WITH_AS(make_backend(BackendKind::vulkan, options), doctest::Contains("Vulkan device 99 does not exist"), Error);
+  auto backend = make_backend(BackendKind::vulkan, variant_options("fastest"));
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 10);
+  tree.add_query(0);
+  Inputs in = make_inputs(tree, DType::f16, 1);
+  CHECK_THROWS_WITH_AS(run_backend(*backend, tree, in, PlanOptions{}), doctest::Contains("unknown Vulkan variant 'fastest'"), Error);
+}
+
+TEST_CASE("the device list names every device and the variant it would run") {
+  const std::vector<VulkanDeviceReport> devices = vulkan_devices();
+  REQUIRE(!devices.empty());
+  int selected = 0;
+  for (const VulkanDeviceReport& d : devices) {
+    CHECK(!d.name.empty());
+    CHECK(d.subgroup_size > 0);
+    CHECK(d.shared_memory_bytes > 0);
+    CHECK((d.variant_f16.rfind("scalar", 0) == 0 || d.variant_f16.rfind("coopmat", 0) == 0 ||
+           d.variant_f16.rfind("none", 0) == 0));
+    selected += d.selected;
+  }
+  CHECK(selected == 1);
+}
+
+TEST_CASE("a KV pool larger than one storage-buffer binding, split into several buffers") {
+  // 300 000 slots x 2 KV heads x 128 dims x 2 bytes = 154 MB per pool: more than
+  // lavapipe's 128 MiB maxStorageBufferRange. Read through device addresses, once
+  // in one buffer and once split into 16 MiB buffers (the chunk table).
+  Tree tree({8, 2, 128});
+  tree.add_node_range(0, kNoParent, 0, 120);
+  tree.add_node_range(1, 0, 150'000, 90);
+  tree.add_node_range(2, 0, 299'800, 200);
+  tree.add_node_range(3, 1, 70'000, 30);
+  for (std::int64_t node : {1, 2, 3}) tree.add_query(node);
+  const std::int64_t slots = 300'000;
+  Inputs in{random_array(DType::f16, {3, 8, 128}, 5), random_array(DType::f16, {slots, 2, 128}, 6),
+            random_array(DType::f16, {slots, 2, 128}, 7)};
+  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view());
+  for (std::size_t chunk_bytes : {std::size_t(0), std::size_t(16) << 20}) {
+    CAPTURE(chunk_bytes);
+    BackendOptions options = variant_options(g_variant);
+    options.vk_max_chunk_bytes = chunk_bytes;
+    auto backend = make_backend(BackendKind::vulkan, options);
+    Outputs out = run_backend(*backend, tree, in, PlanOptions{});
+    CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(DType::f16));
+    CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(DType::f16));
+  }
+}
+
+TEST_CASE("the timed layers compute what run() computes") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 9;
+  o.nodes = 60;
+  o.queries = 40;
+  o.heads = {32, 8, 128, 0.0f};
+  const Tree tree = random_forest(o);
+  Inputs in = make_inputs(tree, DType::f16, 2);
+  const Outputs direct = run_backend(*backend, tree, in, PlanOptions{});
+  const Plan plan = treeattn::plan(tree);
+  HostArray out(DType::f32, direct.o.shape);
+  const std::vector<double> us =
+      backend->time_layers(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), out.view(), {}}, 4, 3);
+  REQUIRE(us.size() == 3);
+  for (double t : us) CHECK(t > 0.0);
+  CHECK(out.bytes == direct.o.bytes);
+}
+
+int main(int argc, char** argv) {
+  std::vector<VulkanDeviceReport> devices;
+  try {
+    devices = vulkan_devices();
+  } catch (const Error& e) {
+    std::printf("test_vulkan: %s: skipping the Vulkan suite\n", e.what());
+    return 77;
+  }
+  const VulkanDeviceReport* device = nullptr;
+  for (const VulkanDeviceReport& d : devices) {
+    if (d.selected) device = &d;
+  }
+  if (device == nullptr || device->variant_f16.rfind("none", 0) == 0) {
+    std::printf("test_vulkan: no Vulkan device can run treeattn's shaders: skipping the Vulkan suite\n");
+    return 77;
+  }
+  std::vector<std::string> variants = {"scalar"};
+  if (device->variant_f16.rfind("coopmat", 0) == 0) variants.push_back("coopmat");
+  int status = 0;
+  for (const std::string& variant : variants) {
+    std::printf("test_vulkan: %s, %s variant\n", device->name.c_str(), variant.c_str());
+    g_variant = variant;
+    doctest::Context context(argc, argv);
+    status |= context.run();
+    if (context.shouldExit()) return status;
+  }
+  if (const int messages = vulkan::Instance::validation_messages(); messages > 0) {
+    std::printf("test_vulkan: the validation layer reported %d message(s) (above): failing\n", messages);
+    return 1;
+  }
+  return status;
+}

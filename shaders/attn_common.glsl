@@ -4,6 +4,7 @@
 // and exact 16-bit conversions.
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#extension GL_EXT_control_flow_attributes : require
 
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer Words { uint w[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Quads { uvec4 q[]; };
@@ -36,10 +37,20 @@ const uint kBlockTokenBegin = 0, kBlockTokenSlot = 1, kBlockTokenSegment = 2, kI
 const int kDirect = -1;
 const float kLn2 = 0.69314718055994531;
 
-uint plan_word(uint array, uint index) {
+// The header is read once per invocation (load_plan_header at the top of main),
+// so every plan access afterwards is one load, not two dependent ones.
+uint plan_offsets[13];
+uint64_t kv_base[2];  // K and V base addresses when the pool is one chunk
+
+void load_plan_header() {
   Words plan = Words(pc.plan);
-  return plan.w[plan.w[array] + index];
+  [[unroll]] for (uint i = 0u; i < 13u; ++i) plan_offsets[i] = plan.w[i];
+  Addresses chunks = Addresses(pc.kv_chunks);
+  kv_base[0] = chunks.a[0];
+  kv_base[1] = chunks.a[pc.num_chunks];
 }
+
+uint plan_word(uint array, uint index) { return Words(pc.plan).w[plan_offsets[array] + index]; }
 int plan_int(uint array, uint index) { return int(plan_word(array, index)); }
 
 // The block-local segment of a block token (uint16 entries, two per word).
@@ -50,14 +61,15 @@ uint token_segment(uint token) {
 // A uint64 segment mask as (low word, high word).
 uvec2 segment_mask(uint mask_index) {
   Words plan = Words(pc.plan);
-  uint at = plan.w[kSegmentMask] + 2u * mask_index;
+  uint at = plan_offsets[kSegmentMask] + 2u * mask_index;
   return uvec2(plan.w[at], plan.w[at + 1u]);
 }
 bool mask_has(uvec2 mask, uint bit) { return ((bit < 32u ? mask.x >> bit : mask.y >> (bit - 32u)) & 1u) != 0u; }
 
 // 16 bytes (8 elements) of head `head` of KV-pool row `slot`, from K (which=0) or V (which=1).
 uvec4 kv_quad(uint which, uint slot, uint head, uint quad, uint quads_per_head) {
-  uint chunk = pc.num_chunks == 1u ? 0u : slot / pc.chunk_slots;
+  if (pc.num_chunks == 1u) return Quads(kv_base[which]).q[(slot * pc.heads_kv + head) * quads_per_head + quad];
+  uint chunk = slot / pc.chunk_slots;
   uint local_slot = slot - chunk * pc.chunk_slots;
   Quads base = Quads(Addresses(pc.kv_chunks).a[which * pc.num_chunks + chunk]);
   return base.q[(local_slot * pc.heads_kv + head) * quads_per_head + quad];

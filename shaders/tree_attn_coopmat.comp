@@ -23,6 +23,7 @@ layout(constant_id = 1) const uint CHUNK = 32;  // tokens per shared-memory stag
 const uint SUBGROUPS = 4u, TILE = 16u, THREADS = 128u;
 const uint DTILES = HEAD_DIM / TILE;   // 16-column tiles of a head row
 const uint VEC4S = HEAD_DIM / 4u;      // f16vec4 per K/V row in shared memory
+const uint LOADS = CHUNK * (HEAD_DIM / 8u) / THREADS;  // 16-byte K (and V) loads per thread per chunk
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 #define MAT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
@@ -41,6 +42,7 @@ void subgroup_sync() {
 }
 
 void main() {
+  load_plan_header();
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const uint item = plan_word(kPassItem, pass_index);
@@ -84,18 +86,25 @@ void main() {
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
     const uint count = min(CHUNK, tokens - chunk0);
     barrier();
-    for (uint i = tid; i < CHUNK * (HEAD_DIM / 8u); i += THREADS) {
-      const uint t = i / (HEAD_DIM / 8u), quad = i % (HEAD_DIM / 8u);
-      uvec4 k = uvec4(0u), v = uvec4(0u);  // tokens past the block: zeros (finite, masked out)
+    // All of this thread's loads are issued before any is stored: the gather's
+    // latency is paid once per chunk, not once per load.
+    uvec4 k[LOADS], v[LOADS];
+    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      const uint i = tid + j * THREADS, t = i / (HEAD_DIM / 8u), quad = i % (HEAD_DIM / 8u);
+      k[j] = uvec4(0u);  // tokens past the block: zeros (finite, masked out)
+      v[j] = uvec4(0u);
       if (t < count) {
         const uint slot = plan_word(kBlockTokenSlot, token_begin + chunk0 + t);
-        k = kv_quad(0u, slot, kv_head, quad, HEAD_DIM / 8u);
-        v = kv_quad(1u, slot, kv_head, quad, HEAD_DIM / 8u);
+        k[j] = kv_quad(0u, slot, kv_head, quad, HEAD_DIM / 8u);
+        v[j] = kv_quad(1u, slot, kv_head, quad, HEAD_DIM / 8u);
       }
-      k_tile[t * VEC4S + 2u * quad] = f16vec4(unpackFloat2x16(k.x), unpackFloat2x16(k.y));
-      k_tile[t * VEC4S + 2u * quad + 1u] = f16vec4(unpackFloat2x16(k.z), unpackFloat2x16(k.w));
-      v_tile[t * VEC4S + 2u * quad] = f16vec4(unpackFloat2x16(v.x), unpackFloat2x16(v.y));
-      v_tile[t * VEC4S + 2u * quad + 1u] = f16vec4(unpackFloat2x16(v.z), unpackFloat2x16(v.w));
+    }
+    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      const uint i = tid + j * THREADS, t = i / (HEAD_DIM / 8u), quad = i % (HEAD_DIM / 8u);
+      k_tile[t * VEC4S + 2u * quad] = f16vec4(unpackFloat2x16(k[j].x), unpackFloat2x16(k[j].y));
+      k_tile[t * VEC4S + 2u * quad + 1u] = f16vec4(unpackFloat2x16(k[j].z), unpackFloat2x16(k[j].w));
+      v_tile[t * VEC4S + 2u * quad] = f16vec4(unpackFloat2x16(v[j].x), unpackFloat2x16(v[j].y));
+      v_tile[t * VEC4S + 2u * quad + 1u] = f16vec4(unpackFloat2x16(v[j].z), unpackFloat2x16(v[j].w));
     }
     if (tid < CHUNK) {
       token_mask[tid] = tid < count ? segment_mask(mask_begin + token_segment(token_begin + chunk0 + tid)) : uvec2(0u);

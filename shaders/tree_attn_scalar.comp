@@ -24,6 +24,7 @@ shared uvec4 v_tile[CHUNK * QUADS];
 shared uvec2 token_mask[CHUNK];
 
 void main() {
+  load_plan_header();
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const uint item = plan_word(kPassItem, pass_index);
   const uint row = plan_word(kPassRow, pass_index) + tid / LANES, lane = tid % LANES;

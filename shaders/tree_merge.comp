@@ -11,6 +11,7 @@ layout(constant_id = 0) const uint HEAD_DIM = 128;
 const uint DIMS = HEAD_DIM / 32u;  // per thread: 2, 4 or 8 consecutive dimensions
 
 void main() {
+  load_plan_header();
   const uint query = gl_WorkGroupID.x, head = gl_WorkGroupID.y, d0 = gl_LocalInvocationID.x * DIMS;
   const uint first = plan_word(kMergeBegin, query), last = plan_word(kMergeBegin, query + 1u);
   if (first == last) return;

@@ -99,7 +99,13 @@ Instance::Instance() {
     info.ppEnabledExtensionNames = extensions;
     info.pNext = &messenger;  // also reports on instance creation and destruction
   }
-  TREEATTN_VK_CHECK(vkCreateInstance(&info, nullptr, &instance_));
+  const VkResult created = vkCreateInstance(&info, nullptr, &instance_);
+  if (created == VK_ERROR_INCOMPATIBLE_DRIVER) {
+    throw Error(ErrorCategory::Backend,
+                "the Vulkan loader found no driver (no ICD, or its library did not load): install one (Debian: "
+                "mesa-vulkan-drivers gives the lavapipe CPU device) or point VK_DRIVER_FILES at a driver's ICD json");
+  }
+  TREEATTN_VK_CHECK(created);
   volkLoadInstanceOnly(instance_);
   if (validation) TREEATTN_VK_CHECK(vkCreateDebugUtilsMessengerEXT(instance_, &messenger, nullptr, &messenger_));
 }

@@ -87,7 +87,7 @@ VulkanBackend::~VulkanBackend() {
 }
 
 Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, std::string* reason) {
-  [[maybe_unused]] const bool bf16 = inputs == DType::bf16;
+  const bool bf16 = inputs == DType::bf16;
   std::string why_not_coopmat;
 #ifdef TREEATTN_HAVE_VK_COOPMAT
   why_not_coopmat = caps.coopmat_unsupported(bf16);
@@ -105,6 +105,11 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
     return Variant::scalar;
   }
   if (forced == "coopmat") {
+    if (bf16 && caps.coopmat_unsupported(false).empty()) {
+      // The device runs the f16 coopmat shader; only this build lacks a bf16 one.
+      say("scalar for bf16 inputs (coopmat forced, but " + why_not_coopmat + ")");
+      return Variant::scalar;
+    }
     if (!why_not_coopmat.empty()) {
       throw Error(ErrorCategory::Backend,
                   fmt::format("--vk-variant coopmat: Vulkan device {} cannot run it: {}", caps.name, why_not_coopmat));

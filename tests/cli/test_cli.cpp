@@ -131,7 +131,12 @@ TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") 
   expect_failure("run --tree " + kExample + inputs, "--out is required");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --strategy deft", "--strategy");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --block-tokens 0", "--block-tokens");
+#ifdef TREEATTN_TEST_HAVE_VULKAN
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --backend vulkan --device 99",
+                 "Vulkan device 99 does not exist");
+#else
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --backend vulkan", "built without the vulkan backend");
+#endif
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --lse " + out, "named as two outputs");
   expect_failure("frobnicate", "frobnicate");
 

@@ -39,6 +39,12 @@ TEST_CASE("output is bitwise identical for any thread count") {
   }
 }
 
-TEST_CASE("backends this build lacks are named") {
-  CHECK_THROWS_WITH_AS(make_backend(BackendKind::vulkan), doctest::Contains("built without the vulkan backend"), Error);
+TEST_CASE("a backend this build lacks, or a Vulkan device that does not exist, is named") {
+  BackendOptions options;
+  options.device = 99;
+#ifdef TREEATTN_TEST_HAVE_VULKAN
+  CHECK_THROWS_WITH_AS(make_backend(BackendKind::vulkan, options), doctest::Contains("Vulkan device 99 does not exist"), Error);
+#else
+  CHECK_THROWS_WITH_AS(make_backend(BackendKind::vulkan, options), doctest::Contains("built without the vulkan backend"), Error);
+#endif
 }

@@ -20,15 +20,7 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& op
       if (cuda::device_count() > 0) return std::make_unique<cuda::CudaBackend>(options);
 #endif
 #ifdef TREEATTN_HAVE_VULKAN
-      try {
-        for (const VulkanDeviceReport& d : vulkan_devices(options)) {
-          if (d.selected && d.type != "CPU" && d.variant_f16.rfind("none", 0) != 0) {
-            return std::make_unique<vulkan::VulkanBackend>(options);
-          }
-        }
-      } catch (const Error&) {
-        // no loader or no device: the CPU backend below
-      }
+      if (std::unique_ptr<Backend> gpu = vulkan::VulkanBackend::make_for_gpu(options)) return gpu;
 #endif
       return std::make_unique<cpu::CpuBackend>(options);
     case BackendKind::cpu: return std::make_unique<cpu::CpuBackend>(options);

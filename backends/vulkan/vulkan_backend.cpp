@@ -66,17 +66,39 @@ struct VulkanBackend::Staged {
   std::uint32_t chunk_slots = 0, chunks = 0;
 };
 
-VulkanBackend::VulkanBackend(const BackendOptions& options) : options_(options), instance_(Instance::get()) {
-  const std::vector<DeviceCaps> devices = probe_devices(*instance_);
-  const DeviceCaps& caps = select_device(devices, options.device);
-  device_ = std::make_unique<Device>(instance_, caps);
+VulkanBackend::VulkanBackend(const BackendOptions& options)
+    : VulkanBackend(options, Instance::get(), nullptr) {}
+
+VulkanBackend::VulkanBackend(const BackendOptions& options, std::shared_ptr<Instance> instance, const DeviceCaps* caps)
+    : options_(options), instance_(std::move(instance)) {
+  std::vector<DeviceCaps> devices;
+  if (caps == nullptr) {
+    devices = probe_devices(*instance_);
+    caps = &select_device(devices, options.device);
+  }
+  device_ = std::make_unique<Device>(instance_, *caps);
   VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
   TREEATTN_VK_CHECK(vkCreatePipelineCache(device_->handle(), &cache_info, nullptr, &cache_));
   if (options.verbose) {
-    std::fprintf(stderr, "treeattn: Vulkan device %u: %s (%s, %s), subgroup %u, shared memory %u KiB%s\n", caps.index,
-                 caps.name.c_str(), caps.type_name(), caps.driver.c_str(), caps.subgroup_size,
-                 caps.shared_memory_bytes / 1024, instance_->validation() ? ", validation layer on" : "");
+    std::fprintf(stderr, "treeattn: Vulkan device %u: %s (%s, %s), subgroup %u, shared memory %u KiB%s\n", caps->index,
+                 caps->name.c_str(), caps->type_name(), caps->driver.c_str(), caps->subgroup_size,
+                 caps->shared_memory_bytes / 1024, instance_->validation() ? ", validation layer on" : "");
   }
+}
+
+std::unique_ptr<Backend> VulkanBackend::make_for_gpu(const BackendOptions& options) {
+  std::shared_ptr<Instance> instance;
+  std::vector<DeviceCaps> devices;
+  const DeviceCaps* caps = nullptr;
+  try {
+    instance = Instance::get();
+    devices = probe_devices(*instance);
+    if (!devices.empty()) caps = &select_device(devices, options.device);
+  } catch (const Error&) {
+    return nullptr;  // no loader, no driver, or a bad device index: not a GPU to pick automatically
+  }
+  if (caps == nullptr || caps->type == VK_PHYSICAL_DEVICE_TYPE_CPU || !caps->scalar_unsupported().empty()) return nullptr;
+  return std::unique_ptr<Backend>(new VulkanBackend(options, std::move(instance), caps));
 }
 
 VulkanBackend::~VulkanBackend() {

@@ -32,14 +32,19 @@ class VulkanBackend final : public Backend {
   // Throws Backend naming the reason when no usable Vulkan device exists.
   explicit VulkanBackend(const BackendOptions& options);
   ~VulkanBackend() override;
+  // For --backend auto: a backend on the selected device when it is a GPU that
+  // runs the shaders; null when there is no loader, no device, or only a CPU one.
+  static std::unique_ptr<Backend> make_for_gpu(const BackendOptions& options);
 
   const char* name() const noexcept override { return "vulkan"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
-  double peak_gbps() override { return 0.0; }  // Vulkan does not report the memory clock
+  // peak_gbps() stays unknown (0): Vulkan does not report the memory clock.
 
 
  private:
+  // Opens `caps` (probing and selecting when null) on `instance`.
+  VulkanBackend(const BackendOptions& options, std::shared_ptr<Instance> instance, const DeviceCaps* caps);
   struct Staged;  // the device buffers of one call's tensors and plan
   void stage(const Plan& plan, const AttentionArgs& args, int kv_pools);
   void record_layer(CommandSequence& sequence, const Plan& plan, const AttentionArgs& args, int pool);

@@ -50,4 +50,22 @@ void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::
   }
 }
 
+void check_timed_layers_match_run(Backend& backend) {
+  RandomForestOptions o;
+  o.seed = 9;
+  o.nodes = 60;
+  o.queries = 40;
+  o.heads = {32, 8, 128, 0.0f};
+  const Tree tree = random_forest(o);
+  Inputs in = make_inputs(tree, DType::f16, 2);
+  const Outputs direct = run_backend(backend, tree, in, PlanOptions{});
+  const Plan plan = treeattn::plan(tree);
+  HostArray out(DType::f32, direct.o.shape);
+  const std::vector<double> us =
+      backend.time_layers(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), out.view(), {}}, 4, 3);
+  REQUIRE(us.size() == 3);
+  for (double t : us) CHECK(t > 0.0);
+  CHECK(out.bytes == direct.o.bytes);
+}
+
 }  // namespace treeattn::test

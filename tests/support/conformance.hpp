@@ -39,4 +39,8 @@ Outputs run_backend(Backend& backend, const Tree& tree, Inputs& in, const PlanOp
 void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude = 1.0f,
                           std::int32_t block_tokens = 64, std::int32_t query_tile = kMaxQueryTile);
 
+// time_layers() on a 40-query forest with llama3-8b heads: `repeats` positive
+// timings and the same O as run(), bit for bit.
+void check_timed_layers_match_run(Backend& backend);
+
 }  // namespace treeattn::test

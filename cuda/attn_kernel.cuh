@@ -1,9 +1,10 @@
 #pragma once
 // Tree attention on tensor cores (mma.sync m16n8k16, sm_80 and later).
 //
-// Stage 1: one CTA per (work item, KV head, pass of 64 query rows); the rows
-// are the tile's queries x the group's query heads, packed query-major, and the
-// passes of one item are adjacent in the grid so they share the block in L2.
+// Stage 1: one CTA per (pass, KV head); a pass is up to the item's tile rows
+// (64 or 16) of its query rows, which are the tile's queries x the group's
+// query heads packed query-major. The passes of one item are adjacent in the
+// grid so they share the block in L2.
 // The CTA loads its block's token map (KV-pool slot and segment of each token)
 // and its masks into shared memory, streams the block through 64-token tiles
 // gathered with cp.async (two stages), computes S = Q K^T, applies the segment
@@ -104,7 +105,7 @@ struct PassContext {
   const std::uint64_t* seg_mask;
   const std::int32_t* tok_slot;
   const std::uint16_t* tok_seg;
-  int ntok, rows, row0, q0, kv_head;
+  int ntok, row_end, row0, q0, kv_head;  // the pass takes query rows [row0, row_end)
 };
 
 // One pass of up to 64 query rows over the whole KV block.
@@ -153,7 +154,7 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
     const int e = tid + i * Traits::kThreads;
     const int row = c.row0 + e / Traits::kChunksPerRow, chunk = e % Traits::kChunksPerRow;
     q_chunk[i] = make_uint4(0, 0, 0, 0);
-    if (row < c.rows) {
+    if (row < c.row_end) {
       const int query = p.tile_query[c.q0 + row / p.group];
       const int head = c.kv_head * p.group + row % p.group;
       q_chunk[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
@@ -181,7 +182,7 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = c.row0 + warp_row + g + h * 8;
-    query_bit[h] = row < c.rows ? row / p.group : -1;
+    query_bit[h] = row < c.row_end ? row / p.group : -1;
   }
 
   float acc[D / 8][4];
@@ -347,7 +348,7 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
       }
     }
     RowDest* dests = reinterpret_cast<RowDest*>(red_sum + Traits::kWarps * 16);  // [16]
-    const int rows_here = min(16, c.rows - c.row0);
+    const int rows_here = min(16, c.row_end - c.row0);
     if (tid < rows_here) dests[tid] = row_dest(tid);
     __syncthreads();
     for (int i = tid; i < rows_here * D; i += Traits::kThreads) {
@@ -383,16 +384,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
   std::int32_t* tok_slot = reinterpret_cast<std::int32_t*>(smem + Traits::kSlotOffset);
   std::uint16_t* tok_seg = reinterpret_cast<std::uint16_t*>(smem + Traits::kTokSegOffset);
 
-  const int pass = int(blockIdx.x % unsigned(p.row_passes));
-  const int kv_head = int(blockIdx.x / unsigned(p.row_passes) % unsigned(p.heads_kv));
-  const int item = int(blockIdx.x / unsigned(p.row_passes * p.heads_kv));
+  const int pass = int(blockIdx.x / unsigned(p.heads_kv));
+  const int kv_head = int(blockIdx.x % unsigned(p.heads_kv));
+  const int item = p.pass_item[pass];
   const int tid = threadIdx.x;
   const int block = p.item_block[item];
   const int q0 = p.item_query_begin[item];
-  const int tile = p.item_query_begin[item + 1] - q0;
-  const int rows = tile * p.group;
-  const int row0 = pass * Traits::kRows;
-  if (row0 >= rows) return;  // a smaller tile than the largest
+  const int row0 = p.pass_row_begin[pass];
+  const int row_end = min((p.item_query_begin[item + 1] - q0) * p.group, row0 + p.item_tile_rows[item]);
 
   // The block's token map (slots and segment of each token, derived once per
   // plan upload) and this item's segment masks, into shared memory; the loads
@@ -412,10 +411,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
   }
   __syncthreads();
 
-  PassContext<Element> ctx{p, q_s, k_s, v_s, seg_mask, tok_slot, tok_seg, ntok, rows, row0, q0, kv_head};
-  // Decode tiles are small: a pass with at most 16 rows splits the KV tile among
-  // the warps instead of giving three of them padding rows to compute.
-  if (rows - row0 <= 16) attend_pass<Traits, true>(ctx);
+  PassContext<Element> ctx{p, q_s, k_s, v_s, seg_mask, tok_slot, tok_seg, ntok, row_end, row0, q0, kv_head};
+  // A pass of at most 16 rows (a small tile, or a large tile's last rows) splits
+  // the KV tile among the warps instead of giving three of them padding rows.
+  if (row_end - row0 <= 16) attend_pass<Traits, true>(ctx);
   else attend_pass<Traits, false>(ctx);
 }
 

@@ -13,8 +13,8 @@ cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
   auto kernel = tree_attn_partial_kernel<Traits>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
-  if (p.num_items > 0) {
-    const unsigned ctas = unsigned(p.num_items) * unsigned(p.heads_kv) * unsigned(p.row_passes);
+  if (p.num_passes > 0) {
+    const unsigned ctas = unsigned(p.num_passes) * unsigned(p.heads_kv);
     kernel<<<ctas, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }

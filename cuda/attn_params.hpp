@@ -37,13 +37,18 @@ struct KernelParams {
   const std::int32_t* block_token_begin;     // [num_blocks + 1]
   const std::int32_t* block_token_slot;      // [sum of block tokens]
   const std::uint16_t* block_token_segment;  // [sum of block tokens]
+  // Derived at upload: every item's passes of item_tile_rows rows, item-major,
+  // so the grid is exactly the passes (no CTA of a small tile sized for a large one).
+  const std::int32_t* pass_item;       // [num_passes]
+  const std::int32_t* pass_row_begin;  // [num_passes] first query row of the pass
+  const std::int32_t* item_tile_rows;  // [num_items]
 
   std::int32_t num_items;
+  std::int32_t num_passes;
   std::int32_t num_queries;
   std::int32_t heads_q;
   std::int32_t heads_kv;
   std::int32_t group;       // heads_q / heads_kv
-  std::int32_t row_passes;  // 64-row passes of the largest tile (query rows = queries x group)
   OutType out_type;
   float scale_log2;         // softmax scale * log2(e): logits in base 2
 };

@@ -16,7 +16,7 @@ struct AttnTraits {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = kWarps * 16;  // query rows (query x head) per pass: 16 per warp
   static constexpr int kTileTokens = 64;     // KV tokens per shared-memory tile
-  static_assert(kRows == kRowsPerPass, "the host sizes the grid in passes of kRowsPerPass rows");
+  static_assert(kRows == kRowsPerPass, "a CTA takes the rows of one pass of a large tile");
   // Two stages overlap the next tile's gather with this tile's math; at head_dim
   // 256 one stage keeps the kernel inside the A100's 164 KB of shared memory.
   static constexpr int kStages = HeadDim_ <= 128 ? 2 : 1;

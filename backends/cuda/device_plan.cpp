@@ -8,8 +8,21 @@
 
 namespace treeattn::cuda {
 
+static_assert(kRowsPerPass == kLargeTileRows && kSmallTileRows <= 16,
+              "a stage-1 CTA takes a large tile's 64 rows; small tiles run its 16-row split-KV path");
+
 void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   const BlockTokenMap map = block_token_map(plan);
+  // Each item's passes: ceil(query rows / tile rows) of them, item-major.
+  std::vector<std::int32_t> pass_item, pass_row_begin;
+  const std::int32_t group = plan.heads.group_size();
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    const std::int32_t rows = (plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)]) * group;
+    for (std::int32_t row = 0; row < rows; row += plan.item_tile_rows[std::size_t(i)]) {
+      pass_item.push_back(i);
+      pass_row_begin.push_back(row);
+    }
+  }
 
   // Pack every array at a 16-byte aligned offset of one staging buffer.
   struct Field {
@@ -35,6 +48,9 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
       {map.begin.data(), map.begin.size() * 4, reinterpret_cast<const void**>(&p.block_token_begin)},
       {map.slot.data(), map.slot.size() * 4, reinterpret_cast<const void**>(&p.block_token_slot)},
       {map.segment.data(), map.segment.size() * 2, reinterpret_cast<const void**>(&p.block_token_segment)},
+      {pass_item.data(), pass_item.size() * 4, reinterpret_cast<const void**>(&p.pass_item)},
+      {pass_row_begin.data(), pass_row_begin.size() * 4, reinterpret_cast<const void**>(&p.pass_row_begin)},
+      {plan.item_tile_rows.data(), plan.item_tile_rows.size() * 4, reinterpret_cast<const void**>(&p.item_tile_rows)},
   };
   std::size_t total = 0;
   for (const Field& f : fields) total += (f.bytes + 15) / 16 * 16;
@@ -57,11 +73,7 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   p.heads_q = plan.heads.heads_q;
   p.heads_kv = plan.heads.heads_kv;
   p.group = plan.heads.group_size();
-  std::int32_t largest_tile = 0;
-  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
-    largest_tile = std::max(largest_tile, plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)]);
-  }
-  p.row_passes = std::max(1, (largest_tile * p.group + kRowsPerPass - 1) / kRowsPerPass);
+  p.num_passes = std::int32_t(pass_item.size());
   p.scale_log2 = plan.heads.scale * 1.4426950408889634f;
   head_dim_ = plan.heads.head_dim;
 }

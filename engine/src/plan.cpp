@@ -14,6 +14,7 @@ const char* to_string(Strategy s) noexcept {
     case Strategy::node_chunk: return "node_chunk";
     case Strategy::sequence: return "sequence";
     case Strategy::cascade: return "cascade";
+    case Strategy::greedy: return "greedy";
   }
   return "?";
 }
@@ -21,7 +22,7 @@ const char* to_string(Strategy s) noexcept {
 const std::vector<Strategy>& all_strategies() noexcept {
   static const std::vector<Strategy> strategies = {Strategy::flatten, Strategy::node,
                                                    Strategy::node_chunk, Strategy::sequence,
-                                                   Strategy::cascade};
+                                                   Strategy::cascade, Strategy::greedy};
   return strategies;
 }
 
@@ -30,7 +31,7 @@ Strategy parse_strategy(const std::string& name) {
     if (name == to_string(s)) return s;
   }
   fail(ErrorCategory::InvalidArgument,
-       "unknown strategy '{}' (choose flatten, node, node_chunk, sequence or cascade)", name);
+       "unknown strategy '{}' (choose flatten, node, node_chunk, sequence, cascade or greedy)", name);
 }
 
 std::int32_t Plan::block_token_count(std::int32_t block) const noexcept {
@@ -119,6 +120,7 @@ void validate(const Plan& plan) {
 
   const std::size_t items = plan.item_block.size();
   expect_size("item_mask_begin", plan.item_mask_begin.size(), items);
+  expect_size("item_tile_rows", plan.item_tile_rows.size(), items);
   expect_size("item_query_begin", plan.item_query_begin.size(), items + 1);
   expect_csr("item_query_begin", plan.item_query_begin, plan.tile_query.size());
   expect_size("tile_partial", plan.tile_partial.size(), plan.tile_query.size());
@@ -135,6 +137,10 @@ void validate(const Plan& plan) {
     if (tile < 1 || tile > plan.query_tile) {
       fail(ErrorCategory::InvalidPlan, "plan: item {} has {} queries, outside [1, query_tile = {}]", i,
            tile, plan.query_tile);
+    }
+    if (plan.item_tile_rows[i] != kLargeTileRows && plan.item_tile_rows[i] != kSmallTileRows) {
+      fail(ErrorCategory::InvalidPlan, "plan: item {} has tile rows {} (expected {} or {})", i, plan.item_tile_rows[i],
+           kLargeTileRows, kSmallTileRows);
     }
     if (std::size_t(plan.item_mask_begin[i]) != masks) {
       fail(ErrorCategory::InvalidPlan, "plan: item_mask_begin[{}] = {}, expected {}", i,
@@ -239,6 +245,9 @@ PlanStats compute_stats(const Plan& plan) {
     st.item_queries_max = std::max(st.item_queries_max, queries);
     token_sum += tokens;
     query_sum += queries;
+    const std::int32_t tile_rows = plan.item_tile_rows[std::size_t(i)];
+    st.passes += (std::int64_t(queries) * plan.heads.group_size() + tile_rows - 1) / tile_rows;
+    st.small_tile_items += tile_rows == kSmallTileRows;
     // Every (query, token) pair a mask grants is one a Q-guided kernel reads: with
     // exact coverage their total is the sum of the queries' path lengths.
     const std::int32_t seg0 = plan.block_segment_begin[std::size_t(block)];

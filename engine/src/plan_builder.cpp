@@ -4,16 +4,18 @@
 
 namespace treeattn {
 
-PlanBuilder::PlanBuilder(Plan& plan, const Visibility& vis) : plan_(plan), vis_(vis) {
+PlanBuilder::PlanBuilder(Plan& plan, const Visibility& vis, const CostModel& model)
+    : plan_(plan), vis_(vis), model_(model) {
   plan_.block_segment_begin.assign(1, 0);
   plan_.item_query_begin.assign(1, 0);
 }
 
-void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut) {
+void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::int64_t min_blocks) {
   std::int64_t length = 0;
   for (const Piece* p = first; p != last; ++p) length += p->token_end - p->token_begin;
   if (length == 0) return;
-  const std::int64_t blocks = (length + plan_.block_tokens - 1) / plan_.block_tokens;
+  const std::int64_t blocks =
+      std::min(length, std::max(min_blocks, (length + plan_.block_tokens - 1) / plan_.block_tokens));
   auto boundary = [&](std::int64_t b) {  // run offset where block b starts
     return cut == Cut::even ? b * length / blocks : std::min(b * plan_.block_tokens, length);
   };
@@ -32,6 +34,7 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut) {
       run_offset += end - begin;
       begin = end;
       if (run_offset == block_end) {
+        block_tokens_ = std::int32_t(block_end - boundary(block));
         close_block();
         ++block;
         block_end = boundary(block + 1);
@@ -82,6 +85,8 @@ void PlanBuilder::close_block() {
     const std::int32_t t1 = std::min(viewers, t0 + tile);
     plan_.item_block.push_back(block);
     plan_.item_mask_begin.push_back(std::int32_t(plan_.segment_mask.size()));
+    plan_.item_tile_rows.push_back(
+        choose_tile(model_, std::int64_t(t1 - t0) * plan_.heads.group_size(), block_tokens_).rows);
     for (std::int32_t t = t0; t < t1; ++t) {
       while (t >= intervals_[interval].offset + (intervals_[interval].end - intervals_[interval].begin)) ++interval;
       const std::int32_t position = intervals_[interval].begin + (t - intervals_[interval].offset);

@@ -18,12 +18,14 @@ enum class Cut {
 
 class PlanBuilder {
  public:
-  // `plan` has its shape fields set and token_slot filled.
-  PlanBuilder(Plan& plan, const Visibility& vis);
+  // `plan` has its shape fields set and token_slot filled; `model` picks each
+  // item's tile rows.
+  PlanBuilder(Plan& plan, const Visibility& vis, const CostModel& model);
 
-  // Cuts the pieces [first, last), taken as one run of consecutive tokens, into
-  // KV blocks and emits them with their work items.
-  void emit_run(const Piece* first, const Piece* last, Cut cut);
+  // Cuts the pieces [first, last), taken as one run of tokens, into KV blocks
+  // (ceil(length / block_tokens) of them, or `min_blocks` when that is larger) and
+  // emits them with their work items.
+  void emit_run(const Piece* first, const Piece* last, Cut cut, std::int64_t min_blocks = 0);
 
   // Assigns partial slots (kDirect for a query's only contribution) and builds
   // the reduction CSR. Call once, after the last emit_run.
@@ -34,6 +36,8 @@ class PlanBuilder {
 
   Plan& plan_;
   const Visibility& vis_;
+  const CostModel& model_;
+  std::int32_t block_tokens_ = 0;  // of the open block
   struct Interval {
     std::int32_t begin, end;  // query positions [begin, end)
     std::int32_t offset;      // viewers of the block before this interval

@@ -1,6 +1,7 @@
 #include "treeattn/planner.hpp"
 
 #include "fail.hpp"
+#include "greedy.hpp"
 #include "plan_builder.hpp"
 #include "topology.hpp"
 #include "visibility.hpp"
@@ -89,12 +90,15 @@ void plan_sequence(PlanBuilder& builder, const Visibility& vis, const Topology& 
   }
 }
 
-}  // namespace
 
-Plan plan(const Tree& tree, const PlanOptions& options) {
-  check_options(options);
-  const Topology topo = analyze(tree, options.kv_slots);
+// One strategy's plan over an analysed tree (`topo` is the strategy's to reorder).
+Plan build_plan(const Tree& tree, Topology topo, const PlanOptions& options) {
   Visibility vis = compute_visibility(tree, topo);
+  GreedyGroups groups;
+  if (options.strategy == Strategy::greedy) {
+    groups = choose_greedy_groups(topo, vis, options, tree.heads);  // reorders topo's children
+    vis = compute_visibility(tree, topo);
+  }
 
   Plan result;
   result.heads = tree.heads;
@@ -106,15 +110,39 @@ Plan plan(const Tree& tree, const PlanOptions& options) {
   result.min_kv_slots = vis.max_slot + 1;
   result.token_slot = std::move(vis.token_slot);
 
-  PlanBuilder builder(result, vis);
+  PlanBuilder builder(result, vis, options.cost);
   switch (options.strategy) {
     case Strategy::flatten: plan_flatten(builder, vis); break;
     case Strategy::node: plan_per_node(builder, vis, topo, Cut::fixed); break;
     case Strategy::node_chunk: plan_per_node(builder, vis, topo, Cut::even); break;
     case Strategy::cascade: plan_cascade(builder, vis, topo); break;
     case Strategy::sequence: plan_sequence(builder, vis, topo); break;
+    case Strategy::greedy: plan_greedy(builder, vis, topo, groups, options, result.heads); break;
   }
   builder.finish();
+  return result;
+}
+
+}  // namespace
+
+Plan plan(const Tree& tree, const PlanOptions& options) {
+  check_options(options);
+  const Topology topo = analyze(tree, options.kv_slots);
+  Plan result = build_plan(tree, topo, options);
+  if (options.strategy == Strategy::greedy) {
+    // The greedy groups are decided edge by edge; DeFT-Flatten's single run is
+    // a whole-tree layout those local decisions can miss (tiny groups under
+    // shared ancestors, read once with masks). Keep flatten's unless the model
+    // predicts a clear gain (switch_gain covers its error).
+    PlanOptions flat = options;
+    flat.strategy = Strategy::flatten;
+    Plan alternative = build_plan(tree, topo, flat);
+    if (estimate_cost(alternative, options.cost).time_us <
+        estimate_cost(result, options.cost).time_us * options.cost.switch_gain) {
+      alternative.strategy = Strategy::greedy;
+      return alternative;
+    }
+  }
   return result;
 }
 

@@ -120,9 +120,9 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots) {
 
 // Walks the forest depth-first from its roots, recording the preorder. A node the walk never reaches sits on (or hangs below) a cycle
 // of parent links: that cycle is reported by node id.
-void walk_preorder(const Tree& tree, Topology& topo) {
-  const std::size_t n = tree.node_count();
-  topo.preorder.reserve(n);
+void fill_preorder(Topology& topo) {
+  topo.preorder.clear();
+  topo.preorder.reserve(topo.parent.size());
   std::vector<std::int32_t> stack(topo.roots.rbegin(), topo.roots.rend());
   while (!stack.empty()) {
     const std::size_t v = std::size_t(stack.back());
@@ -132,6 +132,11 @@ void walk_preorder(const Tree& tree, Topology& topo) {
       stack.push_back(topo.children[std::size_t(c)]);
     }
   }
+}
+
+void walk_preorder(const Tree& tree, Topology& topo) {
+  const std::size_t n = tree.node_count();
+  fill_preorder(topo);
   if (topo.preorder.size() == n) return;
 
   std::vector<char> reached(n, 0);
@@ -231,6 +236,14 @@ Topology analyze(const Tree& tree, std::int64_t kv_slots) {
     topo.query_upto[q] = std::int32_t(upto);
   }
   return topo;
+}
+
+void move_children_last(Topology& topo, const std::vector<std::uint8_t>& last) {
+  for (std::size_t v = 0; v + 1 < topo.child_begin.size(); ++v) {
+    std::stable_partition(topo.children.begin() + topo.child_begin[v], topo.children.begin() + topo.child_begin[v + 1],
+                          [&](std::int32_t c) { return !last[std::size_t(c)]; });
+  }
+  fill_preorder(topo);
 }
 
 void validate(const Tree& tree, std::int64_t kv_slots) { (void)analyze(tree, kv_slots); }

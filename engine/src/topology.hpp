@@ -24,4 +24,9 @@ struct Topology {
 // InvalidTree naming the node or query.
 Topology analyze(const Tree& tree, std::int64_t kv_slots);
 
+// Moves the children flagged in `last` ([nodes], by child) behind their
+// siblings (order otherwise kept) and recomputes the preorder, so strategies
+// can choose which subtrees' queries take the higher positions.
+void move_children_last(Topology& topo, const std::vector<std::uint8_t>& last);
+
 }  // namespace treeattn

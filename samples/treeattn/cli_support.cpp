@@ -79,7 +79,8 @@ void PlanFlags::add_to(CLI::App& sub) {
                  "How KV is grouped with queries: flatten (DeFT-Flatten: depth-first, even blocks), "
                  "node (one group per node), node_chunk (nodes cut into even chunks), "
                  "sequence (Q-guided baseline: every query reads its whole path), "
-                 "cascade (one group per tree level)")
+                 "cascade (one group per tree level), greedy (FastTree: a cost model concatenates parent KV into "
+                 "child groups where that saves partial results, and splits long groups to fill the GPU)")
       ->check(CLI::IsMember(strategy_names()))
       ->capture_default_str();
   sub.add_option("--block-tokens", block_tokens, "Max KV tokens per block (work item)")
@@ -88,7 +89,14 @@ void PlanFlags::add_to(CLI::App& sub) {
   sub.add_option("--query-tile", query_tile, "Max queries per work item (bits of a segment mask)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  sub.add_option("--cost", cost, kCostHelp);
 }
+
+const char* const kCostHelp =
+    "Cost-model coefficients KEY=VALUE,... over the H100 defaults: pass_ns, tile_ns_large, tile_ns_small "
+    "(a pass, a 64-token KV tile in a 64-row or 16-row pass), partial_ns (a partial row), slots (CTAs in flight), "
+    "solo_speedup (a pass alone on an SM against its share of a full one), switch_gain (greedy keeps flatten's "
+    "layout unless its own is predicted this many times faster), min_split_tokens. They choose each item's tile rows and the greedy strategy's groups";
 
 PlanOptions PlanFlags::options(std::int64_t kv_slots) const {
   PlanOptions o;
@@ -96,6 +104,7 @@ PlanOptions PlanFlags::options(std::int64_t kv_slots) const {
   o.block_tokens = block_tokens;
   o.query_tile = query_tile;
   o.kv_slots = kv_slots;
+  o.cost.set(cost);
   return o;
 }
 

@@ -41,6 +41,7 @@ struct PlanFlags {
   std::string strategy = "flatten";
   int block_tokens = 256;
   int query_tile = kMaxQueryTile;
+  std::string cost;  // cost-model coefficients, KEY=VALUE,...
 
   void add_to(CLI::App& sub);
   PlanOptions options(std::int64_t kv_slots = 0) const;
@@ -53,6 +54,9 @@ struct BackendFlags {
 
   void add_to(CLI::App& sub);
 };
+
+// The help text of --cost (plan, run, demo, bench).
+extern const char* const kCostHelp;
 
 // "16.6 MB", "512 B": decimal units, as bandwidths are quoted.
 std::string format_bytes(double bytes);

@@ -27,6 +27,7 @@ struct BenchOptions {
   std::vector<std::string> strategies = {"flatten", "sequence"};
   std::vector<std::string> backends = {"auto"};
   int block_tokens = 256;
+  std::vector<std::string> costs = {""};  // cost-model variants, each KEY=VALUE,...
   int repeat = 20;
   int run_repeat = 3;
   int layers = 1;
@@ -95,7 +96,12 @@ void run_bench(const BenchOptions& o) {
   nlohmann::json rows = nlohmann::json::array();
   fmt::print("{:<34} {:<16} {:<10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload", "model",
              "strategy", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
-  const std::size_t total = trees.size() * o.strategies.size();
+  std::vector<CostModel> models;
+  for (const std::string& assignments : o.costs) {
+    models.push_back(cost_model_for("h100"));
+    models.back().set(assignments);
+  }
+  const std::size_t total = trees.size() * o.strategies.size() * models.size();
   std::size_t done = 0;
   for (std::size_t w = 0; w < trees.size(); ++w) {
     const Tree& tree = trees[w].tree;
@@ -109,20 +115,28 @@ void run_bench(const BenchOptions& o) {
       v = random_array(DType::f16, {slots, h.heads_kv, h.head_dim}, 3);
       out = HostArray(DType::f16, {nq, h.heads_q, h.head_dim});
     }
-    for (const std::string& strategy : o.strategies) {
-      fmt::print(stderr, "[{}/{}] {} {} {}\n", ++done, total, trees[w].name, jobs[w].model.name, strategy);
+    for (const std::string& strategy : o.strategies) for (const CostModel& cost : models) {
+      fmt::print(stderr, "[{}/{}] {} {} {}{}\n", ++done, total, trees[w].name, jobs[w].model.name, strategy,
+                 models.size() > 1 ? " " + cost.to_string() : "");
       PlanOptions options;
       options.strategy = parse_strategy(strategy);
       options.block_tokens = o.block_tokens;
+      options.cost = cost;
       Plan plan;
       const Timing plan_time = time_it(o.repeat, [&] { plan = treeattn::plan(tree, options); });
       const PlanStats st = compute_stats(plan);
+      const CostEstimate est = estimate_cost(plan, cost);
       const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
       nlohmann::json row = {{"workload", trees[w].name},       {"model", jobs[w].model.name},
                             {"strategy", strategy},            {"heads_q", h.heads_q},
                             {"heads_kv", h.heads_kv},          {"head_dim", h.head_dim},
                             {"nodes", tree.node_count()},      {"queries", tree.query_count()},
                             {"tokens", st.tokens},             {"items", st.items},
+                            {"passes", st.passes},             {"partials", st.partials},
+                            {"cost_model", cost.to_string()},  {"model_us", est.time_us},
+                            {"large_passes", est.large_passes}, {"small_passes", est.small_passes},
+                            {"large_tiles", est.large_tiles},  {"small_tiles", est.small_tiles},
+                            {"partial_rows", est.partial_rows},
                             {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
                             {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},
                             {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us}};
@@ -201,6 +215,8 @@ Command add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
       ->capture_default_str();
   sub->add_option("--block-tokens", o->block_tokens, "Max KV tokens per block")->check(CLI::Range(1, 65536))->capture_default_str();
+  sub->add_option("--cost", o->costs,
+                  std::string(kCostHelp) + ". Give --cost several times to sweep: every strategy runs once per model");
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--run-repeat", o->run_repeat, "Run repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--layers", o->layers, "Back-to-back calls per run (a model's layers)")->check(CLI::Range(1, 1000))->capture_default_str();

@@ -24,7 +24,7 @@ struct PlanCommandOptions {
 
 constexpr std::size_t kKvElementBytes = 2;  // the IO model assumes f16/bf16 KV
 
-nlohmann::json plan_json(const Tree& tree, const Plan& plan, const PlanStats& st) {
+nlohmann::json plan_json(const Tree& tree, const Plan& plan, const PlanStats& st, const CostEstimate& est) {
   using nlohmann::json;
   const auto node_id = [&](std::int32_t index) { return tree.nodes()[std::size_t(index)].id; };
   json items = json::array();
@@ -43,8 +43,9 @@ nlohmann::json plan_json(const Tree& tree, const Plan& plan, const PlanStats& st
       queries.push_back(plan.tile_query[std::size_t(k)]);
       partials.push_back(plan.tile_partial[std::size_t(k)]);
     }
-    items.push_back({{"block", block}, {"tokens", plan.block_token_count(block)}, {"queries", queries},
-                     {"partials", partials}, {"segments", segments}});
+    items.push_back({{"block", block}, {"tokens", plan.block_token_count(block)},
+                     {"tile_rows", plan.item_tile_rows[std::size_t(i)]}, {"queries", queries}, {"partials", partials},
+                     {"segments", segments}});
   }
   return {
       {"strategy", to_string(plan.strategy)},
@@ -62,6 +63,9 @@ nlohmann::json plan_json(const Tree& tree, const Plan& plan, const PlanStats& st
         {"items", st.items},
         {"partials", st.partials},
         {"direct_queries", st.direct_queries},
+        {"passes_per_kv_head", st.passes},
+        {"small_tile_items", st.small_tile_items},
+        {"model_us", est.time_us},
         {"block_tokens_min", st.block_tokens_min},
         {"block_tokens_mean", st.block_tokens_mean},
         {"block_tokens_max", st.block_tokens_max},
@@ -77,7 +81,7 @@ nlohmann::json plan_json(const Tree& tree, const Plan& plan, const PlanStats& st
   };
 }
 
-void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, int max_items) {
+void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, const CostEstimate& est, int max_items) {
   const double unique = double(st.kv_bytes(st.tokens, kKvElementBytes));
   const double reads = double(st.kv_bytes(st.plan_read_tokens, kKvElementBytes));
   const double sequence = double(st.kv_bytes(st.sequence_read_tokens, kKvElementBytes));
@@ -95,8 +99,11 @@ void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, int max
   fmt::print("IO model (f16 KV): unique tree KV {}; this plan reads {} ({:.2f}x); a Q-guided kernel reads {} ({:.2f}x)\n",
              format_bytes(unique), format_bytes(reads), reads / unique, format_bytes(sequence), sequence / unique);
   fmt::print("KV-IO reduction of this plan over Q-guided: {:.2f}x\n", sequence / reads);
+  fmt::print("kernel passes per KV head: {} ({} items in {}-row tiles, {} in {}-row tiles); cost model: {:.1f} us\n",
+             st.passes, st.items - st.small_tile_items, kLargeTileRows, st.small_tile_items, kSmallTileRows, est.time_us);
 
-  fmt::print("\n{:>6} {:>6} {:>7} {:>8}  segments as node:[begin,end) mask\n", "item", "block", "tokens", "queries");
+  fmt::print("\n{:>6} {:>6} {:>7} {:>8} {:>5}  segments as node:[begin,end) mask\n", "item", "block", "tokens", "queries",
+             "rows");
   const std::int32_t shown = std::min(plan.num_items(), max_items);
   for (std::int32_t i = 0; i < shown; ++i) {
     const std::int32_t block = plan.item_block[std::size_t(i)];
@@ -109,8 +116,9 @@ void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, int max
                               plan.segment_mask[std::size_t(plan.item_mask_begin[std::size_t(i)] + s - s0)]);
     }
     if (s1 - s0 > 6) segments += fmt::format(" ... ({} more)", s1 - s0 - 6);
-    fmt::print("{:>6} {:>6} {:>7} {:>8} {}\n", i, block, plan.block_token_count(block),
-               plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)], segments);
+    fmt::print("{:>6} {:>6} {:>7} {:>8} {:>5} {}\n", i, block, plan.block_token_count(block),
+               plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)],
+               plan.item_tile_rows[std::size_t(i)], segments);
   }
   if (shown < plan.num_items()) {
     fmt::print("... {} more work items (--items N shows more, --json lists all)\n", plan.num_items() - shown);
@@ -119,10 +127,12 @@ void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, int max
 
 void run_plan(const PlanCommandOptions& o) {
   const Tree tree = load_tree_json(o.tree);
-  const Plan plan = treeattn::plan(tree, o.plan.options());
+  const PlanOptions options = o.plan.options();
+  const Plan plan = treeattn::plan(tree, options);
   const PlanStats st = compute_stats(plan);
-  if (o.json) fmt::print("{}\n", plan_json(tree, plan, st).dump(2));
-  else print_plan(tree, plan, st, o.items);
+  const CostEstimate est = estimate_cost(plan, options.cost);
+  if (o.json) fmt::print("{}\n", plan_json(tree, plan, st, est).dump(2));
+  else print_plan(tree, plan, st, est, o.items);
   if (!o.svg.empty()) {
     PendingOutputs outputs;
     outputs.write_text(o.svg, plan_svg(tree, plan, o.tree));

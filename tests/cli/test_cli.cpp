@@ -69,7 +69,7 @@ TEST_CASE("run writes the library's O and LSE for the example tree") {
   TempDir dir;
   Result r = cli("random-inputs --tree " + kExample + " --out-dir " + dir.path + " --seed 5");
   REQUIRE_MESSAGE(r.status == 0, r.output);
-  for (const char* strategy : {"flatten", "node", "node_chunk", "sequence", "cascade"}) {
+  for (const char* strategy : {"flatten", "node", "node_chunk", "sequence", "cascade", "greedy"}) {
     CAPTURE(strategy);
     r = cli("run --tree " + kExample + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") + " --v " + (dir / "v.npy") +
             " --out " + (dir / "o.npy") + " --lse " + (dir / "lse.npy") + " --backend cpu --block-tokens 100 --strategy " +
@@ -131,6 +131,8 @@ TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") 
   expect_failure("run --tree " + kExample + inputs, "--out is required");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --strategy deft", "--strategy");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --block-tokens 0", "--block-tokens");
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --strategy greedy --cost tile_ns=3",
+                 "unknown coefficient 'tile_ns'");
 #ifdef TREEATTN_TEST_HAVE_VULKAN
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --backend vulkan --device 99",
                  "Vulkan device 99 does not exist");
@@ -193,6 +195,22 @@ TEST_CASE("bench writes JSON rows per strategy") {
   CHECK(rows[1]["run_median_us"].get<double>() > 0.0);
   CHECK(rows[0]["unique_kv_bytes"] == rows[1]["unique_kv_bytes"]);
   CHECK(rows[0]["roofline_fraction"].get<double>() > 0.0);
+}
+
+TEST_CASE("bench sweeps cost models: one row per strategy and model, with the model's counts") {
+  TempDir dir;
+  const Result r = cli("bench --workload levels --levels 1,4,16:64,32,16 --strategy flatten,greedy --backend none "
+                       "--repeat 1 --cost switch_gain=0 --cost switch_gain=0,partial_ns=1e6 --json " + (dir / "sweep.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  const nlohmann::json rows = read_json(dir / "sweep.json");
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[2]["strategy"] == "greedy");
+  CHECK(rows[2]["cost_model"].get<std::string>().find("switch_gain=0,") != std::string::npos);
+  CHECK(rows[3]["cost_model"].get<std::string>().find("partial_ns=1e+06") != std::string::npos);
+  // Partials cost a million: greedy concatenates down to the leaves and each query has one group.
+  CHECK(rows[3]["partials"] == 0);
+  CHECK(rows[2]["partials"].get<int>() > 0);
+  for (const auto& row : rows) CHECK(row["model_us"].get<double>() > 0.0);
 }
 
 TEST_CASE("bench covers the paper workloads and model shapes") {

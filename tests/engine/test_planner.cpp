@@ -13,22 +13,10 @@
 
 using namespace treeattn;
 
+using test::check_invariants;
 using test::coverage_error;
 
 namespace {
-
-void check_invariants(const Tree& tree, const PlanOptions& options) {
-  const Plan plan = treeattn::plan(tree, options);
-  INFO("strategy ", to_string(options.strategy), ", block_tokens ", options.block_tokens, ", query_tile ",
-       options.query_tile);
-  CHECK_NOTHROW(validate(plan));
-  CHECK(coverage_error(tree, plan) == "");
-  for (std::int32_t b = 0; b < plan.num_blocks(); ++b) CHECK(plan.block_token_count(b) <= options.block_tokens);
-  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
-    CHECK(plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)] <= options.query_tile);
-  }
-  CHECK(test::plan_difference(plan, treeattn::plan(tree, options)) == "");
-}
 
 Tree star(std::int32_t leaves, std::int64_t prefix, std::int64_t leaf_tokens) {
   Tree tree({32, 8, 128});

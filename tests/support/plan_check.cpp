@@ -4,6 +4,8 @@
 #include <sstream>
 #include <vector>
 
+#include <doctest/doctest.h>
+
 #include "support/oracle.hpp"
 
 namespace treeattn::test {
@@ -49,6 +51,19 @@ std::string coverage_error(const Tree& tree, const Plan& plan) {
   return {};
 }
 
+void check_invariants(const Tree& tree, const PlanOptions& options) {
+  const Plan plan = treeattn::plan(tree, options);
+  INFO("strategy ", to_string(options.strategy), ", block_tokens ", options.block_tokens, ", query_tile ",
+       options.query_tile, ", cost ", options.cost.to_string());
+  CHECK_NOTHROW(validate(plan));
+  CHECK(coverage_error(tree, plan) == "");
+  for (std::int32_t b = 0; b < plan.num_blocks(); ++b) CHECK(plan.block_token_count(b) <= options.block_tokens);
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    CHECK(plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)] <= options.query_tile);
+  }
+  CHECK(plan_difference(plan, treeattn::plan(tree, options)) == "");
+}
+
 std::string plan_difference(const Plan& a, const Plan& b) {
 #define TREEATTN_COMPARE(field) \
   if (!(a.field == b.field)) return #field;
@@ -66,6 +81,7 @@ std::string plan_difference(const Plan& a, const Plan& b) {
   TREEATTN_COMPARE(item_block)
   TREEATTN_COMPARE(item_query_begin)
   TREEATTN_COMPARE(item_mask_begin)
+  TREEATTN_COMPARE(item_tile_rows)
   TREEATTN_COMPARE(segment_mask)
   TREEATTN_COMPARE(tile_query)
   TREEATTN_COMPARE(tile_partial)

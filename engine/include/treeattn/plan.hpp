@@ -21,6 +21,11 @@
 //              A kernel computes, for each KV head and each of its query heads,
 //              the softmax-normalised partial output over the masked tokens and
 //              its log-sum-exp (natural log, scale applied to the logits).
+//   tile rows  how many query rows (queries x the group's query heads) one kernel
+//              pass of an item takes: kLargeTileRows or kSmallTileRows
+//              (cost_model.hpp). A kernel runs ceil(rows / tile rows) passes per
+//              item and KV head, each re-reading the block (from L2); small
+//              tiles split the KV tile over the warps instead of padding rows.
 //   partial    where a tile query's result goes: tile_partial[k] is a slot of
 //              the fp32 partial buffers (O_part [num_partials, heads_q, head_dim],
 //              LSE_part [num_partials, heads_q]), or kDirect when that item is the
@@ -35,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "treeattn/cost_model.hpp"
 #include "treeattn/tree.hpp"
 
 namespace treeattn {
@@ -45,6 +51,8 @@ enum class Strategy {
   node_chunk,  // DeFT-Node-Chunk: each node cut into even chunks
   sequence,    // Q-guided baseline (Flash-Decoding): each query reads its whole path
   cascade,     // one group per tree level, each level cut into even blocks
+  greedy,      // FastTree: cost-model grouping (parent KV concatenated into children
+               // where that saves more than it costs), long-context splitting
 };
 
 const char* to_string(Strategy s) noexcept;
@@ -79,6 +87,7 @@ struct Plan {
   std::vector<std::int32_t> item_query_begin;  // [num_items + 1] CSR into tile_query
   std::vector<std::int32_t> item_mask_begin;   // [num_items] first mask of the item;
                                                // masks follow its block's segments
+  std::vector<std::int32_t> item_tile_rows;    // [num_items] kLargeTileRows or kSmallTileRows
   std::vector<std::uint64_t> segment_mask;     // [sum over items of its block's segments]
   std::vector<std::int32_t> tile_query;        // query index (row of Q) per tile entry
   std::vector<std::int32_t> tile_partial;      // partial slot per tile entry, or kDirect
@@ -122,6 +131,8 @@ struct PlanStats {
   std::int64_t items = 0;
   std::int64_t partials = 0;
   std::int64_t direct_queries = 0;  // queries written by stage 1 alone
+  std::int64_t passes = 0;          // kernel passes per KV head (items x their row passes)
+  std::int64_t small_tile_items = 0;
   std::int32_t block_tokens_min = 0, block_tokens_max = 0;  // load balance over items
   double block_tokens_mean = 0.0;
   std::int32_t item_queries_min = 0, item_queries_max = 0;

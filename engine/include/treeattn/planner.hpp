@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "treeattn/cost_model.hpp"
 #include "treeattn/plan.hpp"
 #include "treeattn/tree.hpp"
 
@@ -18,6 +19,9 @@ struct PlanOptions {
   // Rows of the KV pool when known (>0): slots are then range-checked against it
   // and the error names the node and token. 0: only checked for sign and width.
   std::int64_t kv_slots = 0;
+  // The device's cost model: picks every item's tile rows, and the `greedy`
+  // strategy's groups and splits.
+  CostModel cost = cost_model_for("h100");
 };
 
 Plan plan(const Tree& tree, const PlanOptions& options = {});

@@ -1,0 +1,96 @@
+#pragma once
+// The cost model of the `greedy` (FastTree) strategy: what one decode step's
+// attention costs on a device, estimated from a plan's shape alone.
+//
+// A kernel runs one CTA (work group) per pass of a work item and KV head. A
+// pass takes up to `tile rows` query rows (queries x the group's query heads),
+// streams its KV block through 64-token tiles and writes one partial row per
+// query head, which the merge reads back. So a plan costs
+//   per pass          pass_ns + tiles * tile_ns(tile rows)   (KV tiles padded to 64 tokens)
+//   per partial row   partial_ns                             (fp32 write + read + merge)
+// in nanoseconds of one CTA slot; `slots` CTAs run at once. A step takes
+//   max(all passes' cost / slots, the longest pass / solo_speedup)
+// the second term being the critical path of a device that is not full. The
+// H100 defaults were fitted to the CUDA backend's timings (README, "greedy").
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace treeattn {
+
+struct Plan;
+
+inline constexpr std::int32_t kSmallTileRows = 16;  // one 16-row MMA fragment, KV split over the warps
+inline constexpr std::int32_t kLargeTileRows = 64;  // four warps of 16 rows
+inline constexpr std::int32_t kKvTileTokens = 64;   // tokens a pass computes at a time
+
+struct CostModel {
+  double pass_ns = 3070.0;        // fixed cost of a pass: token map, Q load, epilogue
+  double tile_ns_large = 5740.0;  // one 64-token KV tile in a 64-row pass
+  double tile_ns_small = 2690.0;  // one 64-token KV tile in a 16-row pass
+  double partial_ns = 139.0;      // one partial row (query x query head)
+  double slots = 396.0;           // CTAs in flight: 132 SMs x 3
+  double solo_speedup = 3.0;      // how much faster a pass runs alone on an SM than in a full one
+  std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this
+  // `greedy` keeps DeFT-Flatten's layout unless its own is predicted this many
+  // times faster: the fitted model's error is 10 % (median) to 21 % (90th
+  // percentile), and a predicted 1.25x once measured 0.93x.
+  double switch_gain = 1.3;
+
+  // "pass_ns=800,tile_ns_large=650": sets the named coefficients, leaves the
+  // rest; throws InvalidArgument naming an unknown key or a bad value.
+  void set(const std::string& assignments);
+  std::string to_string() const;  // every coefficient, in set()'s syntax
+};
+
+// Measured defaults for a device, by name ("h100"; "default" for anything else).
+CostModel cost_model_for(const std::string& device);
+
+// The cheaper tile for an item of `rows` query rows over a block of
+// `block_tokens` tokens: its passes and their cost, per KV head.
+struct TileChoice {
+  std::int32_t rows = kLargeTileRows;
+  std::int64_t passes = 0;
+  double cost_ns = 0.0;
+  double max_pass_ns = 0.0;  // the longest pass
+};
+TileChoice choose_tile(const CostModel& model, std::int64_t rows, std::int64_t block_tokens);
+
+// A group: `tokens` KV tokens cut evenly into `blocks` blocks, read by
+// `queries` queries of `group` query heads each, each block's queries in items
+// of at most `query_tile`. Its passes and their cost, per KV head.
+struct GroupCost {
+  std::int64_t passes = 0;
+  double cost_ns = 0.0;
+  double max_pass_ns = 0.0;
+};
+GroupCost group_cost(const CostModel& model, std::int64_t tokens, std::int64_t blocks, std::int64_t queries,
+                     std::int32_t group, std::int32_t query_tile);
+
+// The greedy rule for one parent -> child edge (FastTree): true when reading
+// the parent's KV chain inside the child's group (the child's queries leave the
+// parent's group and each saves one partial) costs less than keeping them apart.
+struct EdgeShape {
+  std::int64_t parent_tokens;   // KV of the parent's group (its chain)
+  std::int64_t parent_queries;  // queries of the parent's group, the child's included
+  std::int64_t child_tokens;    // the child's own KV
+  std::int64_t child_queries;   // queries below (and on) the child
+};
+bool prefer_concatenation(const CostModel& model, const EdgeShape& edge, std::int32_t heads_q,
+                          std::int32_t heads_kv, std::int32_t block_tokens, std::int32_t query_tile);
+
+// What the model predicts for a whole plan, with the counts it predicts from
+// (bench reports them, so the coefficients can be fitted to measured times).
+struct CostEstimate {
+  std::int64_t large_passes = 0, small_passes = 0;  // CTAs, all KV heads
+  std::int64_t large_tiles = 0, small_tiles = 0;    // 64-token KV tiles those CTAs compute
+  std::int64_t partial_rows = 0;                    // partials x query heads
+  double max_pass_ns = 0.0;
+  double time_us = 0.0;  // max(the work spread over `slots`, the longest pass alone)
+};
+// The model's step time for a total cost and a longest pass, in microseconds.
+double step_time_us(const CostModel& model, double work_ns, double max_pass_ns);
+CostEstimate estimate_cost(const Plan& plan, const CostModel& model);
+
+}  // namespace treeattn

@@ -1,0 +1,163 @@
+#include "treeattn/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "fail.hpp"
+#include "treeattn/plan.hpp"
+
+namespace treeattn {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+struct Coefficient {
+  const char* name;
+  double CostModel::*field;
+};
+constexpr Coefficient kCoefficients[] = {
+    {"pass_ns", &CostModel::pass_ns},       {"tile_ns_large", &CostModel::tile_ns_large},
+    {"tile_ns_small", &CostModel::tile_ns_small}, {"partial_ns", &CostModel::partial_ns},
+    {"slots", &CostModel::slots},           {"solo_speedup", &CostModel::solo_speedup},
+    {"switch_gain", &CostModel::switch_gain},
+};
+
+}  // namespace
+
+void CostModel::set(const std::string& assignments) {
+  std::size_t pos = 0;
+  while (pos < assignments.size()) {
+    std::size_t end = assignments.find(',', pos);
+    if (end == std::string::npos) end = assignments.size();
+    std::string item = assignments.substr(pos, end - pos);
+    pos = end + 1;
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) continue;
+    const std::size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (eq == std::string::npos) {
+      fail(ErrorCategory::InvalidArgument, "cost model: '{}' is not KEY=VALUE", item);
+    }
+    const std::string text = item.substr(eq + 1);
+    char* parsed_end = nullptr;
+    const double value = std::strtod(text.c_str(), &parsed_end);
+    if (text.empty() || *parsed_end != '\0' || !std::isfinite(value) || value < 0) {
+      fail(ErrorCategory::InvalidArgument, "cost model: {} = '{}' is not a non-negative number", key, text);
+    }
+    if (key == "min_split_tokens") {
+      if (value < 1 || value != std::floor(value)) {
+        fail(ErrorCategory::InvalidArgument, "cost model: min_split_tokens = {} is not a positive integer", text);
+      }
+      min_split_tokens = std::int32_t(value);
+      continue;
+    }
+    const auto* c = std::find_if(std::begin(kCoefficients), std::end(kCoefficients),
+                                 [&](const Coefficient& k) { return key == k.name; });
+    if (c == std::end(kCoefficients)) {
+      fail(ErrorCategory::InvalidArgument,
+           "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
+           "solo_speedup, switch_gain or min_split_tokens)",
+           key);
+    }
+    if ((c->field == &CostModel::slots || c->field == &CostModel::solo_speedup) && value <= 0) {
+      fail(ErrorCategory::InvalidArgument, "cost model: {} must be positive", key);
+    }
+    this->*(c->field) = value;
+  }
+}
+
+std::string CostModel::to_string() const {
+  std::string out;
+  for (const Coefficient& c : kCoefficients) out += fmt::format("{}={:g},", c.name, this->*(c.field));
+  return out + fmt::format("min_split_tokens={}", min_split_tokens);
+}
+
+CostModel cost_model_for(const std::string& device) {
+  CostModel model;  // the member defaults are the H100's (cost_model.hpp)
+  if (device != "h100") model.slots = 256.0;
+  return model;
+}
+
+TileChoice choose_tile(const CostModel& model, std::int64_t rows, std::int64_t block_tokens) {
+  const double tiles = double(ceil_div(std::max<std::int64_t>(block_tokens, 1), kKvTileTokens));
+  const double small_pass = model.pass_ns + tiles * model.tile_ns_small;
+  const double large_pass = model.pass_ns + tiles * model.tile_ns_large;
+  // A large tile's last pass runs as a small one when 16 rows or fewer remain.
+  const std::int64_t full = rows / kLargeTileRows, remainder = rows % kLargeTileRows;
+  TileChoice large{kLargeTileRows, full + (remainder > 0),
+                   double(full) * large_pass +
+                       (remainder == 0 ? 0.0 : remainder <= kSmallTileRows ? small_pass : large_pass),
+                   full > 0 || remainder > kSmallTileRows ? large_pass : small_pass};
+  const std::int64_t small_passes = ceil_div(rows, kSmallTileRows);
+  TileChoice small{kSmallTileRows, small_passes, double(small_passes) * small_pass, small_pass};
+  return small.cost_ns <= large.cost_ns ? small : large;  // a tie runs the small path anyway
+}
+
+GroupCost group_cost(const CostModel& model, std::int64_t tokens, std::int64_t blocks, std::int64_t queries,
+                     std::int32_t group, std::int32_t query_tile) {
+  if (tokens <= 0 || queries <= 0) return {};
+  blocks = std::clamp<std::int64_t>(blocks, 1, tokens);
+  const std::int64_t block_tokens = ceil_div(tokens, blocks);
+  const std::int64_t full_items = queries / query_tile, rest = queries % query_tile;
+  GroupCost block;
+  auto add = [&](const TileChoice& t, std::int64_t count) {
+    block.passes += t.passes * count;
+    block.cost_ns += t.cost_ns * double(count);
+    block.max_pass_ns = std::max(block.max_pass_ns, t.max_pass_ns);
+  };
+  if (full_items > 0) add(choose_tile(model, std::int64_t(query_tile) * group, block_tokens), full_items);
+  if (rest > 0) add(choose_tile(model, rest * group, block_tokens), 1);
+  return {block.passes * blocks, block.cost_ns * double(blocks), block.max_pass_ns};
+}
+
+bool prefer_concatenation(const CostModel& model, const EdgeShape& e, std::int32_t heads_q, std::int32_t heads_kv,
+                          std::int32_t block_tokens, std::int32_t query_tile) {
+  const std::int32_t group = heads_q / std::max(heads_kv, 1);
+  auto blocks = [&](std::int64_t tokens) { return ceil_div(tokens, block_tokens); };
+  auto cost = [&](std::int64_t tokens, std::int64_t queries) {
+    return group_cost(model, tokens, blocks(tokens), queries, group, query_tile).cost_ns;
+  };
+  const double apart = cost(e.parent_tokens, e.parent_queries) + cost(e.child_tokens, e.child_queries);
+  const double joined = cost(e.parent_tokens, e.parent_queries - e.child_queries) +
+                        cost(e.parent_tokens + e.child_tokens, e.child_queries);
+  // Each of the child's queries reads the parent's blocks and its own in one
+  // run instead of two: that many fewer partial rows per query head.
+  const std::int64_t partials_saved =
+      e.child_queries * (blocks(e.parent_tokens) + blocks(e.child_tokens) - blocks(e.parent_tokens + e.child_tokens));
+  return double(heads_kv) * (joined - apart) < double(partials_saved) * double(heads_q) * model.partial_ns;
+}
+
+CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
+  CostEstimate e;
+  const std::int64_t group = plan.heads.group_size(), heads_kv = plan.heads.heads_kv;
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    const std::int64_t rows =
+        std::int64_t(plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)]) * group;
+    const std::int64_t tiles = ceil_div(plan.block_token_count(plan.item_block[std::size_t(i)]), kKvTileTokens);
+    const std::int32_t tile_rows = plan.item_tile_rows[std::size_t(i)];
+    // As the kernels run them: a pass of 16 rows or fewer takes the small path.
+    const std::int64_t passes = ceil_div(rows, tile_rows);
+    const std::int64_t small = tile_rows == kSmallTileRows ? passes : (rows % kLargeTileRows != 0 && rows % kLargeTileRows <= kSmallTileRows);
+    e.small_passes += small * heads_kv;
+    e.large_passes += (passes - small) * heads_kv;
+    e.small_tiles += small * tiles * heads_kv;
+    e.large_tiles += (passes - small) * tiles * heads_kv;
+    e.max_pass_ns = std::max(e.max_pass_ns, model.pass_ns + double(tiles) * (passes > small ? model.tile_ns_large : model.tile_ns_small));
+  }
+  e.partial_rows = std::int64_t(plan.num_partials) * plan.heads.heads_q;
+  const double work_ns = double(e.large_passes + e.small_passes) * model.pass_ns +
+                         double(e.large_tiles) * model.tile_ns_large + double(e.small_tiles) * model.tile_ns_small +
+                         double(e.partial_rows) * model.partial_ns;
+  e.time_us = step_time_us(model, work_ns, e.max_pass_ns);
+  return e;
+}
+
+double step_time_us(const CostModel& model, double work_ns, double max_pass_ns) {
+  return std::max(work_ns / model.slots, max_pass_ns / model.solo_speedup) / 1000.0;
+}
+
+}  // namespace treeattn

@@ -1,0 +1,239 @@
+#include "greedy.hpp"
+
+#include <algorithm>
+#include <queue>
+
+namespace treeattn {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// A group: the queries at positions [lo, hi) read the KV chain ending at `node`.
+struct Group {
+  std::int32_t node, lo, hi;
+  std::int64_t tokens;
+};
+
+// Consecutive groups [first, last) emitted as one run, cut into `blocks`.
+struct Unit {
+  std::size_t first, last;
+  std::int64_t tokens;
+  std::int64_t viewers;  // distinct queries of its groups
+  std::int64_t blocks;
+};
+
+// The model's cost of a unit over all KV heads, its partial rows included.
+class UnitCost {
+ public:
+  UnitCost(const CostModel& model, const HeadConfig& heads, std::int32_t query_tile)
+      : model_(model), heads_(heads), query_tile_(query_tile) {}
+
+  double work_ns(std::int64_t tokens, std::int64_t blocks, std::int64_t viewers) const {
+    return shape(tokens, blocks, viewers).cost_ns * heads_.heads_kv +
+           double(blocks * viewers) * heads_.heads_q * model_.partial_ns;
+  }
+  double max_pass_ns(std::int64_t tokens, std::int64_t blocks, std::int64_t viewers) const {
+    return shape(tokens, blocks, viewers).max_pass_ns;
+  }
+  const CostModel& model() const { return model_; }
+
+ private:
+  GroupCost shape(std::int64_t tokens, std::int64_t blocks, std::int64_t viewers) const {
+    return group_cost(model_, tokens, blocks, viewers, heads_.group_size(), query_tile_);
+  }
+  const CostModel& model_;
+  const HeadConfig& heads_;
+  std::int32_t query_tile_;
+};
+
+// Disjoint, sorted query-position intervals: the viewers of a pack.
+class Viewers {
+ public:
+  void clear() { ranges_.clear(); }
+  void add(std::int32_t lo, std::int32_t hi) {
+    ranges_.emplace_back(lo, hi);
+    std::sort(ranges_.begin(), ranges_.end());
+    std::size_t out = 0;
+    for (std::size_t i = 1; i < ranges_.size(); ++i) {
+      if (ranges_[i].first <= ranges_[out].second) ranges_[out].second = std::max(ranges_[out].second, ranges_[i].second);
+      else ranges_[++out] = ranges_[i];
+    }
+    ranges_.resize(out + 1);
+  }
+  std::int64_t count() const {
+    std::int64_t n = 0;
+    for (const auto& [lo, hi] : ranges_) n += hi - lo;
+    return n;
+  }
+
+ private:
+  std::vector<std::pair<std::int32_t, std::int32_t>> ranges_;
+};
+
+// DeFT-Flatten's packing, where it pays: a group shorter than a block joins
+// the open pack of its depth-first predecessors while one pass over both (the
+// union of their queries, masked) costs less than a pass over each.
+std::vector<Unit> pack_groups(const std::vector<Group>& groups, const UnitCost& cost, std::int32_t block_tokens) {
+  std::vector<Unit> units;
+  Viewers pack_viewers, trial;
+  bool open = false;
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    const Group& g = groups[k];
+    const std::int64_t own_viewers = g.hi - g.lo;
+    if (open && g.tokens < block_tokens && units.back().tokens + g.tokens <= block_tokens) {
+      Unit& pack = units.back();
+      trial = pack_viewers;
+      trial.add(g.lo, g.hi);
+      const std::int64_t joined_viewers = trial.count();
+      const double joined = cost.work_ns(pack.tokens + g.tokens, 1, joined_viewers);
+      const double apart = cost.work_ns(pack.tokens, 1, pack.viewers) + cost.work_ns(g.tokens, 1, own_viewers);
+      if (joined <= apart) {
+        pack.last = k + 1;
+        pack.tokens += g.tokens;
+        pack.viewers = joined_viewers;
+        pack_viewers = trial;
+        continue;
+      }
+    }
+    units.push_back(Unit{k, k + 1, g.tokens, own_viewers, ceil_div(g.tokens, block_tokens)});
+    open = g.tokens < block_tokens;
+    pack_viewers.clear();
+    pack_viewers.add(g.lo, g.hi);
+  }
+  return units;
+}
+
+// Long-context splitting: while the step is bound by its longest passes (a
+// device that few passes cannot fill, or a few long nodes that the rest wait
+// on), cut the unit with the longest passes into enough blocks to drop one KV
+// tile from each, as long as the model's step time falls and blocks keep
+// min_split_tokens.
+void split_long_units(std::vector<Unit>& units, const UnitCost& cost) {
+  const CostModel& model = cost.model();
+  struct Entry {
+    double pass_ns;
+    std::size_t unit;
+    bool operator<(const Entry& o) const { return pass_ns < o.pass_ns || (pass_ns == o.pass_ns && unit > o.unit); }
+  };
+  std::priority_queue<Entry> longest;
+  double work = 0.0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    work += cost.work_ns(units[u].tokens, units[u].blocks, units[u].viewers);
+    longest.push({cost.max_pass_ns(units[u].tokens, units[u].blocks, units[u].viewers), u});
+  }
+  while (!longest.empty()) {
+    const Entry top = longest.top();
+    Unit& u = units[top.unit];
+    // The next cut that shortens its passes: one 64-token KV tile fewer per block.
+    const std::int64_t tiles = ceil_div(ceil_div(u.tokens, u.blocks), kKvTileTokens);
+    const std::int64_t blocks = tiles > 1 ? ceil_div(u.tokens, (tiles - 1) * kKvTileTokens) : u.blocks + 1;
+    if (ceil_div(u.tokens, blocks) < model.min_split_tokens || blocks > u.tokens) break;  // the critical path stays
+    longest.pop();
+    const double next_longest = longest.empty() ? 0.0 : longest.top().pass_ns;
+    const double split_work = work - cost.work_ns(u.tokens, u.blocks, u.viewers) + cost.work_ns(u.tokens, blocks, u.viewers);
+    const double split_pass = cost.max_pass_ns(u.tokens, blocks, u.viewers);
+    if (step_time_us(model, split_work, std::max(split_pass, next_longest)) >= step_time_us(model, work, top.pass_ns)) {
+      break;
+    }
+    u.blocks = blocks;
+    work = split_work;
+    longest.push({split_pass, top.unit});
+  }
+}
+
+}  // namespace
+
+GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const PlanOptions& options,
+                                  const HeadConfig& heads) {
+  const std::size_t n = topo.parent.size();
+  // Visible tokens and subtree queries of every node.
+  std::vector<std::int64_t> tokens(n, 0);
+  for (std::size_t v = 0; v < n; ++v) {
+    for (std::int32_t p = vis.node_piece_begin[v]; p < vis.node_piece_end[v]; ++p) {
+      tokens[v] += vis.pieces[std::size_t(p)].token_end - vis.pieces[std::size_t(p)].token_begin;
+    }
+  }
+  std::vector<std::int32_t> subtree_queries(n, 0);
+  for (std::int32_t v : topo.query_node) ++subtree_queries[std::size_t(v)];
+  for (auto it = topo.preorder.rbegin(); it != topo.preorder.rend(); ++it) {
+    const std::int32_t p = topo.parent[std::size_t(*it)];
+    if (p >= 0) subtree_queries[std::size_t(p)] += subtree_queries[std::size_t(*it)];
+  }
+
+  // Edges in breadth-first order, parents decided before their children: an
+  // edge compares the parent's group as it stands (its chain, its queries so
+  // far) with the child's subtree.
+  GreedyGroups g;
+  g.joined.assign(n, 0);
+  g.queries = subtree_queries;
+  g.tokens = tokens;
+  std::vector<std::int32_t> order(topo.roots);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const std::size_t p = std::size_t(order[i]);
+    for (std::int32_t k = topo.child_begin[p]; k < topo.child_begin[p + 1]; ++k) {
+      const std::int32_t c = topo.children[std::size_t(k)];
+      order.push_back(c);
+      const std::int32_t below = subtree_queries[std::size_t(c)];
+      if (below == 0 || g.tokens[p] == 0) continue;
+      const EdgeShape edge{g.tokens[p], g.queries[p], tokens[std::size_t(c)], below};
+      if (prefer_concatenation(options.cost, edge, heads.heads_q, heads.heads_kv, options.block_tokens,
+                               options.query_tile)) {
+        g.joined[std::size_t(c)] = 1;
+        g.queries[p] -= below;
+        g.tokens[std::size_t(c)] += g.tokens[p];
+      }
+    }
+  }
+  move_children_last(topo, g.joined);
+  return g;
+}
+
+void plan_greedy(PlanBuilder& builder, const Visibility& vis, const Topology& topo, const GreedyGroups& g,
+                 const PlanOptions& options, const HeadConfig& heads) {
+  // First query position of each node: its own queries come first, then its
+  // children's subtrees in (reordered) preorder, as compute_visibility numbers
+  // them. A group's queries are the own queries and the subtrees of the
+  // children that were not joined: the first g.queries[v] positions.
+  std::vector<std::int32_t> own(topo.parent.size(), 0);
+  for (std::int32_t v : topo.query_node) ++own[std::size_t(v)];
+  std::vector<Group> groups;
+  std::int32_t position = 0;
+  for (std::int32_t v : topo.preorder) {
+    const std::size_t i = std::size_t(v);
+    if (g.queries[i] > 0 && g.tokens[i] > 0) groups.push_back(Group{v, position, position + g.queries[i], g.tokens[i]});
+    position += own[i];
+  }
+
+  const UnitCost cost(options.cost, heads, options.query_tile);
+  std::vector<Unit> units = pack_groups(groups, cost, options.block_tokens);
+  split_long_units(units, cost);
+
+  std::vector<std::int32_t> chain;
+  std::vector<Piece> run;
+  for (const Unit& unit : units) {
+    run.clear();
+    for (std::size_t k = unit.first; k < unit.last; ++k) {
+      const Group& group = groups[k];
+      chain.clear();
+      for (std::int32_t a = group.node; g.joined[std::size_t(a)];) chain.push_back(a = topo.parent[std::size_t(a)]);
+      // Ancestors' KV, root side first: every query of the group sees all of it.
+      for (auto a = chain.rbegin(); a != chain.rend(); ++a) {
+        const std::int32_t p0 = vis.node_piece_begin[std::size_t(*a)], p1 = vis.node_piece_end[std::size_t(*a)];
+        if (p0 == p1) continue;
+        run.push_back(Piece{*a, vis.pieces[std::size_t(p0)].token_begin, vis.pieces[std::size_t(p1) - 1].token_end,
+                            group.lo, group.hi});
+      }
+      // The node's own pieces, limited to the group's queries.
+      for (std::int32_t p = vis.node_piece_begin[std::size_t(group.node)]; p < vis.node_piece_end[std::size_t(group.node)];
+           ++p) {
+        Piece piece = vis.pieces[std::size_t(p)];
+        piece.viewer_lo = std::max(piece.viewer_lo, group.lo);
+        piece.viewer_hi = std::min(piece.viewer_hi, group.hi);
+        if (piece.viewer_lo < piece.viewer_hi) run.push_back(piece);
+      }
+    }
+    builder.emit_run(run.data(), run.data() + run.size(), Cut::even, unit.blocks);
+  }
+}
+
+}  // namespace treeattn

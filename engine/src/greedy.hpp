@@ -1,0 +1,39 @@
+#pragma once
+// Internal: the `greedy` strategy (FastTree). Each node's KV forms a group read
+// by the queries below it, except where the cost model prefers to concatenate
+// a parent's group into a child's: the child's queries then read the parent's
+// KV chain together with the child's own, in one run, and leave the parent's
+// group. Then, in depth-first order, small groups share a block where the model
+// says one pass over both costs less than two (DeFT-Flatten's packing, masks
+// keeping their queries apart), and groups of long KV are cut into more blocks
+// while that shortens the step (a device not full, or waiting on a few long
+// blocks).
+
+#include <cstdint>
+#include <vector>
+
+#include "plan_builder.hpp"
+#include "topology.hpp"
+#include "treeattn/planner.hpp"
+#include "visibility.hpp"
+
+namespace treeattn {
+
+struct GreedyGroups {
+  std::vector<std::uint8_t> joined;   // [nodes] the edge parent -> node is concatenated
+  std::vector<std::int32_t> queries;  // [nodes] queries of the node's group
+  std::vector<std::int64_t> tokens;   // [nodes] KV tokens of the node's group (its chain)
+};
+
+// Decides the groups from token and query counts (a first visibility pass),
+// then moves each node's joined children behind the others in `topo`, so that
+// every group's queries take consecutive positions in the next pass.
+GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const PlanOptions& options,
+                                  const HeadConfig& heads);
+
+// Packs, splits and emits the groups, given the visibility computed over the
+// reordered topology.
+void plan_greedy(PlanBuilder& builder, const Visibility& vis, const Topology& topo, const GreedyGroups& groups,
+                 const PlanOptions& options, const HeadConfig& heads);
+
+}  // namespace treeattn

@@ -1,0 +1,178 @@
+// The greedy (FastTree) strategy: its cost model on FastTree's worked cases,
+// tile choice, concatenation, long-context splitting, the flatten fallback,
+// the invariants of every strategy under extreme coefficients, and bad input.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "support/plan_check.hpp"
+#include "treeattn/cost_model.hpp"
+#include "treeattn/error.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+// Greedy's own layout, never flatten's (switch_gain 0), with extra coefficients.
+PlanOptions own_layout(const std::string& coefficients = "") {
+  PlanOptions o;
+  o.strategy = Strategy::greedy;
+  o.cost.set("switch_gain=0," + coefficients);
+  return o;
+}
+
+// A long parent with two children holding `per_child` queries each (one per leaf).
+Tree parent_with_two_children(std::int32_t per_child) {
+  Tree tree({32, 32, 128});
+  tree.add_node_range(0, kNoParent, 0, 4096);
+  std::int64_t slot = 4096, id = 3;
+  for (std::int64_t child : {1, 2}) {
+    tree.add_node_range(child, 0, slot, 32);
+    slot += 32;
+    for (std::int32_t q = 0; q < per_child; ++q) {
+      tree.add_node_range(id, child, slot++, 1);
+      tree.add_query(id++);
+    }
+  }
+  return tree;
+}
+
+}  // namespace
+
+TEST_CASE("FastTree's worked cases: 8-query children stay apart, 128-query children take the parent's KV") {
+  const CostModel model = cost_model_for("h100");
+  // A 16-row tile (16 queries of one head each), two children under a 4096-token
+  // parent held in one block, as FastTree's groups are (no long-context split).
+  const auto decide = [&](std::int64_t per_child) {
+    return prefer_concatenation(model, EdgeShape{4096, 2 * per_child, 32, per_child}, 32, 32, 8192, 16);
+  };
+  CHECK_FALSE(decide(8));   // one 16-row tile over the parent beats two half-empty ones
+  CHECK(decide(128));       // the same tiles either way: concatenation only saves partials
+
+  // The same decisions in whole plans: the parent's 4096 tokens are read once
+  // (kept apart) or once per child (concatenated).
+  for (const auto& [per_child, reads] : {std::pair{8, 1}, std::pair{128, 2}}) {
+    CAPTURE(per_child);
+    PlanOptions o = own_layout("solo_speedup=1");  // no long-context split
+    o.query_tile = 16;
+    o.block_tokens = 8192;
+    const Tree tree = parent_with_two_children(per_child);
+    const Plan p = plan(tree, o);
+    std::int64_t parent_tokens_read = 0;  // node 0 is the parent (insertion order)
+    for (std::int32_t s = 0; s < p.num_segments(); ++s) {
+      if (p.segment_node[std::size_t(s)] == 0) {
+        parent_tokens_read += p.segment_token_end[std::size_t(s)] - p.segment_token_begin[std::size_t(s)];
+      }
+    }
+    CHECK(parent_tokens_read == reads * 4096);
+    test::check_invariants(tree, o);
+  }
+}
+
+TEST_CASE("each item gets the cheaper tile: small for a few rows, large for many") {
+  const CostModel model = cost_model_for("h100");
+  CHECK(choose_tile(model, 4, 256).rows == kSmallTileRows);
+  CHECK(choose_tile(model, 64, 256).rows == kLargeTileRows);
+  CHECK(choose_tile(model, 256, 256).passes == 4);
+  CHECK(choose_tile(model, 8, 256).passes == 1);
+
+  // A star under 32/32 heads: the leaves' items hold one row, the prefix's 64.
+  const Tree tree = few_shot_tree({32, 32, 128}, 1024, 64, 300);
+  const Plan p = plan(tree, PlanOptions{Strategy::node, 256, kMaxQueryTile, 0});
+  for (std::int32_t i = 0; i < p.num_items(); ++i) {
+    const std::int32_t queries = p.item_query_begin[std::size_t(i) + 1] - p.item_query_begin[std::size_t(i)];
+    CHECK(p.item_tile_rows[std::size_t(i)] == (queries == 1 ? kSmallTileRows : kLargeTileRows));
+  }
+}
+
+TEST_CASE("deep trees of short nodes: greedy concatenates and saves partials over flatten") {
+  const Tree tree = level_tree({16, 1, 128}, {1, 2, 4, 8, 16, 32, 64, 128, 1024}, {16, 16, 16, 16, 16, 16, 16, 16, 16});
+  PlanOptions flat;
+  const Plan f = plan(tree, flat);
+  PlanOptions greedy;
+  greedy.strategy = Strategy::greedy;
+  const Plan g = plan(tree, greedy);
+  const PlanStats fs = compute_stats(f), gs = compute_stats(g);
+  CHECK(gs.plan_read_tokens > gs.tokens);  // some ancestor KV is read by several groups
+  CHECK(gs.partials < fs.partials);
+  CHECK(estimate_cost(g, greedy.cost).time_us * greedy.cost.switch_gain <= estimate_cost(f, greedy.cost).time_us);
+  test::check_invariants(tree, greedy);
+}
+
+TEST_CASE("a tree where the model sees no clear gain keeps flatten's layout") {
+  const Tree tree = few_shot_tree({32, 8, 128}, 4000, 20, 200);
+  PlanOptions flat;
+  PlanOptions greedy;
+  greedy.strategy = Strategy::greedy;
+  Plan g = plan(tree, greedy);
+  CHECK(g.strategy == Strategy::greedy);
+  g.strategy = Strategy::flatten;
+  CHECK(test::plan_difference(g, plan(tree, flat)) == "");
+}
+
+TEST_CASE("long-context splitting fills the device, and only while it pays") {
+  // Ten 400-token branches under a 4000-token prompt, one KV head: 16 blocks
+  // of 250 prompt tokens cannot fill 396 CTA slots.
+  const Tree tree = few_shot_tree({16, 1, 128}, 4000, 10, 400);
+  const Plan split = plan(tree, own_layout());
+  const PlanStats st = compute_stats(split);
+  CHECK(st.blocks > 16 + 10 * 2);
+  CHECK(st.block_tokens_min >= 64);
+
+  // A device that one pass fills (one slot, no solo speedup) gains nothing from it.
+  const Plan unsplit = plan(tree, own_layout("slots=1,solo_speedup=1"));
+  CHECK(compute_stats(unsplit).blocks == 16 + 10 * 2);
+
+  // Never below min_split_tokens.
+  const Plan floor = plan(tree, own_layout("min_split_tokens=200"));
+  CHECK(compute_stats(floor).block_tokens_min >= 200);
+}
+
+TEST_CASE("greedy keeps every invariant under extreme coefficients") {
+  const char* extremes[] = {
+      "partial_ns=0",                        // never concatenate
+      "partial_ns=1e9",                      // always concatenate
+      "pass_ns=0,tile_ns_small=1e6",         // large tiles only
+      "tile_ns_large=1e6",                   // small tiles only
+      "slots=1e6,solo_speedup=1e3",          // split down to min_split_tokens
+  };
+  for (std::uint64_t seed = 1; seed <= 25; ++seed) {
+    RandomForestOptions r;
+    r.seed = seed;
+    r.nodes = std::int32_t(1 + seed * 3 % 50);
+    r.roots = std::min<std::int32_t>(r.nodes, std::int32_t(1 + seed % 3));
+    r.queries = std::int32_t(seed % 5 == 0 ? 150 : 1 + seed % 30);
+    r.max_tokens = std::int32_t(seed % 4 == 0 ? 600 : 40);
+    r.min_tokens = seed % 3 == 0 ? 0 : 1;
+    r.upto_fraction = 0.35;
+    r.heads = {seed % 2 ? 32 : 16, seed % 2 ? 8 : 1, 128, 0.0f};
+    const Tree tree = random_forest(r);
+    CAPTURE(seed);
+    for (const char* extreme : extremes) {
+      for (std::int32_t block_tokens : {7, 64, 256}) {
+        PlanOptions o = own_layout(extreme);
+        o.block_tokens = block_tokens;
+        o.query_tile = seed % 4 == 0 ? 5 : kMaxQueryTile;
+        test::check_invariants(tree, o);
+      }
+    }
+  }
+}
+
+TEST_CASE("cost-model coefficients: set, print, and precise errors") {
+  CostModel m = cost_model_for("h100");
+  m.set("pass_ns=100, tile_ns_small=7");
+  CHECK(m.pass_ns == 100.0);
+  CHECK(m.tile_ns_small == 7.0);
+  CostModel copy = cost_model_for("h100");
+  copy.set(m.to_string());
+  CHECK(copy.to_string() == m.to_string());
+  CHECK_THROWS_WITH_AS(m.set("pass=1"), doctest::Contains("unknown coefficient 'pass'"), Error);
+  CHECK_THROWS_WITH_AS(m.set("partial_ns=-1"), doctest::Contains("partial_ns = '-1'"), Error);
+  CHECK_THROWS_WITH_AS(m.set("slots=0"), doctest::Contains("slots must be positive"), Error);
+  CHECK_THROWS_WITH_AS(m.set("tile_ns_large"), doctest::Contains("not KEY=VALUE"), Error);
+  CHECK_THROWS_WITH_AS(m.set("min_split_tokens=0.5"), doctest::Contains("not a positive integer"), Error);
+}

@@ -35,7 +35,29 @@ cudaError_t launch_for_dim(const KernelParams& p, int head_dim, cudaStream_t str
   return cudaErrorInvalidValue;
 }
 
+template <int HeadDim>
+int ctas_per_sm() {
+  using Traits = AttnTraits<HeadDim, __half>;
+  auto kernel = tree_attn_partial_kernel<Traits>;
+  int blocks = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Traits::kThreads, Traits::kSmemBytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return blocks;
+}
+
 }  // namespace
+
+int stage1_ctas_per_sm(int head_dim) {
+  switch (head_dim) {
+    case 64: return ctas_per_sm<64>();
+    case 128: return ctas_per_sm<128>();
+    case 256: return ctas_per_sm<256>();
+  }
+  return 0;
+}
 
 cudaError_t launch_tree_attention(const KernelParams& params, int head_dim, bool bf16, cudaStream_t stream) {
   return bf16 ? launch_for_dim<__nv_bfloat16>(params, head_dim, stream)

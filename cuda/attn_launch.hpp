@@ -15,6 +15,9 @@ inline constexpr int kMaxBlockTokens = 256;
 // most: a pass of a large tile (plan.hpp, kLargeTileRows).
 inline constexpr int kRowsPerPass = 64;
 
+// Stage-1 CTAs (f16, this head_dim) that fit on one SM of the current device.
+int stage1_ctas_per_sm(int head_dim);
+
 // Stage 1 over every work item and KV head, then the stage-2 merge.
 // head_dim is 64, 128 or 256; bf16 selects bf16 inputs (else f16).
 cudaError_t launch_tree_attention(const KernelParams& params, int head_dim, bool bf16, cudaStream_t stream);

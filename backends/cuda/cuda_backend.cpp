@@ -72,6 +72,15 @@ CudaBackend::CudaBackend(const BackendOptions&) {
   TREEATTN_CUDA_CHECK(cudaSetDevice(0));
   TREEATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   peak_gbps_ = device_peak_gbps(0);
+  int sms = 0;
+  TREEATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  slots_ = double(sms) * double(stage1_ctas_per_sm(128));
+}
+
+CostModel CudaBackend::cost_model() const {
+  CostModel model = cost_model_for("h100");  // fitted on the H100 (README); other GPUs scale by their slots
+  if (slots_ > 0.0) model.slots = slots_;
+  return model;
 }
 
 CudaBackend::~CudaBackend() {

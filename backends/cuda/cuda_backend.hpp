@@ -23,6 +23,7 @@ class CudaBackend final : public Backend {
   void run(const Plan& plan, const AttentionArgs& args) override;
   std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
   double peak_gbps() override { return peak_gbps_; }
+  CostModel cost_model() const override;
 
   // The device-resident API: enqueue one attention call on `stream`, with the
   // plan uploaded by DevicePlan::upload and tensors already on the device
@@ -34,6 +35,7 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream_ = nullptr;
   double peak_gbps_ = 0.0;
+  double slots_ = 0.0;  // stage-1 CTAs in flight (head_dim 128): SMs x CTAs per SM
   DevicePlan plan_;
   DeviceBuffer q_, k_, v_, o_, lse_;
 };

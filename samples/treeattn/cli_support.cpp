@@ -98,12 +98,13 @@ const char* const kCostHelp =
     "solo_speedup (a pass alone on an SM against its share of a full one), switch_gain (greedy keeps flatten's "
     "layout unless its own is predicted this many times faster), min_split_tokens. They choose each item's tile rows and the greedy strategy's groups";
 
-PlanOptions PlanFlags::options(std::int64_t kv_slots) const {
+PlanOptions PlanFlags::options(std::int64_t kv_slots, const CostModel& base) const {
   PlanOptions o;
   o.strategy = parse_strategy(strategy);
   o.block_tokens = block_tokens;
   o.query_tile = query_tile;
   o.kv_slots = kv_slots;
+  o.cost = base;
   o.cost.set(cost);
   return o;
 }

@@ -44,7 +44,8 @@ struct PlanFlags {
   std::string cost;  // cost-model coefficients, KEY=VALUE,...
 
   void add_to(CLI::App& sub);
-  PlanOptions options(std::int64_t kv_slots = 0) const;
+  // `base`: the device's cost model, which --cost adjusts.
+  PlanOptions options(std::int64_t kv_slots = 0, const CostModel& base = cost_model_for("h100")) const;
 };
 
 // --threads (CPU), --device and --vk-variant (Vulkan), shared by the commands

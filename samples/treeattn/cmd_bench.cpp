@@ -96,9 +96,10 @@ void run_bench(const BenchOptions& o) {
   nlohmann::json rows = nlohmann::json::array();
   fmt::print("{:<34} {:<16} {:<10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload", "model",
              "strategy", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
+  // Cost models: the first timed backend's device model, adjusted by each --cost.
   std::vector<CostModel> models;
   for (const std::string& assignments : o.costs) {
-    models.push_back(cost_model_for("h100"));
+    models.push_back(backends.empty() ? cost_model_for("h100") : backends.front().backend->cost_model());
     models.back().set(assignments);
   }
   const std::size_t total = trees.size() * o.strategies.size() * models.size();

@@ -110,7 +110,7 @@ void run_demo(const DemoOptions& o) {
 
   std::map<std::int64_t, std::int64_t> written;  // node -> tokens whose K/V rows are filled
   std::vector<TreeQuery> queries;
-  const PlanOptions options = o.plan.options(cache.slots());
+  const PlanOptions options = o.plan.options(cache.slots(), backend->cost_model());
   ProgressBar progress(steps);
   std::int64_t generated = 0, unique_bytes = 0, sequence_bytes = 0, max_nodes = 0, max_queries = 0;
   double plan_us = 0.0, run_us = 0.0;

@@ -27,16 +27,16 @@ void run(const RunOptions& o) {
                 fmt::format("{}: K is {}, expected [slots, heads_kv, head_dim]", o.k, describe(k.view())));
   }
 
-  const Plan plan = treeattn::plan(tree, o.plan.options(k.shape[0]));
-
-  const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, d = plan.heads.head_dim;
-  HostArray out(DType::f32, {nq, hq, d});
-  HostArray lse(DType::f32, {nq, hq});
   BackendOptions backend_options = o.backend_flags.options;
   backend_options.verbose = o.verbose;
   BackendKind kind = parse_backend(o.backend);
   if (kind == BackendKind::automatic && q.dtype == DType::f32) kind = BackendKind::cpu;  // GPU kernels take f16/bf16
   std::unique_ptr<Backend> backend = make_backend(kind, backend_options);
+  const Plan plan = treeattn::plan(tree, o.plan.options(k.shape[0], backend->cost_model()));
+
+  const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, d = plan.heads.head_dim;
+  HostArray out(DType::f32, {nq, hq, d});
+  HostArray lse(DType::f32, {nq, hq});
   if (o.verbose) {
     const PlanStats st = compute_stats(plan);
     fmt::print(stderr, "treeattn run: backend {}, strategy {}, {} queries, {} tokens, {} work items\n",

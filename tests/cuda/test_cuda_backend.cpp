@@ -5,6 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "../backends/cuda/cuda_backend.hpp"
@@ -32,6 +33,15 @@ TEST_CASE("the graph-replayed layers compute what run() computes") {
   auto backend = make_test_backend();
   check_timed_layers_match_run(*backend);
   CHECK(backend->peak_gbps() > 0.0);
+}
+
+TEST_CASE("the cost model's slots are the device's: SMs x stage-1 CTAs per SM") {
+  int sms = 0;
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+  const double slots = make_test_backend()->cost_model().slots;
+  CHECK(slots >= sms);  // at least one CTA per SM
+  CHECK(std::fmod(slots, double(sms)) == 0.0);
+  CHECK(slots <= 8.0 * sms);
 }
 
 int main(int argc, char** argv) {

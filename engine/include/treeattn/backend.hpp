@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "treeattn/cost_model.hpp"
 #include "treeattn/plan.hpp"
 #include "treeattn/tensor.hpp"
 
@@ -45,6 +46,11 @@ class Backend {
 
   // Roofline bandwidth in GB/s that benchmarks compare against (0: unknown).
   virtual double peak_gbps() { return 0.0; }
+
+  // The planner's cost model for this device (tile rows, the greedy strategy):
+  // the measured H100 profile, with `slots` from the device where the backend
+  // knows how many stage-1 CTAs it runs at once.
+  virtual CostModel cost_model() const { return cost_model_for("h100"); }
 };
 
 // Throws Backend when `kind` is not built into this library or has no device here.

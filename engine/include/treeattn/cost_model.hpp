@@ -44,7 +44,8 @@ struct CostModel {
   std::string to_string() const;  // every coefficient, in set()'s syntax
 };
 
-// Measured defaults for a device, by name ("h100"; "default" for anything else).
+// Measured coefficients for a device by name. Only "h100" has been measured;
+// any other name gets the H100's, which a backend adjusts to its device's slots.
 CostModel cost_model_for(const std::string& device);
 
 // The cheaper tile for an item of `rows` query rows over a block of

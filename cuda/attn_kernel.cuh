@@ -5,10 +5,10 @@
 // (64 or 16) of its query rows, which are the tile's queries x the group's
 // query heads packed query-major. The passes of one item are adjacent in the
 // grid so they share the block in L2.
-// The CTA loads its block's token map (KV-pool slot and segment of each token)
-// and its masks into shared memory, streams the block through 64-token tiles
-// gathered with cp.async (two stages), computes S = Q K^T, applies the segment
-// bit masks, runs the online softmax, accumulates O = P V, and writes the
+// The CTA loads its block's token map (KV-pool slot and segment of each token),
+// expands its segment masks to one mask per token in shared memory, streams the
+// block through 64-token tiles gathered with cp.async (two stages), computes
+// S = Q K^T, applies the token masks, runs the online softmax, accumulates O = P V, and writes the
 // normalised partial and its log-sum-exp, or O and LSE directly when the item
 // is the query's only one.
 // Stage 2 merges each query's partials in the plan's order (deterministic).
@@ -102,9 +102,8 @@ struct PassContext {
   Element* q_s;
   Element* k_s;
   Element* v_s;
-  const std::uint64_t* seg_mask;
+  const std::uint64_t* tok_mask;  // per token of the block: bit j <=> tile query j sees it (0 past the end)
   const std::int32_t* tok_slot;
-  const std::uint16_t* tok_seg;
   int ntok, row_end, row0, q0, kv_head;  // the pass takes query rows [row0, row_end)
 };
 
@@ -177,12 +176,12 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
     ldmatrix_x4(qf[kk], c.q_s + (warp_row + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
   }
   if constexpr (Traits::kQInStage) __syncthreads();  // every warp has its Q: the stage may be refilled
-  // Rows g and g + 8 of the warp: their query's bit in the masks, or -1 (padding).
-  int query_bit[2];
+  // Rows g and g + 8 of the warp: their query's bit in the token masks, or 0 (padding).
+  std::uint64_t row_bit[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = c.row0 + warp_row + g + h * 8;
-    query_bit[h] = row < c.row_end ? row / p.group : -1;
+    row_bit[h] = row < c.row_end ? std::uint64_t(1) << (row / p.group) : 0;
   }
 
   float acc[D / 8][4];
@@ -223,12 +222,12 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
     float tile_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF};
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
+      // The thread's two adjacent tokens of this n-tile: one 16-byte load.
+      const ulonglong2 masks = *reinterpret_cast<const ulonglong2*>(c.tok_mask + t * kTile + (n_base + n) * 8 + t4 * 2);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
-        const int token = t * kTile + (n_base + n) * 8 + t4 * 2 + (e & 1);
-        const bool visible =
-            token < c.ntok && query_bit[h] >= 0 && ((c.seg_mask[c.tok_seg[token]] >> query_bit[h]) & 1u);
+        const bool visible = ((e & 1) ? masks.y : masks.x) & row_bit[h];
         s[n][e] = visible ? s[n][e] * p.scale_log2 : TREEATTN_NEG_INF;
         tile_max[h] = fmaxf(tile_max[h], s[n][e]);
       }
@@ -309,7 +308,7 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
   if constexpr (!kSplitKV) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (query_bit[h] < 0) continue;
+      if (row_bit[h] == 0) continue;
       const RowDest d = row_dest(warp_row + g + h * 8);
       const float inv = 1.0f / row_sum[h];
       if (d.direct) {
@@ -380,9 +379,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
   Element* q_s = reinterpret_cast<Element*>(smem + Traits::kQOffset);
   Element* k_s = reinterpret_cast<Element*>(smem + Traits::kKOffset);
   Element* v_s = reinterpret_cast<Element*>(smem + Traits::kVOffset);
-  std::uint64_t* seg_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kMaskOffset);
+  std::uint64_t* tok_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kTokMaskOffset);
   std::int32_t* tok_slot = reinterpret_cast<std::int32_t*>(smem + Traits::kSlotOffset);
-  std::uint16_t* tok_seg = reinterpret_cast<std::uint16_t*>(smem + Traits::kTokSegOffset);
+  std::uint64_t* seg_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kSegScratchOffset);
 
   const int pass = int(blockIdx.x / unsigned(p.heads_kv));
   const int kv_head = int(blockIdx.x % unsigned(p.heads_kv));
@@ -393,25 +392,34 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
   const int row0 = p.pass_row_begin[pass];
   const int row_end = min((p.item_query_begin[item + 1] - q0) * p.group, row0 + p.item_tile_rows[item]);
 
-  // The block's token map (slots and segment of each token, derived once per
-  // plan upload) and this item's segment masks, into shared memory; the loads
-  // are unrolled so they are all in flight together.
+  // The block's token map (slot and segment of each token, derived once per
+  // plan upload) and this item's segment masks; the loads are unrolled so they
+  // are all in flight together. Then each token gets its segment's mask, so the
+  // tile loop tests one bit per score instead of looking up the segment.
   const int tok0 = p.block_token_begin[block];
   const int ntok = p.block_token_begin[block + 1] - tok0;
   const int nseg = p.block_segment_begin[block + 1] - p.block_segment_begin[block];
   const std::uint64_t* masks = p.segment_mask + p.item_mask_begin[item];
+  constexpr int kPerThread = kMaxBlockTokens / Traits::kThreads;
+  int tok_seg[kPerThread];
 #pragma unroll
-  for (int i = 0; i < kMaxBlockTokens / Traits::kThreads; ++i) {
+  for (int i = 0; i < kPerThread; ++i) {
     const int t = tid + i * Traits::kThreads;
+    tok_seg[i] = -1;
     if (t < ntok) {
       tok_slot[t] = p.block_token_slot[tok0 + t];
-      tok_seg[t] = p.block_token_segment[tok0 + t];
+      tok_seg[i] = p.block_token_segment[tok0 + t];
     }
     if (t < nseg) seg_mask[t] = masks[t];
   }
   __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    tok_mask[tid + i * Traits::kThreads] = tok_seg[i] < 0 ? 0 : seg_mask[tok_seg[i]];
+  }
+  __syncthreads();
 
-  PassContext<Element> ctx{p, q_s, k_s, v_s, seg_mask, tok_slot, tok_seg, ntok, row_end, row0, q0, kv_head};
+  PassContext<Element> ctx{p, q_s, k_s, v_s, tok_mask, tok_slot, ntok, row_end, row0, q0, kv_head};
   // A pass of at most 16 rows (a small tile, or a large tile's last rows) splits
   // the KV tile among the warps instead of giving three of them padding rows.
   if (row_end - row0 <= 16) attend_pass<Traits, true>(ctx);
@@ -419,44 +427,61 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 }
 
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
-// One CTA per (query, query head), one thread per channel: enough CTAs to keep
-// every SM busy even for a handful of queries. The partials' slots and LSEs are
-// staged in shared memory a chunk at a time (one round trip for the whole
-// chunk), so each thread's loop only loads its channel of each partial, and
-// those loads are independent; a running max keeps the merge one pass.
+// One warp per (query, query head), kMergeWarps to a CTA, each lane owning
+// head_dim / 32 adjacent channels (one 16-byte load per partial at head_dim
+// 128). The warp reads 32 partials' slots and LSEs at a time, one per lane,
+// takes their maximum with shuffles, and then every lane folds the partials in
+// CSR order with a running max, so the merge is one pass and deterministic.
+constexpr int kMergeWarps = 4;
+
 template <int HeadDim>
-__global__ void __launch_bounds__(HeadDim) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
-  constexpr int kChunk = 256;
-  __shared__ std::int32_t slot[kChunk];
-  __shared__ float slot_lse[kChunk];
-  const int query = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+__global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
+  constexpr int kChannels = HeadDim / 32;  // per lane: 2, 4 or 8
+  const int lane = threadIdx.x % 32;
+  const std::int64_t pair = std::int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
+  if (pair >= std::int64_t(p.num_queries) * p.heads_q) return;
+  const int query = int(pair / p.heads_q), head = int(pair % p.heads_q);
   const int m0 = p.merge_begin[query], m1 = p.merge_begin[query + 1];
-  if (m0 == m1) return;
-  float max_lse = TREEATTN_NEG_INF, sum = 0.0f, acc = 0.0f;
-  for (int c0 = m0; c0 < m1; c0 += kChunk) {
-    const int n = min(kChunk, m1 - c0);
-    __syncthreads();  // the previous chunk is consumed
-    for (int i = d; i < n; i += HeadDim) {
-      slot[i] = p.merge_partial[c0 + i];
-      slot_lse[i] = p.partial_lse[std::int64_t(slot[i]) * p.heads_q + head];
+  if (m0 == m1) return;  // written directly by stage 1
+
+  float max_lse = TREEATTN_NEG_INF, sum = 0.0f, acc[kChannels];
+#pragma unroll
+  for (int c = 0; c < kChannels; ++c) acc[c] = 0.0f;
+  for (int c0 = m0; c0 < m1; c0 += 32) {
+    const int n = min(32, m1 - c0);
+    int my_slot = 0;
+    float my_lse = TREEATTN_NEG_INF;
+    if (lane < n) {
+      my_slot = p.merge_partial[c0 + lane];
+      my_lse = p.partial_lse[std::int64_t(my_slot) * p.heads_q + head];
     }
-    __syncthreads();
-    float chunk_max = TREEATTN_NEG_INF;
-    for (int i = 0; i < n; ++i) chunk_max = fmaxf(chunk_max, slot_lse[i]);
+    float chunk_max = my_lse;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, o));
     const float new_max = fmaxf(max_lse, chunk_max);
     const float rescale = __expf(max_lse - new_max);  // 0 on the first chunk
     sum *= rescale;
-    acc *= rescale;
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c) acc[c] *= rescale;
     max_lse = new_max;
-#pragma unroll 8
+    const float my_weight = __expf(my_lse - max_lse);
     for (int i = 0; i < n; ++i) {
-      const float w = __expf(slot_lse[i] - max_lse);
+      const float w = __shfl_sync(0xffffffffu, my_weight, i);
+      const int slot = __shfl_sync(0xffffffffu, my_slot, i);
+      const float* src = p.partial_o + (std::int64_t(slot) * p.heads_q + head) * HeadDim + lane * kChannels;
       sum += w;
-      acc += w * p.partial_o[(std::int64_t(slot[i]) * p.heads_q + head) * HeadDim + d];
+#pragma unroll
+      for (int c = 0; c < kChannels; c += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src + c);
+        acc[c] += w * v.x;
+        acc[c + 1] += w * v.y;
+      }
     }
   }
-  store_out(p.o, p.out_type, (std::int64_t(query) * p.heads_q + head) * HeadDim + d, acc / sum);
-  if (p.lse != nullptr && d == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);
+  const std::int64_t out = (std::int64_t(query) * p.heads_q + head) * HeadDim + lane * kChannels;
+#pragma unroll
+  for (int c = 0; c < kChannels; ++c) store_out(p.o, p.out_type, out + c, acc[c] / sum);
+  if (p.lse != nullptr && lane == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);
 }
 
 }  // namespace treeattn::cuda

@@ -19,7 +19,9 @@ cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   if (p.num_queries > 0) {
-    tree_attn_merge_kernel<HeadDim><<<dim3(unsigned(p.num_queries), unsigned(p.heads_q)), HeadDim, 0, stream>>>(p);
+    const std::int64_t pairs = std::int64_t(p.num_queries) * p.heads_q;
+    const unsigned ctas = unsigned((pairs + kMergeWarps - 1) / kMergeWarps);
+    tree_attn_merge_kernel<HeadDim><<<ctas, kMergeWarps * 32, 0, stream>>>(p);
     err = cudaGetLastError();
   }
   return err;

@@ -35,13 +35,16 @@ struct AttnTraits {
   static constexpr int kKOffset = kQInStage ? 0 : kQBytes;
   static constexpr int kQOffset = kQInStage ? kKOffset + kTileBytes : 0;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
-  static constexpr int kMaskOffset = kVOffset + kStages * kTileBytes;               // u64 per segment
-  static constexpr int kSlotOffset = kMaskOffset + kMaxBlockTokens * 8;             // i32 per token
-  static constexpr int kTokSegOffset = kSlotOffset + kMaxBlockTokens * 4;           // u16 per token
-  static constexpr int kSmemBytes = kTokSegOffset + kMaxBlockTokens * 2;
+  static constexpr int kTokMaskOffset = kVOffset + kStages * kTileBytes;            // u64 per token
+  static constexpr int kSlotOffset = kTokMaskOffset + kMaxBlockTokens * 8;          // i32 per token
+  static constexpr int kSmemBytes = kSlotOffset + kMaxBlockTokens * 4;
+  // The prologue stages the item's segment masks in a region the pass fills
+  // only later (the second V stage, or Q's own space), to expand them per token.
+  static constexpr int kSegScratchOffset = kQInStage ? kVOffset + kTileBytes : kQOffset;
+  static_assert(kMaxBlockTokens * 8 <= (kQInStage ? kTileBytes : kQBytes), "segment masks must fit the scratch");
   // The split-KV merge reuses the K/V stages for every warp's 16 x head_dim
   // accumulators, their row maxima and sums, and 16 row destinations.
-  static_assert(kWarps * 16 * (kHeadDim + 2) * 4 + 16 * 16 <= kMaskOffset - kKOffset,
+  static_assert(kWarps * 16 * (kHeadDim + 2) * 4 + 16 * 16 <= kTokMaskOffset - kKOffset,
                 "K/V stages too small for the merge");
   // CTAs per SM the registers are capped for (170 registers at three).
   static constexpr int kMinBlocksPerSM = kQInStage ? 3 : 1;

@@ -46,28 +46,29 @@ class UnitCost {
   std::int32_t query_tile_;
 };
 
-// Disjoint, sorted query-position intervals: the viewers of a pack.
+// The viewers of a pack: its groups' query-position ranges, which arrive in
+// depth-first order, so each starts at or after the previous one and is either
+// nested in the ranges so far or past them: one running range suffices.
 class Viewers {
  public:
-  void clear() { ranges_.clear(); }
-  void add(std::int32_t lo, std::int32_t hi) {
-    ranges_.emplace_back(lo, hi);
-    std::sort(ranges_.begin(), ranges_.end());
-    std::size_t out = 0;
-    for (std::size_t i = 1; i < ranges_.size(); ++i) {
-      if (ranges_[i].first <= ranges_[out].second) ranges_[out].second = std::max(ranges_[out].second, ranges_[i].second);
-      else ranges_[++out] = ranges_[i];
-    }
-    ranges_.resize(out + 1);
+  void reset(std::int32_t lo, std::int32_t hi) {
+    lo_ = lo;
+    hi_ = hi;
+    count_ = hi - lo;
   }
-  std::int64_t count() const {
-    std::int64_t n = 0;
-    for (const auto& [lo, hi] : ranges_) n += hi - lo;
-    return n;
+  // Distinct viewers once [lo, hi) joins.
+  std::int64_t count_with(std::int32_t lo, std::int32_t hi) const {
+    return count_ + (lo < hi_ ? std::max(0, hi - hi_) : hi - lo);
+  }
+  void add(std::int32_t lo, std::int32_t hi) {
+    count_ = count_with(lo, hi);
+    if (lo >= hi_) lo_ = lo;
+    hi_ = std::max(hi_, hi);
   }
 
  private:
-  std::vector<std::pair<std::int32_t, std::int32_t>> ranges_;
+  std::int32_t lo_ = 0, hi_ = 0;
+  std::int64_t count_ = 0;
 };
 
 // DeFT-Flatten's packing, where it pays: a group shorter than a block joins
@@ -75,30 +76,27 @@ class Viewers {
 // union of their queries, masked) costs less than a pass over each.
 std::vector<Unit> pack_groups(const std::vector<Group>& groups, const UnitCost& cost, std::int32_t block_tokens) {
   std::vector<Unit> units;
-  Viewers pack_viewers, trial;
+  Viewers pack_viewers;
   bool open = false;
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const Group& g = groups[k];
     const std::int64_t own_viewers = g.hi - g.lo;
     if (open && g.tokens < block_tokens && units.back().tokens + g.tokens <= block_tokens) {
       Unit& pack = units.back();
-      trial = pack_viewers;
-      trial.add(g.lo, g.hi);
-      const std::int64_t joined_viewers = trial.count();
+      const std::int64_t joined_viewers = pack_viewers.count_with(g.lo, g.hi);
       const double joined = cost.work_ns(pack.tokens + g.tokens, 1, joined_viewers);
       const double apart = cost.work_ns(pack.tokens, 1, pack.viewers) + cost.work_ns(g.tokens, 1, own_viewers);
       if (joined <= apart) {
         pack.last = k + 1;
         pack.tokens += g.tokens;
         pack.viewers = joined_viewers;
-        pack_viewers = trial;
+        pack_viewers.add(g.lo, g.hi);
         continue;
       }
     }
     units.push_back(Unit{k, k + 1, g.tokens, own_viewers, ceil_div(g.tokens, block_tokens)});
     open = g.tokens < block_tokens;
-    pack_viewers.clear();
-    pack_viewers.add(g.lo, g.hi);
+    pack_viewers.reset(g.lo, g.hi);
   }
   return units;
 }
@@ -121,6 +119,12 @@ void split_long_units(std::vector<Unit>& units, const UnitCost& cost) {
     work += cost.work_ns(units[u].tokens, units[u].blocks, units[u].viewers);
     longest.push({cost.max_pass_ns(units[u].tokens, units[u].blocks, units[u].viewers), u});
   }
+  // Many units often share the longest pass (a plateau): cutting one of them
+  // leaves the step time as it was until the last is cut. So cuts that keep
+  // the time are taken too, and the blocks return to the best point seen.
+  double best_us = step_time_us(model, work, longest.empty() ? 0.0 : longest.top().pass_ns);
+  std::vector<std::int64_t> best_blocks;
+  for (const Unit& u : units) best_blocks.push_back(u.blocks);
   while (!longest.empty()) {
     const Entry top = longest.top();
     Unit& u = units[top.unit];
@@ -132,13 +136,17 @@ void split_long_units(std::vector<Unit>& units, const UnitCost& cost) {
     const double next_longest = longest.empty() ? 0.0 : longest.top().pass_ns;
     const double split_work = work - cost.work_ns(u.tokens, u.blocks, u.viewers) + cost.work_ns(u.tokens, blocks, u.viewers);
     const double split_pass = cost.max_pass_ns(u.tokens, blocks, u.viewers);
-    if (step_time_us(model, split_work, std::max(split_pass, next_longest)) >= step_time_us(model, work, top.pass_ns)) {
-      break;
-    }
+    const double split_us = step_time_us(model, split_work, std::max(split_pass, next_longest));
+    if (split_us > step_time_us(model, work, top.pass_ns)) break;
     u.blocks = blocks;
     work = split_work;
     longest.push({split_pass, top.unit});
+    if (split_us < best_us) {
+      best_us = split_us;
+      for (std::size_t i = 0; i < units.size(); ++i) best_blocks[i] = units[i].blocks;
+    }
   }
+  for (std::size_t i = 0; i < units.size(); ++i) units[i].blocks = best_blocks[i];
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "treeattn/planner.hpp"
 
+#include <optional>
+
 #include "fail.hpp"
 #include "greedy.hpp"
 #include "plan_builder.hpp"
@@ -91,15 +93,10 @@ void plan_sequence(PlanBuilder& builder, const Visibility& vis, const Topology& 
 }
 
 
-// One strategy's plan over an analysed tree (`topo` is the strategy's to reorder).
-Plan build_plan(const Tree& tree, Topology topo, const PlanOptions& options) {
-  Visibility vis = compute_visibility(tree, topo);
-  GreedyGroups groups;
-  if (options.strategy == Strategy::greedy) {
-    groups = choose_greedy_groups(topo, vis, options, tree.heads);  // reorders topo's children
-    vis = compute_visibility(tree, topo);
-  }
-
+// A strategy's plan from an analysed tree and its visibility; `groups` are
+// greedy's decisions (and `topo` the order they chose), null otherwise.
+Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
+              const GreedyGroups* groups) {
   Plan result;
   result.heads = tree.heads;
   result.heads.scale = tree.heads.effective_scale();
@@ -117,10 +114,45 @@ Plan build_plan(const Tree& tree, Topology topo, const PlanOptions& options) {
     case Strategy::node_chunk: plan_per_node(builder, vis, topo, Cut::even); break;
     case Strategy::cascade: plan_cascade(builder, vis, topo); break;
     case Strategy::sequence: plan_sequence(builder, vis, topo); break;
-    case Strategy::greedy: plan_greedy(builder, vis, topo, groups, options, result.heads); break;
+    case Strategy::greedy: plan_greedy(builder, vis, topo, *groups, options, result.heads); break;
   }
   builder.finish();
   return result;
+}
+
+// The greedy strategy. Its groups are decided edge by edge, each edge seeing
+// only its own partials: a tree of many short levels gains from concatenating
+// all the way down only once most edges do, so a second pass weighs partials
+// 4x, and the model keeps the cheaper layout. DeFT-Flatten's single run is a
+// whole-tree layout the local decisions can also miss (tiny groups under shared
+// ancestors, read once with masks): flatten's is kept unless the model
+// predicts a clear gain (switch_gain covers its error).
+Plan plan_greedy_or_flatten(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options) {
+  std::optional<Plan> best;
+  double best_us = 0.0;
+  std::vector<std::uint8_t> previous;
+  for (double partial_weight : {1.0, 4.0}) {
+    PlanOptions decide = options;
+    decide.cost.partial_ns *= partial_weight;
+    Topology order = topo;
+    const GreedyGroups groups = choose_greedy_groups(order, vis, decide, tree.heads);  // reorders the children
+    if (groups.joined == previous) continue;  // the same layout again
+    previous = groups.joined;
+    Plan candidate = assemble(tree, order, compute_visibility(tree, order), options, &groups);
+    const double us = estimate_cost(candidate, options.cost).time_us;
+    if (!best || us < best_us) {
+      best = std::move(candidate);
+      best_us = us;
+    }
+  }
+  PlanOptions flat = options;
+  flat.strategy = Strategy::flatten;
+  Plan flatten = assemble(tree, topo, vis, flat, nullptr);
+  if (estimate_cost(flatten, options.cost).time_us < best_us * options.cost.switch_gain) {
+    flatten.strategy = Strategy::greedy;
+    return flatten;
+  }
+  return std::move(*best);
 }
 
 }  // namespace
@@ -128,22 +160,9 @@ Plan build_plan(const Tree& tree, Topology topo, const PlanOptions& options) {
 Plan plan(const Tree& tree, const PlanOptions& options) {
   check_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
-  Plan result = build_plan(tree, topo, options);
-  if (options.strategy == Strategy::greedy) {
-    // The greedy groups are decided edge by edge; DeFT-Flatten's single run is
-    // a whole-tree layout those local decisions can miss (tiny groups under
-    // shared ancestors, read once with masks). Keep flatten's unless the model
-    // predicts a clear gain (switch_gain covers its error).
-    PlanOptions flat = options;
-    flat.strategy = Strategy::flatten;
-    Plan alternative = build_plan(tree, topo, flat);
-    if (estimate_cost(alternative, options.cost).time_us <
-        estimate_cost(result, options.cost).time_us * options.cost.switch_gain) {
-      alternative.strategy = Strategy::greedy;
-      return alternative;
-    }
-  }
-  return result;
+  Visibility vis = compute_visibility(tree, topo);
+  if (options.strategy == Strategy::greedy) return plan_greedy_or_flatten(tree, topo, vis, options);
+  return assemble(tree, topo, std::move(vis), options, nullptr);
 }
 
 }  // namespace treeattn

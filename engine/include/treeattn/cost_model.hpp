@@ -26,10 +26,10 @@ inline constexpr std::int32_t kLargeTileRows = 64;  // four warps of 16 rows
 inline constexpr std::int32_t kKvTileTokens = 64;   // tokens a pass computes at a time
 
 struct CostModel {
-  double pass_ns = 3070.0;        // fixed cost of a pass: token map, Q load, epilogue
-  double tile_ns_large = 5740.0;  // one 64-token KV tile in a 64-row pass
-  double tile_ns_small = 2690.0;  // one 64-token KV tile in a 16-row pass
-  double partial_ns = 139.0;      // one partial row (query x query head)
+  double pass_ns = 1756.0;        // fixed cost of a pass: token map, Q load, epilogue
+  double tile_ns_large = 3359.0;  // one 64-token KV tile in a 64-row pass
+  double tile_ns_small = 3760.0;  // one 64-token KV tile in a 16-row pass
+  double partial_ns = 169.0;      // one partial row (query x query head)
   double slots = 396.0;           // CTAs in flight: 132 SMs x 3
   double solo_speedup = 3.0;      // how much faster a pass runs alone on an SM than in a full one
   std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this

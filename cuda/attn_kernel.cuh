@@ -176,6 +176,14 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
     ldmatrix_x4(qf[kk], c.q_s + (warp_row + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
   }
   if constexpr (Traits::kQInStage) __syncthreads();  // every warp has its Q: the stage may be refilled
+  const int ntiles = (c.ntok + kTile - 1) / kTile;
+  // Tiles 1 .. kStages - 2 in flight before the loop; it keeps kStages - 1 ahead.
+  // Every iteration commits one group (empty past the end), so the wait counts hold.
+#pragma unroll
+  for (int s = 1; s < kStages - 1; ++s) {
+    if (s < ntiles) load_tile(s, s);
+    else cp_async_commit();
+  }
   // Rows g and g + 8 of the warp: their query's bit in the token masks, or 0 (padding).
   std::uint64_t row_bit[2];
 #pragma unroll
@@ -189,14 +197,16 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
 
-  const int ntiles = (c.ntok + kTile - 1) / kTile;
   for (int t = 0; t < ntiles; ++t) {
-    const int stage = kStages == 2 ? t % 2 : 0;
-    if (kStages == 2 && t + 1 < ntiles) {
-      load_tile(t + 1, (t + 1) % 2);
-      cp_async_wait<1>();
-    } else {
+    const int stage = t % kStages;
+    if constexpr (kStages == 1) {
+      if (t > 0) load_tile(t, 0);  // the previous tile's compute has released the stage
       cp_async_wait<0>();
+    } else {
+      const int ahead = t + kStages - 1;
+      if (ahead < ntiles) load_tile(ahead, ahead % kStages);
+      else cp_async_commit();
+      cp_async_wait<kStages - 1>();  // tile t has landed
     }
     __syncthreads();
     const Element* ks = c.k_s + stage * kTile * kStride;

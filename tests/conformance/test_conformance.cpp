@@ -47,6 +47,20 @@ TEST_CASE("conformance: GQA groups 1 to 16 and head_dim 64, 128, 256") {
   }
 }
 
+TEST_CASE("conformance: blocks of several 64-token tiles at every head_dim") {
+  auto backend = make_test_backend();
+  for (int d : kSupportedHeadDims) {
+    CAPTURE(d);
+    Tree tree({8, 2, d});
+    tree.add_node_range(0, kNoParent, 0, 250);  // four KV tiles in one 256-token block
+    tree.add_node_range(1, 0, 250, 70);
+    tree.add_query(0);
+    tree.add_query(1);
+    tree.add_query(1, 3);
+    check_against_oracle(*backend, tree, DType::f16, 11);
+  }
+}
+
 TEST_CASE("conformance: many queries on one block (tiles of 64, 16 query heads per KV head)") {
   auto backend = make_test_backend();
   Tree tree({16, 1, 128});

@@ -8,19 +8,8 @@ namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-// A group: the queries at positions [lo, hi) read the KV chain ending at `node`.
-struct Group {
-  std::int32_t node, lo, hi;
-  std::int64_t tokens;
-};
-
-// Consecutive groups [first, last) emitted as one run, cut into `blocks`.
-struct Unit {
-  std::size_t first, last;
-  std::int64_t tokens;
-  std::int64_t viewers;  // distinct queries of its groups
-  std::int64_t blocks;
-};
+using Group = GreedyGroup;
+using Unit = GreedyUnit;
 
 // The model's cost of a unit over all KV heads, its partial rows included.
 class UnitCost {
@@ -196,32 +185,43 @@ GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const P
   return g;
 }
 
-void plan_greedy(PlanBuilder& builder, const Visibility& vis, const Topology& topo, const GreedyGroups& g,
-                 const PlanOptions& options, const HeadConfig& heads) {
+GreedyLayout layout_greedy(const Topology& topo, const GreedyGroups& g, const PlanOptions& options,
+                           const HeadConfig& heads) {
   // First query position of each node: its own queries come first, then its
   // children's subtrees in (reordered) preorder, as compute_visibility numbers
   // them. A group's queries are the own queries and the subtrees of the
   // children that were not joined: the first g.queries[v] positions.
   std::vector<std::int32_t> own(topo.parent.size(), 0);
   for (std::int32_t v : topo.query_node) ++own[std::size_t(v)];
-  std::vector<Group> groups;
+  GreedyLayout layout;
   std::int32_t position = 0;
   for (std::int32_t v : topo.preorder) {
     const std::size_t i = std::size_t(v);
-    if (g.queries[i] > 0 && g.tokens[i] > 0) groups.push_back(Group{v, position, position + g.queries[i], g.tokens[i]});
+    if (g.queries[i] > 0 && g.tokens[i] > 0) {
+      layout.groups.push_back(Group{v, position, position + g.queries[i], g.tokens[i]});
+    }
     position += own[i];
   }
-
   const UnitCost cost(options.cost, heads, options.query_tile);
-  std::vector<Unit> units = pack_groups(groups, cost, options.block_tokens);
-  split_long_units(units, cost);
+  layout.units = pack_groups(layout.groups, cost, options.block_tokens);
+  split_long_units(layout.units, cost);
+  double work = 0.0, longest = 0.0;
+  for (const Unit& u : layout.units) {
+    work += cost.work_ns(u.tokens, u.blocks, u.viewers);
+    longest = std::max(longest, cost.max_pass_ns(u.tokens, u.blocks, u.viewers));
+  }
+  layout.time_us = step_time_us(options.cost, work, longest);
+  return layout;
+}
 
+void emit_greedy(PlanBuilder& builder, const Visibility& vis, const Topology& topo, const GreedyGroups& g,
+                 const GreedyLayout& layout) {
   std::vector<std::int32_t> chain;
   std::vector<Piece> run;
-  for (const Unit& unit : units) {
+  for (const Unit& unit : layout.units) {
     run.clear();
     for (std::size_t k = unit.first; k < unit.last; ++k) {
-      const Group& group = groups[k];
+      const Group& group = layout.groups[k];
       chain.clear();
       for (std::int32_t a = group.node; g.joined[std::size_t(a)];) chain.push_back(a = topo.parent[std::size_t(a)]);
       // Ancestors' KV, root side first: every query of the group sees all of it.

@@ -31,9 +31,30 @@ struct GreedyGroups {
 GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const PlanOptions& options,
                                   const HeadConfig& heads);
 
-// Packs, splits and emits the groups, given the visibility computed over the
-// reordered topology.
-void plan_greedy(PlanBuilder& builder, const Visibility& vis, const Topology& topo, const GreedyGroups& groups,
-                 const PlanOptions& options, const HeadConfig& heads);
+// A group: the queries at positions [lo, hi) read the KV chain ending at `node`.
+struct GreedyGroup {
+  std::int32_t node, lo, hi;
+  std::int64_t tokens;
+};
+// Consecutive groups [first, last) emitted as one run, cut into `blocks`.
+struct GreedyUnit {
+  std::size_t first, last;
+  std::int64_t tokens;
+  std::int64_t viewers;  // distinct queries of its groups
+  std::int64_t blocks;
+};
+// The groups packed and split, and the model's step time for them: known from
+// the reordered topology alone, so candidates are compared before any is built.
+struct GreedyLayout {
+  std::vector<GreedyGroup> groups;
+  std::vector<GreedyUnit> units;
+  double time_us = 0.0;
+};
+GreedyLayout layout_greedy(const Topology& topo, const GreedyGroups& groups, const PlanOptions& options,
+                           const HeadConfig& heads);
+
+// Emits a layout, given the visibility computed over the reordered topology.
+void emit_greedy(PlanBuilder& builder, const Visibility& vis, const Topology& topo, const GreedyGroups& groups,
+                 const GreedyLayout& layout);
 
 }  // namespace treeattn

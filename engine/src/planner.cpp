@@ -93,10 +93,17 @@ void plan_sequence(PlanBuilder& builder, const Visibility& vis, const Topology& 
 }
 
 
-// A strategy's plan from an analysed tree and its visibility; `groups` are
-// greedy's decisions (and `topo` the order they chose), null otherwise.
+// Greedy's choice: the children order, the edge decisions and their layout.
+struct GreedyChoice {
+  Topology order;
+  GreedyGroups groups;
+  GreedyLayout layout;
+};
+
+// A strategy's plan from an analysed tree and its visibility; `greedy` is
+// greedy's choice (and `topo` its order), null for the other strategies.
 Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
-              const GreedyGroups* groups) {
+              const GreedyChoice* greedy) {
   Plan result;
   result.heads = tree.heads;
   result.heads.scale = tree.heads.effective_scale();
@@ -114,7 +121,7 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
     case Strategy::node_chunk: plan_per_node(builder, vis, topo, Cut::even); break;
     case Strategy::cascade: plan_cascade(builder, vis, topo); break;
     case Strategy::sequence: plan_sequence(builder, vis, topo); break;
-    case Strategy::greedy: plan_greedy(builder, vis, topo, *groups, options, result.heads); break;
+    case Strategy::greedy: emit_greedy(builder, vis, topo, greedy->groups, greedy->layout); break;
   }
   builder.finish();
   return result;
@@ -123,36 +130,31 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
 // The greedy strategy. Its groups are decided edge by edge, each edge seeing
 // only its own partials: a tree of many short levels gains from concatenating
 // all the way down only once most edges do, so a second pass weighs partials
-// 4x, and the model keeps the cheaper layout. DeFT-Flatten's single run is a
+// 4x, and the model keeps the cheaper layout (compared before either is built). DeFT-Flatten's single run is a
 // whole-tree layout the local decisions can also miss (tiny groups under shared
 // ancestors, read once with masks): flatten's is kept unless the model
 // predicts a clear gain (switch_gain covers its error).
 Plan plan_greedy_or_flatten(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options) {
-  std::optional<Plan> best;
-  double best_us = 0.0;
-  std::vector<std::uint8_t> previous;
+  std::optional<GreedyChoice> best;
   for (double partial_weight : {1.0, 4.0}) {
     PlanOptions decide = options;
     decide.cost.partial_ns *= partial_weight;
-    Topology order = topo;
-    const GreedyGroups groups = choose_greedy_groups(order, vis, decide, tree.heads);  // reorders the children
-    if (groups.joined == previous) continue;  // the same layout again
-    previous = groups.joined;
-    Plan candidate = assemble(tree, order, compute_visibility(tree, order), options, &groups);
-    const double us = estimate_cost(candidate, options.cost).time_us;
-    if (!best || us < best_us) {
-      best = std::move(candidate);
-      best_us = us;
-    }
+    GreedyChoice choice{topo, {}, {}};
+    choice.groups = choose_greedy_groups(choice.order, vis, decide, tree.heads);  // reorders the children
+    if (best && choice.groups.joined == best->groups.joined) continue;  // the same layout again
+    choice.layout = layout_greedy(choice.order, choice.groups, options, tree.heads);
+    if (!best || choice.layout.time_us < best->layout.time_us) best = std::move(choice);
   }
+  Plan greedy = assemble(tree, best->order, compute_visibility(tree, best->order), options, &*best);
   PlanOptions flat = options;
   flat.strategy = Strategy::flatten;
   Plan flatten = assemble(tree, topo, vis, flat, nullptr);
-  if (estimate_cost(flatten, options.cost).time_us < best_us * options.cost.switch_gain) {
+  if (estimate_cost(flatten, options.cost).time_us <
+      estimate_cost(greedy, options.cost).time_us * options.cost.switch_gain) {
     flatten.strategy = Strategy::greedy;
     return flatten;
   }
-  return std::move(*best);
+  return greedy;
 }
 
 }  // namespace

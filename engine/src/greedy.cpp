@@ -37,26 +37,24 @@ class UnitCost {
 
 // The viewers of a pack: its groups' query-position ranges, which arrive in
 // depth-first order, so each starts at or after the previous one and is either
-// nested in the ranges so far or past them: one running range suffices.
+// nested in the ranges so far or past them: the count and the furthest end suffice.
 class Viewers {
  public:
   void reset(std::int32_t lo, std::int32_t hi) {
-    lo_ = lo;
-    hi_ = hi;
+    end_ = hi;
     count_ = hi - lo;
   }
   // Distinct viewers once [lo, hi) joins.
   std::int64_t count_with(std::int32_t lo, std::int32_t hi) const {
-    return count_ + (lo < hi_ ? std::max(0, hi - hi_) : hi - lo);
+    return count_ + (lo < end_ ? std::max(0, hi - end_) : hi - lo);
   }
   void add(std::int32_t lo, std::int32_t hi) {
     count_ = count_with(lo, hi);
-    if (lo >= hi_) lo_ = lo;
-    hi_ = std::max(hi_, hi);
+    end_ = std::max(end_, hi);
   }
 
  private:
-  std::int32_t lo_ = 0, hi_ = 0;
+  std::int32_t end_ = 0;
   std::int64_t count_ = 0;
 };
 

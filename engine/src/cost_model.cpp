@@ -14,6 +14,18 @@ namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// How the kernels run an item of `rows` query rows in passes of `tile_rows`:
+// every pass of 16 rows or fewer (a small tile, or a large tile's last rows)
+// takes the small path.
+struct PassSplit {
+  std::int64_t large, small;
+};
+PassSplit split_passes(std::int64_t rows, std::int32_t tile_rows) {
+  if (tile_rows <= kSmallTileRows) return {0, ceil_div(rows, tile_rows)};
+  const std::int64_t remainder = rows % tile_rows;
+  return {rows / tile_rows + (remainder > kSmallTileRows), remainder > 0 && remainder <= kSmallTileRows};
+}
+
 struct Coefficient {
   const char* name;
   double CostModel::*field;
@@ -84,14 +96,13 @@ TileChoice choose_tile(const CostModel& model, std::int64_t rows, std::int64_t b
   const double tiles = double(ceil_div(std::max<std::int64_t>(block_tokens, 1), kKvTileTokens));
   const double small_pass = model.pass_ns + tiles * model.tile_ns_small;
   const double large_pass = model.pass_ns + tiles * model.tile_ns_large;
-  // A large tile's last pass runs as a small one when 16 rows or fewer remain.
-  const std::int64_t full = rows / kLargeTileRows, remainder = rows % kLargeTileRows;
-  TileChoice large{kLargeTileRows, full + (remainder > 0),
-                   double(full) * large_pass +
-                       (remainder == 0 ? 0.0 : remainder <= kSmallTileRows ? small_pass : large_pass),
-                   full > 0 || remainder > kSmallTileRows ? large_pass : small_pass};
-  const std::int64_t small_passes = ceil_div(rows, kSmallTileRows);
-  TileChoice small{kSmallTileRows, small_passes, double(small_passes) * small_pass, small_pass};
+  auto price = [&](std::int32_t tile_rows) {
+    const PassSplit split = split_passes(rows, tile_rows);
+    return TileChoice{tile_rows, split.large + split.small,
+                      double(split.large) * large_pass + double(split.small) * small_pass,
+                      split.large > 0 ? large_pass : small_pass};
+  };
+  const TileChoice large = price(kLargeTileRows), small = price(kSmallTileRows);
   return small.cost_ns <= large.cost_ns ? small : large;  // a tie runs the small path anyway
 }
 
@@ -136,15 +147,13 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
     const std::int64_t rows =
         std::int64_t(plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)]) * group;
     const std::int64_t tiles = ceil_div(plan.block_token_count(plan.item_block[std::size_t(i)]), kKvTileTokens);
-    const std::int32_t tile_rows = plan.item_tile_rows[std::size_t(i)];
-    // As the kernels run them: a pass of 16 rows or fewer takes the small path.
-    const std::int64_t passes = ceil_div(rows, tile_rows);
-    const std::int64_t small = tile_rows == kSmallTileRows ? passes : (rows % kLargeTileRows != 0 && rows % kLargeTileRows <= kSmallTileRows);
-    e.small_passes += small * heads_kv;
-    e.large_passes += (passes - small) * heads_kv;
-    e.small_tiles += small * tiles * heads_kv;
-    e.large_tiles += (passes - small) * tiles * heads_kv;
-    e.max_pass_ns = std::max(e.max_pass_ns, model.pass_ns + double(tiles) * (passes > small ? model.tile_ns_large : model.tile_ns_small));
+    const PassSplit split = split_passes(rows, plan.item_tile_rows[std::size_t(i)]);
+    e.small_passes += split.small * heads_kv;
+    e.large_passes += split.large * heads_kv;
+    e.small_tiles += split.small * tiles * heads_kv;
+    e.large_tiles += split.large * tiles * heads_kv;
+    const double tile_ns = split.large > 0 ? model.tile_ns_large : model.tile_ns_small;
+    e.max_pass_ns = std::max(e.max_pass_ns, model.pass_ns + double(tiles) * tile_ns);
   }
   e.partial_rows = std::int64_t(plan.num_partials) * plan.heads.heads_q;
   const double work_ns = double(e.large_passes + e.small_passes) * model.pass_ns +

@@ -61,6 +61,27 @@ BlockTokenMap block_token_map(const Plan& plan) {
   return map;
 }
 
+ItemTokenMap item_token_map(const Plan& plan, std::int32_t align) {
+  ItemTokenMap map;
+  map.begin.assign(1, 0);
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    const std::int32_t b = plan.item_block[std::size_t(i)];
+    const std::int32_t s0 = plan.block_segment_begin[std::size_t(b)];
+    for (std::int32_t s = s0; s < plan.block_segment_begin[std::size_t(b) + 1]; ++s) {
+      const std::uint64_t mask = plan.segment_mask[std::size_t(plan.item_mask_begin[std::size_t(i)] + s - s0)];
+      for (std::int32_t t = plan.segment_token_begin[std::size_t(s)]; t < plan.segment_token_end[std::size_t(s)]; ++t) {
+        map.slot.push_back(plan.token_slot[std::size_t(t)]);
+        map.mask.push_back(mask);
+      }
+    }
+    const std::size_t padded = (map.slot.size() + std::size_t(align) - 1) / std::size_t(align) * std::size_t(align);
+    map.slot.resize(padded, -1);
+    map.mask.resize(padded, 0);
+    map.begin.push_back(std::int32_t(padded));
+  }
+  return map;
+}
+
 namespace {
 
 void expect_size(const char* name, std::size_t got, std::size_t expected) {

@@ -213,3 +213,41 @@ TEST_CASE("an empty query set gives an empty, valid plan") {
   CHECK(p.num_items() == 0);
   CHECK_NOTHROW(validate(p));
 }
+
+TEST_CASE("item token maps give each item's tokens their slot and mask, padded to whole tiles") {
+  RandomForestOptions o;
+  o.seed = 17;
+  o.nodes = 120;
+  o.queries = 90;
+  o.max_tokens = 150;
+  o.upto_fraction = 0.3;
+  const Tree tree = random_forest(o);
+  for (Strategy s : {Strategy::flatten, Strategy::node, Strategy::greedy}) {
+    CAPTURE(to_string(s));
+    const Plan p = plan(tree, PlanOptions{s, 300, 5, 0});  // many items per block, blocks of several tiles
+    const BlockTokenMap blocks = block_token_map(p);
+    const ItemTokenMap map = item_token_map(p, 64);
+    REQUIRE(map.begin.size() == std::size_t(p.num_items()) + 1);
+    REQUIRE(map.slot.size() == std::size_t(map.begin.back()));
+    REQUIRE(map.mask.size() == map.slot.size());
+    for (std::int32_t i = 0; i < p.num_items(); ++i) {
+      CAPTURE(i);
+      const std::int32_t b = p.item_block[std::size_t(i)];
+      const std::int32_t t0 = blocks.begin[std::size_t(b)], ntok = blocks.begin[std::size_t(b) + 1] - t0;
+      const std::int32_t m0 = map.begin[std::size_t(i)];
+      CHECK(m0 % 64 == 0);
+      CHECK(map.begin[std::size_t(i) + 1] - m0 == (ntok + 63) / 64 * 64);
+      for (std::int32_t t = 0; t < map.begin[std::size_t(i) + 1] - m0; ++t) {
+        const std::size_t e = std::size_t(m0 + t);
+        if (t < ntok) {
+          const std::uint16_t seg = blocks.segment[std::size_t(t0 + t)];
+          REQUIRE(map.slot[e] == blocks.slot[std::size_t(t0 + t)]);
+          REQUIRE(map.mask[e] == p.segment_mask[std::size_t(p.item_mask_begin[std::size_t(i)] + seg)]);
+        } else {
+          REQUIRE(map.slot[e] == -1);
+          REQUIRE(map.mask[e] == 0);
+        }
+      }
+    }
+  }
+}

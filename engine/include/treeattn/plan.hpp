@@ -118,6 +118,18 @@ struct BlockTokenMap {
 };
 BlockTokenMap block_token_map(const Plan& plan);
 
+// Each work item's tokens as a kernel streams them tile by tile: the KV-pool
+// slot and the item's segment mask of every token, so one aligned load of a
+// tile's map gives both and no block-sized table has to sit in fast memory.
+// Every item is padded to a multiple of `align` tokens with slot -1 and mask 0:
+// the kernel reads whole tiles and learns where the item ends from the slots.
+struct ItemTokenMap {
+  std::vector<std::int32_t> begin;  // [num_items + 1] CSR, multiples of align
+  std::vector<std::int32_t> slot;   // KV-pool row, or -1 past the item's tokens
+  std::vector<std::uint64_t> mask;  // bit j <=> tile query j sees the token
+};
+ItemTokenMap item_token_map(const Plan& plan, std::int32_t align);
+
 // Throws InvalidPlan naming the first inconsistency (array sizes, CSR order,
 // ranges, mask bits beyond the tile, partial slots not used exactly once,
 // reduction lists that disagree with the tiles).

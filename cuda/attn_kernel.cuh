@@ -5,12 +5,12 @@
 // (64 or 16) of its query rows, which are the tile's queries x the group's
 // query heads packed query-major. The passes of one item are adjacent in the
 // grid so they share the block in L2.
-// The CTA loads its block's token map (KV-pool slot and segment of each token),
-// expands its segment masks to one mask per token in shared memory, streams the
-// block through 64-token tiles gathered with cp.async (two stages), computes
-// S = Q K^T, applies the token masks, runs the online softmax, accumulates O = P V, and writes the
-// normalised partial and its log-sum-exp, or O and LSE directly when the item
-// is the query's only one.
+// The CTA streams the item's block through 64-token tiles: each tile's token
+// map (KV-pool slot and the item's mask of every token) arrives with cp.async
+// ahead of the tile, whose K and V rows it gathers (two stages), so a block may
+// be any length. It computes S = Q K^T, applies the token masks, runs the
+// online softmax, accumulates O = P V, and writes the normalised partial and
+// its log-sum-exp, or O and LSE directly when the item is the query's only one.
 // Stage 2 merges each query's partials in the plan's order (deterministic).
 
 #include <cuda_bf16.h>
@@ -95,16 +95,27 @@ __device__ __forceinline__ void store_out(void* o, OutType type, std::int64_t in
   }
 }
 
+extern __shared__ __align__(16) unsigned char smem[];
+
+// Stage 1's shared memory (attn_traits.cuh has the layout), addressed from the
+// shared symbol itself so the compiler keeps 32-bit shared addresses.
+template <typename Traits>
+struct SharedTiles {
+  using Element = typename Traits::Element;
+  __device__ __forceinline__ static Element* q() { return reinterpret_cast<Element*>(smem + Traits::kQOffset); }
+  __device__ __forceinline__ static Element* k() { return reinterpret_cast<Element*>(smem + Traits::kKOffset); }
+  __device__ __forceinline__ static Element* v() { return reinterpret_cast<Element*>(smem + Traits::kVOffset); }
+  // The ring of kMapStages tile maps: tile m's in entry m % kMapStages.
+  __device__ __forceinline__ static TileMap* map(int m) {
+    return reinterpret_cast<TileMap*>(smem + Traits::kMapOffset) + m % Traits::kMapStages;
+  }
+};
+
 // What one pass of stage 1 needs from the kernel's prologue.
-template <typename Element>
 struct PassContext {
   const KernelParams& p;
-  Element* q_s;
-  Element* k_s;
-  Element* v_s;
-  const std::uint64_t* tok_mask;  // per token of the block: bit j <=> tile query j sees it (0 past the end)
-  const std::int32_t* tok_slot;
-  int ntok, row_end, row0, q0, kv_head;  // the pass takes query rows [row0, row_end)
+  int tile0, ntiles;               // the item's first tile map, its 64-token tiles
+  int row_end, row0, q0, kv_head;  // the pass takes query rows [row0, row_end)
 };
 
 // One pass of up to 64 query rows over the whole KV block.
@@ -113,8 +124,9 @@ struct PassContext {
 // 16w..16w+15 of each tile; the four partial softmax states are merged in
 // shared memory at the end.
 template <typename Traits, bool kSplitKV>
-__device__ __forceinline__ void attend_pass(const PassContext<typename Traits::Element>& c) {
+__device__ __forceinline__ void attend_pass(const PassContext& c) {
   using Element = typename Traits::Element;
+  using Smem = SharedTiles<Traits>;
   constexpr int D = Traits::kHeadDim;
   constexpr int kStride = Traits::kStride;
   constexpr int kTile = Traits::kTileTokens;
@@ -130,22 +142,34 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
   const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(c.kv_head) * D;
   const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(c.kv_head) * D;
   const std::int64_t kv_row = std::int64_t(p.heads_kv) * D;  // elements between consecutive slots
+  // Tile m's token map into its ring entry, a 16-byte piece per thread.
+  constexpr int kMapChunks = int(sizeof(TileMap)) / 16;
+  static_assert(kMapChunks <= Traits::kThreads, "one map piece per thread");
+  auto load_map = [&](int m) {
+    if (m < c.ntiles && tid < kMapChunks) {
+      cp_async_16(reinterpret_cast<uint4*>(Smem::map(m)) + tid, reinterpret_cast<const uint4*>(p.tile_map + c.tile0 + m) + tid, true);
+    }
+  };
+  // Tile t's K and V rows through its map (which has landed), zeros past the end.
   auto load_tile = [&](int t, int stage) {
-    Element* ks = c.k_s + stage * kTile * kStride;
-    Element* vs = c.v_s + stage * kTile * kStride;
+    Element* ks = Smem::k() + stage * kTile * kStride;
+    Element* vs = Smem::v() + stage * kTile * kStride;
+    const std::int32_t* slots = Smem::map(t)->slot;
+#pragma unroll 2
     for (int i = tid; i < kTile * Traits::kChunksPerRow; i += Traits::kThreads) {
       const int row = i / Traits::kChunksPerRow, chunk = i % Traits::kChunksPerRow;
-      const int token = t * kTile + row;
-      const bool valid = token < c.ntok;
-      const std::int64_t offset = (valid ? c.tok_slot[token] : 0) * kv_row + chunk * 8;
-      cp_async_16(ks + row * kStride + chunk * 8, k_head + offset, valid);
-      cp_async_16(vs + row * kStride + chunk * 8, v_head + offset, valid);
+      const int slot = slots[row];
+      const std::int64_t offset = std::int64_t(max(slot, 0)) * kv_row + chunk * 8;
+      cp_async_16(ks + row * kStride + chunk * 8, k_head + offset, slot >= 0);
+      cp_async_16(vs + row * kStride + chunk * 8, v_head + offset, slot >= 0);
     }
-    cp_async_commit();
   };
 
-  // Q rows of this pass (row r: query r / group, head kv_head * group + r % group),
-  // all loads issued before any store so they are in flight together.
+  // The first kStages maps, then (while they travel) the Q rows of this pass
+  // (row r: query r / group, head kv_head * group + r % group), all loads
+  // issued before any store so they are in flight together.
+  for (int m = 0; m < kStages; ++m) load_map(m);
+  cp_async_commit();
   constexpr int kQChunks = Traits::kRows * Traits::kChunksPerRow / Traits::kThreads;
   uint4 q_chunk[kQChunks];
 #pragma unroll
@@ -160,11 +184,20 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
                                                    (std::int64_t(query) * p.heads_q + head) * D + chunk * 8);
     }
   }
-  load_tile(0, 0);
+  cp_async_wait<0>();
+  __syncthreads();
+  // Groups 0 .. kStages - 2 before the loop: tile j's K/V and the map of tile
+  // j + kStages. The loop commits one group per tile (empty past the end), so
+  // waiting for all but the newest kStages - 1 means tile t has landed.
+  for (int j = 0; j + 1 < kStages; ++j) {
+    if (j < c.ntiles) load_tile(j, j);
+    load_map(j + kStages);
+    cp_async_commit();
+  }
 #pragma unroll
   for (int i = 0; i < kQChunks; ++i) {
     const int e = tid + i * Traits::kThreads;
-    *reinterpret_cast<uint4*>(c.q_s + (e / Traits::kChunksPerRow) * kStride + (e % Traits::kChunksPerRow) * 8) = q_chunk[i];
+    *reinterpret_cast<uint4*>(Smem::q() + (e / Traits::kChunksPerRow) * kStride + (e % Traits::kChunksPerRow) * 8) = q_chunk[i];
   }
   __syncthreads();
 
@@ -173,44 +206,30 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const int mat = lane / 8;
-    ldmatrix_x4(qf[kk], c.q_s + (warp_row + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
+    ldmatrix_x4(qf[kk], Smem::q() + (warp_row + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
   }
   if constexpr (Traits::kQInStage) __syncthreads();  // every warp has its Q: the stage may be refilled
-  const int ntiles = (c.ntok + kTile - 1) / kTile;
-  // Tiles 1 .. kStages - 2 in flight before the loop; it keeps kStages - 1 ahead.
-  // Every iteration commits one group (empty past the end), so the wait counts hold.
+  // Rows g and g + 8 of the warp: their query's bit in the token masks. Rows
+  // past the pass's end (zero Q) read bit 0 like a real row and are never written.
+  int row_query[2];
 #pragma unroll
-  for (int s = 1; s < kStages - 1; ++s) {
-    if (s < ntiles) load_tile(s, s);
-    else cp_async_commit();
-  }
-  // Rows g and g + 8 of the warp: their query's bit in the token masks, or 0 (padding).
-  std::uint64_t row_bit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = c.row0 + warp_row + g + h * 8;
-    row_bit[h] = row < c.row_end ? std::uint64_t(1) << (row / p.group) : 0;
-  }
+  for (int h = 0; h < 2; ++h) row_query[h] = min(c.row0 + warp_row + g + h * 8, c.row_end - 1) / p.group;
 
   float acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
 
-  for (int t = 0; t < ntiles; ++t) {
+  for (int t = 0; t < c.ntiles; ++t) {
     const int stage = t % kStages;
-    if constexpr (kStages == 1) {
-      if (t > 0) load_tile(t, 0);  // the previous tile's compute has released the stage
-      cp_async_wait<0>();
-    } else {
-      const int ahead = t + kStages - 1;
-      if (ahead < ntiles) load_tile(ahead, ahead % kStages);
-      else cp_async_commit();
-      cp_async_wait<kStages - 1>();  // tile t has landed
-    }
+    const int ahead = t + kStages - 1;  // its map came with tile t - 1 (or before the loop)
+    if (ahead < c.ntiles) load_tile(ahead, ahead % kStages);
+    load_map(ahead + kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();  // tile t and its map have landed
     __syncthreads();
-    const Element* ks = c.k_s + stage * kTile * kStride;
-    const Element* vs = c.v_s + stage * kTile * kStride;
+    const Element* ks = Smem::k() + stage * kTile * kStride;
+    const Element* vs = Smem::v() + stage * kTile * kStride;
 
     // S = Q K^T for the warp's 16 rows and its n-tiles of 8 tokens.
     float s[kNTiles][4];
@@ -233,11 +252,11 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
       // The thread's two adjacent tokens of this n-tile: one 16-byte load.
-      const ulonglong2 masks = *reinterpret_cast<const ulonglong2*>(c.tok_mask + t * kTile + (n_base + n) * 8 + t4 * 2);
+      const ulonglong2 masks = *reinterpret_cast<const ulonglong2*>(Smem::map(t)->mask + (n_base + n) * 8 + t4 * 2);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
-        const bool visible = ((e & 1) ? masks.y : masks.x) & row_bit[h];
+        const bool visible = ((((e & 1) ? masks.y : masks.x) >> row_query[h]) & 1) != 0;
         s[n][e] = visible ? s[n][e] * p.scale_log2 : TREEATTN_NEG_INF;
         tile_max[h] = fmaxf(tile_max[h], s[n][e]);
       }
@@ -288,7 +307,7 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
         Mma<Element>::run(acc[n + 1], a, b[2], b[3]);
       }
     }
-    __syncthreads();  // the stage is refilled next
+    __syncthreads();  // the stage and this tile's map are refilled next
   }
 
 #pragma unroll
@@ -318,7 +337,7 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
   if constexpr (!kSplitKV) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (row_bit[h] == 0) continue;
+      if (c.row0 + warp_row + g + h * 8 >= c.row_end) continue;
       const RowDest d = row_dest(warp_row + g + h * 8);
       const float inv = 1.0f / row_sum[h];
       if (d.direct) {
@@ -339,7 +358,7 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
   } else {
     // Merge the four warps' states for the 16 rows in shared memory (the K/V
     // stages are free now): per warp the unnormalised acc, row max and row sum.
-    float* red_acc = reinterpret_cast<float*>(c.k_s);  // [4][16][D]
+    float* red_acc = reinterpret_cast<float*>(Smem::k());  // [4][16][D]
     float* red_max = red_acc + Traits::kWarps * 16 * D;  // [4][16]
     float* red_sum = red_max + Traits::kWarps * 16;      // [4][16]
 #pragma unroll
@@ -383,53 +402,14 @@ __device__ __forceinline__ void attend_pass(const PassContext<typename Traits::E
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
-  using Element = typename Traits::Element;
-
-  extern __shared__ __align__(16) unsigned char smem[];
-  Element* q_s = reinterpret_cast<Element*>(smem + Traits::kQOffset);
-  Element* k_s = reinterpret_cast<Element*>(smem + Traits::kKOffset);
-  Element* v_s = reinterpret_cast<Element*>(smem + Traits::kVOffset);
-  std::uint64_t* tok_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kTokMaskOffset);
-  std::int32_t* tok_slot = reinterpret_cast<std::int32_t*>(smem + Traits::kSlotOffset);
-  std::uint64_t* seg_mask = reinterpret_cast<std::uint64_t*>(smem + Traits::kSegScratchOffset);
-
   const int pass = int(blockIdx.x / unsigned(p.heads_kv));
   const int kv_head = int(blockIdx.x % unsigned(p.heads_kv));
   const int item = p.pass_item[pass];
-  const int tid = threadIdx.x;
-  const int block = p.item_block[item];
-  const int q0 = p.item_query_begin[item];
   const int row0 = p.pass_row_begin[pass];
+  const int q0 = p.item_query_begin[item];
   const int row_end = min((p.item_query_begin[item + 1] - q0) * p.group, row0 + p.item_tile_rows[item]);
-
-  // The block's token map (slot and segment of each token, derived once per
-  // plan upload) and this item's segment masks; the loads are unrolled so they
-  // are all in flight together. Then each token gets its segment's mask, so the
-  // tile loop tests one bit per score instead of looking up the segment.
-  const int tok0 = p.block_token_begin[block];
-  const int ntok = p.block_token_begin[block + 1] - tok0;
-  const int nseg = p.block_segment_begin[block + 1] - p.block_segment_begin[block];
-  const std::uint64_t* masks = p.segment_mask + p.item_mask_begin[item];
-  constexpr int kPerThread = kMaxBlockTokens / Traits::kThreads;
-  int tok_seg[kPerThread];
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int t = tid + i * Traits::kThreads;
-    tok_seg[i] = -1;
-    if (t < ntok) {
-      tok_slot[t] = p.block_token_slot[tok0 + t];
-      tok_seg[i] = p.block_token_segment[tok0 + t];
-    }
-    if (t < nseg) seg_mask[t] = masks[t];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    tok_mask[tid + i * Traits::kThreads] = tok_seg[i] < 0 ? 0 : seg_mask[tok_seg[i]];
-  }
-  __syncthreads();
-
-  PassContext<Element> ctx{p, q_s, k_s, v_s, tok_mask, tok_slot, ntok, row_end, row0, q0, kv_head};
+  const int tile0 = p.item_tile_begin[item];
+  const PassContext ctx{p, tile0, p.item_tile_begin[item + 1] - tile0, row_end, row0, q0, kv_head};
   // A pass of at most 16 rows (a small tile, or a large tile's last rows) splits
   // the KV tile among the warps instead of giving three of them padding rows.
   if (row_end - row0 <= 16) attend_pass<Traits, true>(ctx);
@@ -441,8 +421,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 // head_dim / 32 adjacent channels (one 16-byte load per partial at head_dim
 // 128). The warp reads 32 partials' slots and LSEs at a time, one per lane,
 // takes their maximum with shuffles, and then every lane folds the partials in
-// CSR order with a running max, so the merge is one pass and deterministic.
+// CSR order with a running max, so the merge is one pass and deterministic; the
+// loads of eight partials are in flight together (the merge is latency-bound).
 constexpr int kMergeWarps = 4;
+constexpr int kMergeBatch = 8;
 
 template <int HeadDim>
 __global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
@@ -475,16 +457,28 @@ __global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const
     for (int c = 0; c < kChannels; ++c) acc[c] *= rescale;
     max_lse = new_max;
     const float my_weight = __expf(my_lse - max_lse);
-    for (int i = 0; i < n; ++i) {
-      const float w = __shfl_sync(0xffffffffu, my_weight, i);
-      const int slot = __shfl_sync(0xffffffffu, my_slot, i);
-      const float* src = p.partial_o + (std::int64_t(slot) * p.heads_q + head) * HeadDim + lane * kChannels;
-      sum += w;
+    // kMergeBatch partials' loads go out before any of them is summed: one
+    // dependent round trip per batch instead of one per partial.
+    for (int i0 = 0; i0 < n; i0 += kMergeBatch) {
+      float w[kMergeBatch], v[kMergeBatch][kChannels];
 #pragma unroll
-      for (int c = 0; c < kChannels; c += 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src + c);
-        acc[c] += w * v.x;
-        acc[c + 1] += w * v.y;
+      for (int j = 0; j < kMergeBatch; ++j) {
+        w[j] = __shfl_sync(0xffffffffu, my_weight, (i0 + j) % 32);
+        const int slot = __shfl_sync(0xffffffffu, my_slot, (i0 + j) % 32);
+        const float* src = p.partial_o + (std::int64_t(slot) * p.heads_q + head) * HeadDim + lane * kChannels;
+#pragma unroll
+        for (int c = 0; c < kChannels; c += 2) {
+          const float2 two = i0 + j < n ? *reinterpret_cast<const float2*>(src + c) : make_float2(0.0f, 0.0f);
+          v[j][c] = two.x;
+          v[j][c + 1] = two.y;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        if (i0 + j >= n) break;
+        sum += w[j];
+#pragma unroll
+        for (int c = 0; c < kChannels; ++c) acc[c] += w[j] * v[j][c];
       }
     }
   }

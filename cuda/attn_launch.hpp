@@ -9,8 +9,6 @@
 
 namespace treeattn::cuda {
 
-// The largest KV block the stage-1 kernel accepts (its shared-memory token map).
-inline constexpr int kMaxBlockTokens = 256;
 // Query rows (queries x query heads of a KV head) one stage-1 CTA takes at
 // most: a pass of a large tile (plan.hpp, kLargeTileRows).
 inline constexpr int kRowsPerPass = 64;

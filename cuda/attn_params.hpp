@@ -9,6 +9,16 @@ namespace treeattn::cuda {
 
 enum class OutType : std::int32_t { f16 = 0, bf16 = 1, f32 = 2 };
 
+// The token map of one 64-token KV tile of a work item: each token's KV-pool
+// slot (-1 past the item's end) and the item's mask for it (bit j <=> tile
+// query j sees it; 0 past the end). 768 bytes: a CTA copies it in 48 16-byte pieces.
+inline constexpr int kTileTokens = 64;
+struct TileMap {
+  std::int32_t slot[kTileTokens];
+  std::uint64_t mask[kTileTokens];
+};
+static_assert(sizeof(TileMap) % 16 == 0, "tile maps are copied in 16-byte pieces");
+
 struct KernelParams {
   // Tensors (DESIGN §2 layouts).
   const void* q;      // [num_queries, heads_q, head_dim]  f16 or bf16
@@ -19,29 +29,22 @@ struct KernelParams {
   float* partial_o;   // [num_partials, heads_q, head_dim]
   float* partial_lse; // [num_partials, heads_q]
 
-  // The Plan (plan.hpp documents every array).
-  const std::int32_t* token_slot;
-  const std::int32_t* segment_token_begin;
-  const std::int32_t* segment_token_end;
-  const std::int32_t* block_segment_begin;
-  const std::int32_t* item_block;
+  // The Plan's arrays the kernels read (plan.hpp documents them).
   const std::int32_t* item_query_begin;
-  const std::int32_t* item_mask_begin;
-  const std::uint64_t* segment_mask;
+  const std::int32_t* item_tile_rows;  // [num_items]
   const std::int32_t* tile_query;
   const std::int32_t* tile_partial;
   const std::int32_t* merge_begin;
   const std::int32_t* merge_partial;
-  // Derived at upload (DevicePlan): each KV block's tokens as KV-pool slots and
-  // as segment indices local to the block, so a CTA maps its block in one load.
-  const std::int32_t* block_token_begin;     // [num_blocks + 1]
-  const std::int32_t* block_token_slot;      // [sum of block tokens]
-  const std::uint16_t* block_token_segment;  // [sum of block tokens]
+  // Derived at upload (DevicePlan): each item's tokens as KV-pool slots and
+  // masks (item_token_map in plan.hpp), one record per 64-token tile, so a CTA
+  // fetches each tile's map beside the tiles before it, at any block length.
+  const TileMap* tile_map;
+  const std::int32_t* item_tile_begin;  // [num_items + 1] CSR into tile_map
   // Derived at upload: every item's passes of item_tile_rows rows, item-major,
   // so the grid is exactly the passes (no CTA of a small tile sized for a large one).
   const std::int32_t* pass_item;       // [num_passes]
   const std::int32_t* pass_row_begin;  // [num_passes] first query row of the pass
-  const std::int32_t* item_tile_rows;  // [num_items]
 
   std::int32_t num_items;
   std::int32_t num_passes;

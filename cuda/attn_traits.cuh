@@ -15,7 +15,7 @@ struct AttnTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = kWarps * 16;  // query rows (query x head) per pass: 16 per warp
-  static constexpr int kTileTokens = 64;     // KV tokens per shared-memory tile
+  static constexpr int kTileTokens = treeattn::cuda::kTileTokens;  // KV tokens per shared-memory tile
   static_assert(kRows == kRowsPerPass, "a CTA takes the rows of one pass of a large tile");
   // Stages in flight: the next tile's gather overlaps this tile's math. Three
   // stages (two CTAs per SM instead of three) measured 0.986x on the H100 over
@@ -26,10 +26,10 @@ struct AttnTraits {
   static constexpr int kStride = kHeadDim + kPad;
   static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
 
-  // Shared memory: tiles first (16-byte aligned), then the block's token map.
+  // Shared memory: tiles first (16-byte aligned), then a ring of token maps.
   // With two stages, Q lives in the second K stage: it is read into registers
-  // before that stage is first filled, and the 17 KB saved (with the token map
-  // sized for 256 tokens) fits three CTAs on an SM instead of two.
+  // before that stage is first filled, and the 17 KB saved fits three CTAs on
+  // an SM instead of two.
   static constexpr int kQBytes = kRows * kStride * 2;
   static constexpr int kTileBytes = kTileTokens * kStride * 2;
   static_assert(kStages == 1 || kQBytes <= kTileBytes, "Q must fit in a K stage");
@@ -37,16 +37,15 @@ struct AttnTraits {
   static constexpr int kKOffset = kQInStage ? 0 : kQBytes;
   static constexpr int kQOffset = kQInStage ? kKOffset + kTileBytes : 0;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
-  static constexpr int kTokMaskOffset = kVOffset + kStages * kTileBytes;            // u64 per token
-  static constexpr int kSlotOffset = kTokMaskOffset + kMaxBlockTokens * 8;          // i32 per token
-  static constexpr int kSmemBytes = kSlotOffset + kMaxBlockTokens * 4;
-  // The prologue stages the item's segment masks in a region the pass fills
-  // only later (the second V stage, or Q's own space), to expand them per token.
-  static constexpr int kSegScratchOffset = kQInStage ? kVOffset + kTileBytes : kQOffset;
-  static_assert(kMaxBlockTokens * 8 <= (kQInStage ? kTileBytes : kQBytes), "segment masks must fit the scratch");
+  // Each tile's token map (slot and mask per token) arrives kStages tiles ahead
+  // of its K/V gather, which needs the slots: 2 * kStages maps are live at once
+  // (the one being masked, kStages - 1 whose gathers are queued, kStages arriving).
+  static constexpr int kMapStages = 2 * kStages;
+  static constexpr int kMapOffset = kVOffset + kStages * kTileBytes;  // TileMap ring
+  static constexpr int kSmemBytes = kMapOffset + kMapStages * int(sizeof(TileMap));
   // The split-KV merge reuses the K/V stages for every warp's 16 x head_dim
   // accumulators, their row maxima and sums, and 16 row destinations.
-  static_assert(kWarps * 16 * (kHeadDim + 2) * 4 + 16 * 16 <= kTokMaskOffset - kKOffset,
+  static_assert(kWarps * 16 * (kHeadDim + 2) * 4 + 16 * 16 <= kMapOffset - kKOffset,
                 "K/V stages too small for the merge");
   // CTAs per SM the registers are capped for (170 registers at three).
   static constexpr int kMinBlocksPerSM = kStages == 2 ? 3 : kStages == 3 ? 2 : 1;

@@ -48,13 +48,6 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
   if (args.q.dtype == DType::f32) {
     throw Error(ErrorCategory::InvalidArgument, "CUDA backend: Q, K and V must be f16 or bf16 (got f32)");
   }
-  for (std::int32_t b = 0; b < plan.num_blocks(); ++b) {
-    if (plan.block_token_count(b) > kMaxBlockTokens) {
-      throw Error(ErrorCategory::InvalidArgument,
-                  fmt::format("CUDA backend: KV block {} holds {} tokens, more than the kernel's {} (plan with "
-                              "block_tokens <= {})", b, plan.block_token_count(b), kMaxBlockTokens, kMaxBlockTokens));
-    }
-  }
 }
 
 }  // namespace

@@ -12,7 +12,15 @@ static_assert(kRowsPerPass == kLargeTileRows && kSmallTileRows <= 16,
               "a stage-1 CTA takes a large tile's 64 rows; small tiles run its 16-row split-KV path");
 
 void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
-  const BlockTokenMap map = block_token_map(plan);
+  // Each item's token map as one record per 64-token tile.
+  const ItemTokenMap map = item_token_map(plan, kTileTokens);
+  std::vector<TileMap> tile_map(map.slot.size() / kTileTokens);
+  for (std::size_t t = 0; t < tile_map.size(); ++t) {
+    std::copy_n(map.slot.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].slot);
+    std::copy_n(map.mask.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].mask);
+  }
+  std::vector<std::int32_t> item_tile_begin(map.begin.size());
+  for (std::size_t i = 0; i < map.begin.size(); ++i) item_tile_begin[i] = map.begin[i] / kTileTokens;
   // Each item's passes: ceil(query rows / tile rows) of them, item-major.
   std::vector<std::int32_t> pass_item, pass_row_begin;
   const std::int32_t group = plan.heads.group_size();
@@ -33,24 +41,16 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   KernelParams& p = params_;
   p = KernelParams{};
   const Field fields[] = {
-      {plan.token_slot.data(), plan.token_slot.size() * 4, reinterpret_cast<const void**>(&p.token_slot)},
-      {plan.segment_token_begin.data(), plan.segment_token_begin.size() * 4, reinterpret_cast<const void**>(&p.segment_token_begin)},
-      {plan.segment_token_end.data(), plan.segment_token_end.size() * 4, reinterpret_cast<const void**>(&p.segment_token_end)},
-      {plan.block_segment_begin.data(), plan.block_segment_begin.size() * 4, reinterpret_cast<const void**>(&p.block_segment_begin)},
-      {plan.item_block.data(), plan.item_block.size() * 4, reinterpret_cast<const void**>(&p.item_block)},
       {plan.item_query_begin.data(), plan.item_query_begin.size() * 4, reinterpret_cast<const void**>(&p.item_query_begin)},
-      {plan.item_mask_begin.data(), plan.item_mask_begin.size() * 4, reinterpret_cast<const void**>(&p.item_mask_begin)},
-      {plan.segment_mask.data(), plan.segment_mask.size() * 8, reinterpret_cast<const void**>(&p.segment_mask)},
+      {plan.item_tile_rows.data(), plan.item_tile_rows.size() * 4, reinterpret_cast<const void**>(&p.item_tile_rows)},
       {plan.tile_query.data(), plan.tile_query.size() * 4, reinterpret_cast<const void**>(&p.tile_query)},
       {plan.tile_partial.data(), plan.tile_partial.size() * 4, reinterpret_cast<const void**>(&p.tile_partial)},
       {plan.merge_begin.data(), plan.merge_begin.size() * 4, reinterpret_cast<const void**>(&p.merge_begin)},
       {plan.merge_partial.data(), plan.merge_partial.size() * 4, reinterpret_cast<const void**>(&p.merge_partial)},
-      {map.begin.data(), map.begin.size() * 4, reinterpret_cast<const void**>(&p.block_token_begin)},
-      {map.slot.data(), map.slot.size() * 4, reinterpret_cast<const void**>(&p.block_token_slot)},
-      {map.segment.data(), map.segment.size() * 2, reinterpret_cast<const void**>(&p.block_token_segment)},
+      {tile_map.data(), tile_map.size() * sizeof(TileMap), reinterpret_cast<const void**>(&p.tile_map)},
+      {item_tile_begin.data(), item_tile_begin.size() * 4, reinterpret_cast<const void**>(&p.item_tile_begin)},
       {pass_item.data(), pass_item.size() * 4, reinterpret_cast<const void**>(&p.pass_item)},
       {pass_row_begin.data(), pass_row_begin.size() * 4, reinterpret_cast<const void**>(&p.pass_row_begin)},
-      {plan.item_tile_rows.data(), plan.item_tile_rows.size() * 4, reinterpret_cast<const void**>(&p.item_tile_rows)},
   };
   std::size_t total = 0;
   for (const Field& f : fields) total += (f.bytes + 15) / 16 * 16;

@@ -1,7 +1,7 @@
 #pragma once
-// A Plan on the device: its arrays uploaded verbatim into one workspace (one
-// copy per decode step, shared by every layer), a per-block token map derived
-// from them, and the partial buffers.
+// A Plan on the device: the arrays the kernels read, uploaded into one
+// workspace (one copy per decode step, shared by every layer), each item's
+// token map and the pass list derived from them, and the partial buffers.
 
 #include <cuda_runtime_api.h>
 

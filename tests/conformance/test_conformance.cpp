@@ -47,17 +47,20 @@ TEST_CASE("conformance: GQA groups 1 to 16 and head_dim 64, 128, 256") {
   }
 }
 
-TEST_CASE("conformance: blocks of several 64-token tiles at every head_dim") {
+TEST_CASE("conformance: blocks of many 64-token tiles, up to a 1 320-token block, at every head_dim") {
   auto backend = make_test_backend();
   for (int d : kSupportedHeadDims) {
     CAPTURE(d);
     Tree tree({8, 2, d});
-    tree.add_node_range(0, kNoParent, 0, 250);  // four KV tiles in one 256-token block
-    tree.add_node_range(1, 0, 250, 70);
+    tree.add_node_range(0, kNoParent, 0, 1250);  // 19 full KV tiles and a part
+    tree.add_node_range(1, 0, 1250, 70);
     tree.add_query(0);
     tree.add_query(1);
     tree.add_query(1, 3);
-    check_against_oracle(*backend, tree, DType::f16, 11);
+    for (std::int32_t block_tokens : {250, 4096}) {  // four tiles a block; the whole tree in one block
+      CAPTURE(block_tokens);
+      check_against_oracle(*backend, tree, DType::f16, 11, 1.0f, block_tokens);
+    }
   }
 }
 

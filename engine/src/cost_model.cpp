@@ -153,7 +153,12 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
     e.small_tiles += split.small * tiles * heads_kv;
     e.large_tiles += split.large * tiles * heads_kv;
     const double tile_ns = split.large > 0 ? model.tile_ns_large : model.tile_ns_small;
-    e.max_pass_ns = std::max(e.max_pass_ns, model.pass_ns + double(tiles) * tile_ns);
+    const double pass_ns = model.pass_ns + double(tiles) * tile_ns;
+    if (pass_ns > e.max_pass_ns) {
+      e.max_pass_ns = pass_ns;
+      e.longest_pass_tiles = tiles;
+      e.longest_pass_large = split.large > 0;
+    }
   }
   e.partial_rows = std::int64_t(plan.num_partials) * plan.heads.heads_q;
   const double work_ns = double(e.large_passes + e.small_passes) * model.pass_ns +

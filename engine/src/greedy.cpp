@@ -58,9 +58,11 @@ class Viewers {
   std::int64_t count_ = 0;
 };
 
-// DeFT-Flatten's packing, where it pays: a group shorter than a block joins
-// the open pack of its depth-first predecessors while one pass over both (the
-// union of their queries, masked) costs less than a pass over each.
+// DeFT-Flatten's packing, where it pays: a group shorter than block_tokens
+// joins the open pack of its depth-first predecessors while one pass over both
+// (the union of their queries, masked) costs less than a pass over each. Every
+// unit starts as one block, as long as its group: a long group is one pass per
+// query tile, its KV read once with no partials, until splitting cuts it.
 std::vector<Unit> pack_groups(const std::vector<Group>& groups, const UnitCost& cost, std::int32_t block_tokens) {
   std::vector<Unit> units;
   Viewers pack_viewers;
@@ -81,7 +83,7 @@ std::vector<Unit> pack_groups(const std::vector<Group>& groups, const UnitCost& 
         continue;
       }
     }
-    units.push_back(Unit{k, k + 1, g.tokens, own_viewers, ceil_div(g.tokens, block_tokens)});
+    units.push_back(Unit{k, k + 1, g.tokens, own_viewers, 1});
     open = g.tokens < block_tokens;
     pack_viewers.reset(g.lo, g.hi);
   }

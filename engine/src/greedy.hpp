@@ -5,9 +5,9 @@
 // KV chain together with the child's own, in one run, and leave the parent's
 // group. Then, in depth-first order, small groups share a block where the model
 // says one pass over both costs less than two (DeFT-Flatten's packing, masks
-// keeping their queries apart), and groups of long KV are cut into more blocks
-// while that shortens the step (a device not full, or waiting on a few long
-// blocks).
+// keeping their queries apart); every other group starts as one block of any
+// length, and groups of long KV are cut into more blocks while that shortens
+// the step (a device not full, or waiting on a few long blocks).
 
 #include <cstdint>
 #include <vector>

@@ -1,5 +1,6 @@
 #include "treeattn/planner.hpp"
 
+#include <algorithm>
 #include <optional>
 
 #include "fail.hpp"
@@ -109,7 +110,9 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
   result.heads.scale = tree.heads.effective_scale();
   result.num_queries = std::int32_t(tree.query_count());
   result.strategy = options.strategy;
-  result.block_tokens = options.block_tokens;
+  // Greedy's blocks are as long as its cost model leaves them (block_tokens
+  // bounds only its packing of small groups); the plan records the longest.
+  result.block_tokens = greedy != nullptr ? kMaxBlockTokens : options.block_tokens;
   result.query_tile = options.query_tile;
   result.min_kv_slots = vis.max_slot + 1;
   result.token_slot = std::move(vis.token_slot);
@@ -124,6 +127,12 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
     case Strategy::greedy: emit_greedy(builder, vis, topo, greedy->groups, greedy->layout); break;
   }
   builder.finish();
+  if (greedy != nullptr) {
+    result.block_tokens = 1;
+    for (std::int32_t b = 0; b < result.num_blocks(); ++b) {
+      result.block_tokens = std::max(result.block_tokens, result.block_token_count(b));
+    }
+  }
   return result;
 }
 

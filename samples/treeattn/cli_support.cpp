@@ -83,7 +83,7 @@ void PlanFlags::add_to(CLI::App& sub) {
                  "child groups where that saves partial results, and splits long groups to fill the GPU)")
       ->check(CLI::IsMember(strategy_names()))
       ->capture_default_str();
-  sub.add_option("--block-tokens", block_tokens, "Max KV tokens per block (work item)")
+  sub.add_option("--block-tokens", block_tokens, "Max KV tokens per block (work item); greedy: the size small groups are packed up to, its long groups are cut by the cost model")
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   sub.add_option("--query-tile", query_tile, "Max queries per work item (bits of a segment mask)")

@@ -138,6 +138,7 @@ void run_bench(const BenchOptions& o) {
                             {"large_passes", est.large_passes}, {"small_passes", est.small_passes},
                             {"large_tiles", est.large_tiles},  {"small_tiles", est.small_tiles},
                             {"partial_rows", est.partial_rows},
+                            {"longest_pass_tiles", est.longest_pass_tiles}, {"longest_pass_large", est.longest_pass_large},
                             {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
                             {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},
                             {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us}};
@@ -215,7 +216,7 @@ Command add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
       ->capture_default_str();
-  sub->add_option("--block-tokens", o->block_tokens, "Max KV tokens per block")->check(CLI::Range(1, 65536))->capture_default_str();
+  sub->add_option("--block-tokens", o->block_tokens, "Max KV tokens per block (greedy: the size small groups are packed up to; its long groups are cut by the cost model)")->check(CLI::Range(1, 65536))->capture_default_str();
   sub->add_option("--cost", o->costs,
                   std::string(kCostHelp) + ". Give --cost several times to sweep: every strategy runs once per model");
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();

@@ -122,9 +122,11 @@ TEST_CASE("long-context splitting fills the device, and only while it pays") {
   CHECK(st.blocks > 16 + 10 * 2);
   CHECK(st.block_tokens_min >= 64);
 
-  // A device that one pass fills (one slot, no solo speedup) gains nothing from it.
+  // A device that one pass fills (one slot, no solo speedup) gains nothing from
+  // it: every group stays one block, however long (the prompt's 4000 tokens).
   const Plan unsplit = plan(tree, own_layout("slots=1,solo_speedup=1"));
-  CHECK(compute_stats(unsplit).blocks == 16 + 10 * 2);
+  CHECK(compute_stats(unsplit).blocks == 1 + 10);
+  CHECK(unsplit.block_tokens == 4000);
 
   // Never below min_split_tokens.
   const Plan floor = plan(tree, own_layout("min_split_tokens=200"));

@@ -29,7 +29,11 @@ struct CostModel {
   double tile_ns_small = 3760.0;  // one 64-token KV tile in a 16-row pass
   double partial_ns = 169.0;      // one partial row (query x query head)
   double slots = 396.0;           // CTAs in flight: 132 SMs x 3
-  double solo_speedup = 3.0;      // how much faster a pass runs alone on an SM than in a full one
+  // How much faster a pass runs alone on an SM than in a full one. Long passes
+  // (blocks of any length) showed it is small: a 64-row pass of 13-32 tiles took
+  // about its full slot share on the H100 (per-CTA latency, not the SM, bounds
+  // it); 1.25 planned better than 2 or the 3 fitted on blocks of <= 4 tiles.
+  double solo_speedup = 1.25;
   std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this
   // `greedy` keeps DeFT-Flatten's layout unless its own is predicted this many
   // times faster. Measured on the H100 over the 57 peer configurations with the
@@ -88,6 +92,8 @@ struct CostEstimate {
   std::int64_t large_tiles = 0, small_tiles = 0;    // 64-token KV tiles those CTAs compute
   std::int64_t partial_rows = 0;                    // partials x query heads
   double max_pass_ns = 0.0;
+  std::int64_t longest_pass_tiles = 0;  // the longest pass: its KV tiles and whether it has 64 rows
+  bool longest_pass_large = false;
   double time_us = 0.0;  // max(the work spread over `slots`, the longest pass alone)
 };
 // The model's step time for a total cost and a longest pass, in microseconds.

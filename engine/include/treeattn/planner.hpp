@@ -14,7 +14,8 @@ namespace treeattn {
 
 struct PlanOptions {
   Strategy strategy = Strategy::flatten;
-  std::int32_t block_tokens = 256;       // max KV tokens per block, 1..65536
+  std::int32_t block_tokens = 256;       // max KV tokens per block, 1..65536 (greedy: its packing size;
+                                         // the cost model cuts its long groups)
   std::int32_t query_tile = kMaxQueryTile;  // max queries per work item, 1..64
   // Rows of the KV pool when known (>0): slots are then range-checked against it
   // and the error names the node and token. 0: only checked for sign and width.

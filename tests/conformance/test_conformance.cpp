@@ -47,6 +47,20 @@ TEST_CASE("conformance: GQA groups 1 to 16 and head_dim 64, 128, 256") {
   }
 }
 
+TEST_CASE("conformance: groups of 3 and 5 query heads, whose queries straddle two 64-row passes") {
+  auto backend = make_test_backend();
+  for (auto [hq, hkv] : {std::pair{12, 4}, std::pair{40, 8}}) {
+    CAPTURE(hq);
+    Tree tree({hq, hkv, 64});
+    tree.add_node_range(0, kNoParent, 0, 300);  // 30 queries share it: 90 or 150 rows
+    for (int i = 0; i < 30; ++i) {
+      tree.add_node_range(i + 1, 0, 300 + 20 * i, 20);
+      tree.add_query(i + 1);
+    }
+    check_against_oracle(*backend, tree, DType::f16, 23);
+  }
+}
+
 TEST_CASE("conformance: blocks of many 64-token tiles, up to a 1 320-token block, at every head_dim") {
   auto backend = make_test_backend();
   for (int d : kSupportedHeadDims) {

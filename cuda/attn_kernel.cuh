@@ -210,7 +210,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   }
   if constexpr (Traits::kQInStage) __syncthreads();  // every warp has its Q: the stage may be refilled
   // Rows g and g + 8 of the warp: their query's bit in the token masks. Rows
-  // past the pass's end (zero Q) read bit 0 like a real row and are never written.
+  // past the pass's end (zero Q) take the last row's query: they compute
+  // harmlessly and are never written.
   int row_query[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) row_query[h] = min(c.row0 + warp_row + g + h * 8, c.row_end - 1) / p.group;

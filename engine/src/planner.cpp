@@ -143,7 +143,7 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
 // whole-tree layout the local decisions can also miss (tiny groups under shared
 // ancestors, read once with masks): flatten's is kept unless the model
 // predicts a clear gain (switch_gain covers its error).
-Plan plan_greedy_or_flatten(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options) {
+Plan plan_greedy_or_flatten(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options) {
   std::optional<GreedyChoice> best;
   for (double partial_weight : {1.0, 4.0}) {
     PlanOptions decide = options;
@@ -157,7 +157,7 @@ Plan plan_greedy_or_flatten(const Tree& tree, const Topology& topo, const Visibi
   Plan greedy = assemble(tree, best->order, compute_visibility(tree, best->order), options, &*best);
   PlanOptions flat = options;
   flat.strategy = Strategy::flatten;
-  Plan flatten = assemble(tree, topo, vis, flat, nullptr);
+  Plan flatten = assemble(tree, topo, std::move(vis), flat, nullptr);  // its last use: no copy
   if (estimate_cost(flatten, options.cost).time_us <
       estimate_cost(greedy, options.cost).time_us * options.cost.switch_gain) {
     flatten.strategy = Strategy::greedy;
@@ -172,7 +172,7 @@ Plan plan(const Tree& tree, const PlanOptions& options) {
   check_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
   Visibility vis = compute_visibility(tree, topo);
-  if (options.strategy == Strategy::greedy) return plan_greedy_or_flatten(tree, topo, vis, options);
+  if (options.strategy == Strategy::greedy) return plan_greedy_or_flatten(tree, topo, std::move(vis), options);
   return assemble(tree, topo, std::move(vis), options, nullptr);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <queue>
+#include <utility>
 
 namespace treeattn {
 namespace {
@@ -11,25 +12,26 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 using Group = GreedyGroup;
 using Unit = GreedyUnit;
 
-// The model's cost of a unit over all KV heads, its partial rows included.
+// The model's cost of a unit over all KV heads, its partial rows included, and
+// its longest pass: one evaluation gives both.
+struct UnitPrice {
+  double work_ns, max_pass_ns;
+};
 class UnitCost {
  public:
   UnitCost(const CostModel& model, const HeadConfig& heads, std::int32_t query_tile)
       : model_(model), heads_(heads), query_tile_(query_tile) {}
 
-  double work_ns(std::int64_t tokens, std::int64_t blocks, std::int64_t viewers) const {
-    return shape(tokens, blocks, viewers).cost_ns * heads_.heads_kv +
-           double(blocks * viewers) * heads_.heads_q * model_.partial_ns;
+  UnitPrice price(std::int64_t tokens, std::int64_t blocks, std::int64_t viewers) const {
+    const GroupCost g = group_cost(model_, tokens, blocks, viewers, heads_.group_size(), query_tile_);
+    return {g.cost_ns * heads_.heads_kv + double(blocks * viewers) * heads_.heads_q * model_.partial_ns, g.max_pass_ns};
   }
-  double max_pass_ns(std::int64_t tokens, std::int64_t blocks, std::int64_t viewers) const {
-    return shape(tokens, blocks, viewers).max_pass_ns;
+  double work_ns(std::int64_t tokens, std::int64_t blocks, std::int64_t viewers) const {
+    return price(tokens, blocks, viewers).work_ns;
   }
   const CostModel& model() const { return model_; }
 
  private:
-  GroupCost shape(std::int64_t tokens, std::int64_t blocks, std::int64_t viewers) const {
-    return group_cost(model_, tokens, blocks, viewers, heads_.group_size(), query_tile_);
-  }
   const CostModel& model_;
   const HeadConfig& heads_;
   std::int32_t query_tile_;
@@ -104,16 +106,19 @@ void split_long_units(std::vector<Unit>& units, const UnitCost& cost) {
   };
   std::priority_queue<Entry> longest;
   double work = 0.0;
+  std::vector<double> unit_work(units.size());  // at the unit's current blocks
   for (std::size_t u = 0; u < units.size(); ++u) {
-    work += cost.work_ns(units[u].tokens, units[u].blocks, units[u].viewers);
-    longest.push({cost.max_pass_ns(units[u].tokens, units[u].blocks, units[u].viewers), u});
+    const UnitPrice p = cost.price(units[u].tokens, units[u].blocks, units[u].viewers);
+    unit_work[u] = p.work_ns;
+    work += p.work_ns;
+    longest.push({p.max_pass_ns, u});
   }
   // Many units often share the longest pass (a plateau): cutting one of them
   // leaves the step time as it was until the last is cut. So cuts that keep
-  // the time are taken too, and the blocks return to the best point seen.
+  // the time are taken too, and the blocks return to the best point seen
+  // (the cuts since then are undone).
   double best_us = step_time_us(model, work, longest.empty() ? 0.0 : longest.top().pass_ns);
-  std::vector<std::int64_t> best_blocks;
-  for (const Unit& u : units) best_blocks.push_back(u.blocks);
+  std::vector<std::pair<std::size_t, std::int64_t>> since_best;  // unit, its blocks before the cut
   while (!longest.empty()) {
     const Entry top = longest.top();
     Unit& u = units[top.unit];
@@ -123,19 +128,22 @@ void split_long_units(std::vector<Unit>& units, const UnitCost& cost) {
     if (ceil_div(u.tokens, blocks) < model.min_split_tokens || blocks > u.tokens) break;  // the critical path stays
     longest.pop();
     const double next_longest = longest.empty() ? 0.0 : longest.top().pass_ns;
-    const double split_work = work - cost.work_ns(u.tokens, u.blocks, u.viewers) + cost.work_ns(u.tokens, blocks, u.viewers);
-    const double split_pass = cost.max_pass_ns(u.tokens, blocks, u.viewers);
+    const UnitPrice split = cost.price(u.tokens, blocks, u.viewers);
+    const double split_work = work - unit_work[top.unit] + split.work_ns;
+    const double split_pass = split.max_pass_ns;
     const double split_us = step_time_us(model, split_work, std::max(split_pass, next_longest));
     if (split_us > step_time_us(model, work, top.pass_ns)) break;
+    since_best.emplace_back(top.unit, u.blocks);
     u.blocks = blocks;
+    unit_work[top.unit] = split.work_ns;
     work = split_work;
     longest.push({split_pass, top.unit});
     if (split_us < best_us) {
       best_us = split_us;
-      for (std::size_t i = 0; i < units.size(); ++i) best_blocks[i] = units[i].blocks;
+      since_best.clear();
     }
   }
-  for (std::size_t i = 0; i < units.size(); ++i) units[i].blocks = best_blocks[i];
+  for (auto it = since_best.rbegin(); it != since_best.rend(); ++it) units[it->first].blocks = it->second;
 }
 
 }  // namespace
@@ -207,8 +215,9 @@ GreedyLayout layout_greedy(const Topology& topo, const GreedyGroups& g, const Pl
   split_long_units(layout.units, cost);
   double work = 0.0, longest = 0.0;
   for (const Unit& u : layout.units) {
-    work += cost.work_ns(u.tokens, u.blocks, u.viewers);
-    longest = std::max(longest, cost.max_pass_ns(u.tokens, u.blocks, u.viewers));
+    const UnitPrice p = cost.price(u.tokens, u.blocks, u.viewers);
+    work += p.work_ns;
+    longest = std::max(longest, p.max_pass_ns);
   }
   layout.time_us = step_time_us(options.cost, work, longest);
   return layout;

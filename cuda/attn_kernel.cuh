@@ -357,16 +357,20 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       if (t4 == 0) write_lse(d, (row_max[h] + __log2f(row_sum[h])) * kLn2);
     }
   } else {
-    // Merge the four warps' states for the 16 rows in shared memory (the K/V
-    // stages are free now): per warp the unnormalised acc, row max and row sum.
-    float* red_acc = reinterpret_cast<float*>(Smem::k());  // [4][16][D]
-    float* red_max = red_acc + Traits::kWarps * 16 * D;  // [4][16]
-    float* red_sum = red_max + Traits::kWarps * 16;      // [4][16]
+    // Merge the four warps' states for the 16 rows in shared memory (the tiles
+    // are free now): each warp's unnormalised acc, row max and row sum. Rows of
+    // red_acc are padded by 8 floats so a half-warp's float2 stores (4 rows x 4
+    // lanes) fall in distinct banks.
+    constexpr int kAccStride = D + 8;
+    float* red_acc = reinterpret_cast<float*>(smem);         // [4][16][kAccStride]
+    float* red_max = red_acc + Traits::kWarps * 16 * kAccStride;  // [4][16]
+    float* red_sum = red_max + Traits::kWarps * 16;           // [4][16], then each warp's row weight
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        red_acc[(warp * 16 + g + (e / 2) * 8) * D + n * 8 + t4 * 2 + (e & 1)] = acc[n][e];
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<float2*>(red_acc + (warp * 16 + g + h * 8) * kAccStride + n * 8 + t4 * 2) =
+            make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
       }
     }
     if (t4 == 0) {
@@ -378,25 +382,49 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     }
     RowDest* dests = reinterpret_cast<RowDest*>(red_sum + Traits::kWarps * 16);  // [16]
     const int rows_here = min(16, c.row_end - c.row0);
-    if (tid < rows_here) dests[tid] = row_dest(tid);
+    const RowDest my_dest = tid < rows_here ? row_dest(tid) : RowDest{0, false};  // in flight over the barrier
     __syncthreads();
-    for (int i = tid; i < rows_here * D; i += Traits::kThreads) {
-      const int row = i / D, col = i % D;
-      const RowDest d = dests[row];
+    // One thread per row: the row's log-sum-exp, its destination, and each
+    // warp's weight exp2(max_w - max) / sum (in place of the warp's row sum).
+    if (tid < rows_here) {
       float m = TREEATTN_NEG_INF;
 #pragma unroll
-      for (int w = 0; w < Traits::kWarps; ++w) m = fmaxf(m, red_max[w * 16 + row]);
+      for (int w = 0; w < Traits::kWarps; ++w) m = fmaxf(m, red_max[w * 16 + tid]);
       const float ref = m == TREEATTN_NEG_INF ? 0.0f : m;
-      float sum = 0.0f, value = 0.0f;
+      float f[Traits::kWarps], sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < Traits::kWarps; ++w) {
-        const float f = exp2f(red_max[w * 16 + row] - ref);
-        sum += red_sum[w * 16 + row] * f;
-        value += red_acc[(w * 16 + row) * D + col] * f;
+        f[w] = exp2f(red_max[w * 16 + tid] - ref);
+        sum += red_sum[w * 16 + tid] * f[w];
       }
-      if (d.direct) store_out(p.o, p.out_type, d.index * D + col, value / sum);
-      else p.partial_o[d.index * D + col] = value / sum;
-      if (col == 0) write_lse(d, (m + __log2f(sum)) * kLn2);
+#pragma unroll
+      for (int w = 0; w < Traits::kWarps; ++w) red_sum[w * 16 + tid] = f[w] / sum;
+      dests[tid] = my_dest;
+      write_lse(my_dest, (m + __log2f(sum)) * kLn2);
+    }
+    __syncthreads();
+    // Four adjacent channels per thread and step.
+    for (int i = tid; i < rows_here * D / 4; i += Traits::kThreads) {
+      const int row = i / (D / 4), col = i % (D / 4) * 4;
+      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < Traits::kWarps; ++w) {
+        const float f = red_sum[w * 16 + row];
+        const float4 a = *reinterpret_cast<const float4*>(red_acc + (w * 16 + row) * kAccStride + col);
+        value.x += a.x * f;
+        value.y += a.y * f;
+        value.z += a.z * f;
+        value.w += a.w * f;
+      }
+      const RowDest d = dests[row];
+      if (d.direct) {
+        store_out(p.o, p.out_type, d.index * D + col, value.x);
+        store_out(p.o, p.out_type, d.index * D + col + 1, value.y);
+        store_out(p.o, p.out_type, d.index * D + col + 2, value.z);
+        store_out(p.o, p.out_type, d.index * D + col + 3, value.w);
+      } else {
+        *reinterpret_cast<float4*>(p.partial_o + d.index * D + col) = value;
+      }
     }
   }
 }
@@ -405,15 +433,11 @@ template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
   const int pass = int(blockIdx.x / unsigned(p.heads_kv));
   const int kv_head = int(blockIdx.x % unsigned(p.heads_kv));
-  const int item = p.pass_item[pass];
-  const int row0 = p.pass_row_begin[pass];
-  const int q0 = p.item_query_begin[item];
-  const int row_end = min((p.item_query_begin[item + 1] - q0) * p.group, row0 + p.item_tile_rows[item]);
-  const int tile0 = p.item_tile_begin[item];
-  const PassContext ctx{p, tile0, p.item_tile_begin[item + 1] - tile0, row_end, row0, q0, kv_head};
+  const PassInfo info = p.passes[pass];
+  const PassContext ctx{p, info.tile_begin, info.tile_end - info.tile_begin, info.row_end, info.row_begin, info.query_begin, kv_head};
   // A pass of at most 16 rows (a small tile, or a large tile's last rows) splits
   // the KV tile among the warps instead of giving three of them padding rows.
-  if (row_end - row0 <= 16) attend_pass<Traits, true>(ctx);
+  if (info.row_end - info.row_begin <= 16) attend_pass<Traits, true>(ctx);
   else attend_pass<Traits, false>(ctx);
 }
 

@@ -19,6 +19,17 @@ struct TileMap {
 };
 static_assert(sizeof(TileMap) % 16 == 0, "tile maps are copied in 16-byte pieces");
 
+// One stage-1 pass (a CTA per KV head): up to an item's tile rows of its
+// query rows, resolved at upload so the kernel's prologue is a single load
+// instead of a chain through the item's arrays.
+struct alignas(16) PassInfo {
+  std::int32_t query_begin;           // the item's first entry of tile_query / tile_partial
+  std::int32_t tile_begin, tile_end;  // the item's TileMap records
+  std::int32_t row_begin, row_end;    // the pass's query rows (query x group head) of the item
+  std::int32_t unused[3];
+};
+static_assert(sizeof(PassInfo) == 32, "a pass is two 16-byte loads");
+
 struct KernelParams {
   // Tensors (DESIGN §2 layouts).
   const void* q;      // [num_queries, heads_q, head_dim]  f16 or bf16
@@ -30,23 +41,17 @@ struct KernelParams {
   float* partial_lse; // [num_partials, heads_q]
 
   // The Plan's arrays the kernels read (plan.hpp documents them).
-  const std::int32_t* item_query_begin;
-  const std::int32_t* item_tile_rows;  // [num_items]
   const std::int32_t* tile_query;
   const std::int32_t* tile_partial;
   const std::int32_t* merge_begin;
   const std::int32_t* merge_partial;
   // Derived at upload (DevicePlan): each item's tokens as KV-pool slots and
   // masks (item_token_map in plan.hpp), one record per 64-token tile, so a CTA
-  // fetches each tile's map beside the tiles before it, at any block length.
+  // fetches each tile's map beside the tiles before it, at any block length;
+  // and every item's passes, item-major, so the grid is exactly the passes.
   const TileMap* tile_map;
-  const std::int32_t* item_tile_begin;  // [num_items + 1] CSR into tile_map
-  // Derived at upload: every item's passes of item_tile_rows rows, item-major,
-  // so the grid is exactly the passes (no CTA of a small tile sized for a large one).
-  const std::int32_t* pass_item;       // [num_passes]
-  const std::int32_t* pass_row_begin;  // [num_passes] first query row of the pass
+  const PassInfo* passes;  // [num_passes]
 
-  std::int32_t num_items;
   std::int32_t num_passes;
   std::int32_t num_queries;
   std::int32_t heads_q;

@@ -43,10 +43,11 @@ struct AttnTraits {
   static constexpr int kMapStages = 2 * kStages;
   static constexpr int kMapOffset = kVOffset + kStages * kTileBytes;  // TileMap ring
   static constexpr int kSmemBytes = kMapOffset + kMapStages * int(sizeof(TileMap));
-  // The split-KV merge reuses the K/V stages for every warp's 16 x head_dim
-  // accumulators, their row maxima and sums, and 16 row destinations.
-  static_assert(kWarps * 16 * (kHeadDim + 2) * 4 + 16 * 16 <= kMapOffset - kKOffset,
-                "K/V stages too small for the merge");
+  // The split-KV merge reuses the tiles (and Q) for every warp's 16 x head_dim
+  // accumulators (rows padded by 8 floats), their row maxima and sums, and 16
+  // row destinations.
+  static_assert(kWarps * 16 * (kHeadDim + 8 + 2) * 4 + 16 * 16 <= kMapOffset,
+                "tiles too small for the merge");
   // CTAs per SM the registers are capped for (170 registers at three).
   static constexpr int kMinBlocksPerSM = kStages == 2 ? 3 : kStages == 3 ? 2 : 1;
 };

@@ -19,16 +19,17 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
     std::copy_n(map.slot.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].slot);
     std::copy_n(map.mask.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].mask);
   }
-  std::vector<std::int32_t> item_tile_begin(map.begin.size());
-  for (std::size_t i = 0; i < map.begin.size(); ++i) item_tile_begin[i] = map.begin[i] / kTileTokens;
   // Each item's passes: ceil(query rows / tile rows) of them, item-major.
-  std::vector<std::int32_t> pass_item, pass_row_begin;
+  std::vector<PassInfo> passes;
   const std::int32_t group = plan.heads.group_size();
   for (std::int32_t i = 0; i < plan.num_items(); ++i) {
-    const std::int32_t rows = (plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)]) * group;
-    for (std::int32_t row = 0; row < rows; row += plan.item_tile_rows[std::size_t(i)]) {
-      pass_item.push_back(i);
-      pass_row_begin.push_back(row);
+    const std::size_t item = std::size_t(i);
+    const std::int32_t query_begin = plan.item_query_begin[item];
+    const std::int32_t rows = (plan.item_query_begin[item + 1] - query_begin) * group;
+    const std::int32_t tile_rows = plan.item_tile_rows[item];
+    for (std::int32_t row = 0; row < rows; row += tile_rows) {
+      passes.push_back(PassInfo{query_begin, map.begin[item] / kTileTokens, map.begin[item + 1] / kTileTokens, row,
+                                std::min(rows, row + tile_rows), {}});
     }
   }
 
@@ -41,16 +42,12 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   KernelParams& p = params_;
   p = KernelParams{};
   const Field fields[] = {
-      {plan.item_query_begin.data(), plan.item_query_begin.size() * 4, reinterpret_cast<const void**>(&p.item_query_begin)},
-      {plan.item_tile_rows.data(), plan.item_tile_rows.size() * 4, reinterpret_cast<const void**>(&p.item_tile_rows)},
       {plan.tile_query.data(), plan.tile_query.size() * 4, reinterpret_cast<const void**>(&p.tile_query)},
       {plan.tile_partial.data(), plan.tile_partial.size() * 4, reinterpret_cast<const void**>(&p.tile_partial)},
       {plan.merge_begin.data(), plan.merge_begin.size() * 4, reinterpret_cast<const void**>(&p.merge_begin)},
       {plan.merge_partial.data(), plan.merge_partial.size() * 4, reinterpret_cast<const void**>(&p.merge_partial)},
       {tile_map.data(), tile_map.size() * sizeof(TileMap), reinterpret_cast<const void**>(&p.tile_map)},
-      {item_tile_begin.data(), item_tile_begin.size() * 4, reinterpret_cast<const void**>(&p.item_tile_begin)},
-      {pass_item.data(), pass_item.size() * 4, reinterpret_cast<const void**>(&p.pass_item)},
-      {pass_row_begin.data(), pass_row_begin.size() * 4, reinterpret_cast<const void**>(&p.pass_row_begin)},
+      {passes.data(), passes.size() * sizeof(PassInfo), reinterpret_cast<const void**>(&p.passes)},
   };
   std::size_t total = 0;
   for (const Field& f : fields) total += (f.bytes + 15) / 16 * 16;
@@ -68,12 +65,11 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   partials_.reserve(std::max<std::size_t>(partial_rows * std::size_t(plan.heads.head_dim + 1) * 4, 16));
   p.partial_o = partials_.as<float>();
   p.partial_lse = partials_.as<float>() + partial_rows * std::size_t(plan.heads.head_dim);
-  p.num_items = plan.num_items();
   p.num_queries = plan.num_queries;
   p.heads_q = plan.heads.heads_q;
   p.heads_kv = plan.heads.heads_kv;
   p.group = plan.heads.group_size();
-  p.num_passes = std::int32_t(pass_item.size());
+  p.num_passes = std::int32_t(passes.size());
   p.scale_log2 = plan.heads.scale * 1.4426950408889634f;
   head_dim_ = plan.heads.head_dim;
 }

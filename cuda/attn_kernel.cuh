@@ -128,7 +128,6 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   using Element = typename Traits::Element;
   using Smem = SharedTiles<Traits>;
   constexpr int D = Traits::kHeadDim;
-  constexpr int kStride = Traits::kStride;
   constexpr int kTile = Traits::kTileTokens;
   constexpr int kStages = Traits::kStages;
   constexpr int kNTiles = kSplitKV ? 2 : kTile / 8;   // 8-token n-tiles of S per warp and tile
@@ -141,7 +140,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 
   const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(c.kv_head) * D;
   const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(c.kv_head) * D;
-  const std::int64_t kv_row = std::int64_t(p.heads_kv) * D;  // elements between consecutive slots
+  const std::int64_t slot_stride = std::int64_t(p.heads_kv) * D;  // elements between consecutive slots
   // Tile m's token map into its ring entry, a 16-byte piece per thread.
   constexpr int kMapChunks = int(sizeof(TileMap)) / 16;
   static_assert(kMapChunks <= Traits::kThreads, "one map piece per thread");
@@ -152,16 +151,18 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   };
   // Tile t's K and V rows through its map (which has landed), zeros past the end.
   auto load_tile = [&](int t, int stage) {
-    Element* ks = Smem::k() + stage * kTile * kStride;
-    Element* vs = Smem::v() + stage * kTile * kStride;
+    Element* ks = Smem::k() + stage * kTile * D;
+    Element* vs = Smem::v() + stage * kTile * D;
     const std::int32_t* slots = Smem::map(t)->slot;
+    // The thread copies one chunk column: chunk `chunk` of every kRowsPerStep-th row.
+    constexpr int kRowsPerStep = Traits::kThreads / Traits::kChunksPerRow;
+    const int chunk = tid % Traits::kChunksPerRow;
 #pragma unroll 2
-    for (int i = tid; i < kTile * Traits::kChunksPerRow; i += Traits::kThreads) {
-      const int row = i / Traits::kChunksPerRow, chunk = i % Traits::kChunksPerRow;
+    for (int row = tid / Traits::kChunksPerRow; row < kTile; row += kRowsPerStep) {
       const int slot = slots[row];
-      const std::int64_t offset = std::int64_t(max(slot, 0)) * kv_row + chunk * 8;
-      cp_async_16(ks + row * kStride + chunk * 8, k_head + offset, slot >= 0);
-      cp_async_16(vs + row * kStride + chunk * 8, v_head + offset, slot >= 0);
+      const std::int64_t offset = std::int64_t(max(slot, 0)) * slot_stride + chunk * 8;
+      cp_async_16(ks + Traits::swizzle(row, chunk), k_head + offset, slot >= 0);
+      cp_async_16(vs + Traits::swizzle(row, chunk), v_head + offset, slot >= 0);
     }
   };
 
@@ -197,17 +198,23 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 #pragma unroll
   for (int i = 0; i < kQChunks; ++i) {
     const int e = tid + i * Traits::kThreads;
-    *reinterpret_cast<uint4*>(Smem::q() + (e / Traits::kChunksPerRow) * kStride + (e % Traits::kChunksPerRow) * 8) = q_chunk[i];
+    *reinterpret_cast<uint4*>(Smem::q() + Traits::swizzle(e / Traits::kChunksPerRow, e % Traits::kChunksPerRow)) = q_chunk[i];
   }
   __syncthreads();
 
+  // ldmatrix rows of this lane: matrix lane / 8 of each x4 load, row lane % 8.
+  const int mat = lane / 8;
   // The warp's 16 rows of Q as A fragments, for the whole head dimension.
   std::uint32_t qf[D / 16][4];
+  {
+    const auto q_row = Traits::lane_row(warp_row + (mat & 1) * 8 + lane % 8, mat >> 1);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const int mat = lane / 8;
-    ldmatrix_x4(qf[kk], Smem::q() + (warp_row + (mat & 1) * 8 + lane % 8) * kStride + kk * 16 + (mat >> 1) * 8);
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], Smem::q() + q_row.pair(kk));
   }
+  // K and V rows (tokens) as B fragments of S = Q K^T and O = P V: both x4
+  // loads take matrices (tokens 0-7, chunk c), (tokens 8-15, c), (0-7, c + 1),
+  // (8-15, c + 1) of the warp's 16-token steps, so one lane row serves both.
+  const auto kv_row = Traits::lane_row(n_base * 8 + (mat & 1) * 8 + lane % 8, mat >> 1);
   if constexpr (Traits::kQInStage) __syncthreads();  // every warp has its Q: the stage may be refilled
   // Rows g and g + 8 of the warp: their query's bit in the token masks. Rows
   // past the pass's end (zero Q) take the last row's query: they compute
@@ -229,8 +236,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // tile t and its map have landed
     __syncthreads();
-    const Element* ks = Smem::k() + stage * kTile * kStride;
-    const Element* vs = Smem::v() + stage * kTile * kStride;
+    const Element* ks = Smem::k() + stage * kTile * D;
+    const Element* vs = Smem::v() + stage * kTile * D;
 
     // S = Q K^T for the warp's 16 rows and its n-tiles of 8 tokens.
     float s[kNTiles][4];
@@ -240,11 +247,10 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
       for (int n = 0; n < kNTiles; n += 2) {
-        std::uint32_t b[4];
-        const int mat = lane / 8;
-        ldmatrix_x4(b, ks + ((n_base + n) * 8 + (mat >> 1) * 8 + lane % 8) * kStride + kk * 16 + (mat & 1) * 8);
-        Mma<Element>::run(s[n], qf[kk], b[0], b[1]);
-        Mma<Element>::run(s[n + 1], qf[kk], b[2], b[3]);
+        std::uint32_t b[4];  // n-tile n: b[0], b[2]; n + 1: b[1], b[3]
+        ldmatrix_x4(b, ks + n * 8 * D + kv_row.pair(kk));
+        Mma<Element>::run(s[n], qf[kk], b[0], b[2]);
+        Mma<Element>::run(s[n + 1], qf[kk], b[1], b[3]);
       }
     }
 
@@ -298,12 +304,10 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       a[1] = Mma<Element>::pack(s[2 * j][2], s[2 * j][3]);
       a[2] = Mma<Element>::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
       a[3] = Mma<Element>::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
-      const int token0 = (n_base / 2 + j) * 16;
 #pragma unroll
       for (int n = 0; n < D / 8; n += 2) {
         std::uint32_t b[4];
-        const int mat = lane / 8;
-        ldmatrix_x4_trans(b, vs + (token0 + (mat & 1) * 8 + lane % 8) * kStride + n * 8 + (mat >> 1) * 8);
+        ldmatrix_x4_trans(b, vs + j * 16 * D + kv_row.pair(n / 2));
         Mma<Element>::run(acc[n], a, b[0], b[1]);
         Mma<Element>::run(acc[n + 1], a, b[2], b[3]);
       }

@@ -22,16 +22,39 @@ struct AttnTraits {
   // the 57 peer configurations; at head_dim 256 one stage keeps the kernel
   // inside the A100's 164 KB of shared memory.
   static constexpr int kStages = HeadDim_ <= 128 ? 2 : 1;
-  static constexpr int kPad = 8;             // elements: rows shift by 16 B, ldmatrix avoids bank conflicts
-  static constexpr int kStride = kHeadDim + kPad;
   static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
+  static_assert(kChunksPerRow >= 8, "the swizzle permutes eight chunks of a row");
+
+  // Element offset of 16-byte chunk `chunk` of row `row` in a Q, K or V tile.
+  // Rows are unpadded (each starts 128-byte aligned, so a row's cp.async
+  // chunks fill whole shared-memory lines: a padded row split each 128-byte
+  // piece across two lines and the gather requested 1.5x its bytes from L2)
+  // and chunks are XOR-swizzled by the row's low three bits, so the eight rows
+  // an ldmatrix reads land in distinct banks.
+  __device__ __forceinline__ static int swizzle(int row, int chunk) {
+    return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+  }
+  // A lane's row address for ldmatrix, whose chunks it reads in pairs (2p + hi):
+  // the offsets of chunks hi, 2 + hi, 4 + hi and 6 + hi of its row. Chunk
+  // 2p + hi is then off[p % 4] + p / 4 * 64 elements, and a row 8k further is
+  // k * 8 rows further (same low bits): compile-time offsets, four registers.
+  struct LaneRow {
+    int off[4];
+    __device__ __forceinline__ int pair(int p) const { return off[p & 3] + (p >> 2) * 64; }
+  };
+  __device__ __forceinline__ static LaneRow lane_row(int row, int hi) {
+    LaneRow r;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r.off[j] = swizzle(row, 2 * j + hi);
+    return r;
+  }
 
   // Shared memory: tiles first (16-byte aligned), then a ring of token maps.
   // With two stages, Q lives in the second K stage: it is read into registers
   // before that stage is first filled, and the 17 KB saved fits three CTAs on
   // an SM instead of two.
-  static constexpr int kQBytes = kRows * kStride * 2;
-  static constexpr int kTileBytes = kTileTokens * kStride * 2;
+  static constexpr int kQBytes = kRows * kHeadDim * 2;
+  static constexpr int kTileBytes = kTileTokens * kHeadDim * 2;
   static_assert(kStages == 1 || kQBytes <= kTileBytes, "Q must fit in a K stage");
   static constexpr bool kQInStage = kStages >= 2;
   static constexpr int kKOffset = kQInStage ? 0 : kQBytes;

@@ -1,5 +1,7 @@
 #pragma once
-// Tree attention on tensor cores (mma.sync m16n8k16, sm_80 and later).
+// Tree attention on tensor cores: mma.sync m16n8k16 (sm_80 and later), and on
+// sm_90a wgmma for the 64-row passes (wgmma.cuh; same fragments, so the masks
+// and the softmax are shared).
 //
 // Stage 1: one CTA per (pass, KV head); a pass is up to the item's tile rows
 // (64 or 16) of its query rows, which are the tile's queries x the group's
@@ -20,6 +22,7 @@
 
 #include "attn_params.hpp"
 #include "attn_traits.cuh"
+#include "wgmma.cuh"
 
 namespace treeattn::cuda {
 
@@ -95,7 +98,8 @@ __device__ __forceinline__ void store_out(void* o, OutType type, std::int64_t in
   }
 }
 
-extern __shared__ __align__(16) unsigned char smem[];
+// 1024-byte aligned: the 128-byte swizzle of wgmma's operands is by address.
+extern __shared__ __align__(1024) unsigned char smem[];
 
 // Stage 1's shared memory (attn_traits.cuh has the layout), addressed from the
 // shared symbol itself so the compiler keeps 32-bit shared addresses.
@@ -235,6 +239,9 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     load_map(ahead + kStages);
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // tile t and its map have landed
+#if defined(TREEATTN_WGMMA)
+    if constexpr (!kSplitKV) fence_shared_for_wgmma();  // the landed tile, for wgmma's async proxy
+#endif
     __syncthreads();
     const Element* ks = Smem::k() + stage * kTile * D;
     const Element* vs = Smem::v() + stage * kTile * D;
@@ -243,14 +250,32 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     float s[kNTiles][4];
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#if defined(TREEATTN_WGMMA)
+    if constexpr (!kSplitKV) {
+      // The warpgroup's 64 rows x 64 tokens, 16 dims a step: K-major B, the
+      // step's 32 bytes inside its panel's 128-byte rows.
+      const std::uint32_t k_base = smem_address(ks);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t start = k_base + (kk >> 2) * Traits::kPanelElements * 2 + (kk & 3) * 32;
+        Wgmma<Element>::template m64n64k16<0>(s, qf[kk], wgmma_descriptor(start, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      wgmma_fence_operands(s);
+    } else
+#endif
+    {
 #pragma unroll
-      for (int n = 0; n < kNTiles; n += 2) {
-        std::uint32_t b[4];  // n-tile n: b[0], b[2]; n + 1: b[1], b[3]
-        ldmatrix_x4(b, ks + n * 8 * D + kv_row.pair(kk));
-        Mma<Element>::run(s[n], qf[kk], b[0], b[2]);
-        Mma<Element>::run(s[n + 1], qf[kk], b[1], b[3]);
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int n = 0; n < kNTiles; n += 2) {
+          std::uint32_t b[4];  // n-tile n: b[0], b[2]; n + 1: b[1], b[3]
+          ldmatrix_x4(b, ks + n * 8 * Traits::kPanel + kv_row.pair(kk));
+          Mma<Element>::run(s[n], qf[kk], b[0], b[2]);
+          Mma<Element>::run(s[n + 1], qf[kk], b[1], b[3]);
+        }
       }
     }
 
@@ -297,19 +322,49 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     }
 
     // O += P V: P's accumulators become A fragments (16 tokens per k-step).
+    std::uint32_t pf[kKSteps][4];
 #pragma unroll
     for (int j = 0; j < kKSteps; ++j) {
-      std::uint32_t a[4];
-      a[0] = Mma<Element>::pack(s[2 * j][0], s[2 * j][1]);
-      a[1] = Mma<Element>::pack(s[2 * j][2], s[2 * j][3]);
-      a[2] = Mma<Element>::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
-      a[3] = Mma<Element>::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+      pf[j][0] = Mma<Element>::pack(s[2 * j][0], s[2 * j][1]);
+      pf[j][1] = Mma<Element>::pack(s[2 * j][2], s[2 * j][3]);
+      pf[j][2] = Mma<Element>::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
+      pf[j][3] = Mma<Element>::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+    }
+#if defined(TREEATTN_WGMMA)
+    if constexpr (!kSplitKV) {
+      // MN-major (transposed) B: a step's 16 tokens are two 8-row groups of
+      // every panel; one instruction spans two panels (128 dims).
+      const std::uint32_t v_base = smem_address(vs);
+      constexpr int kPanelBytes = Traits::kPanelElements * 2;
+      wgmma_fence();
 #pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, vs + j * 16 * D + kv_row.pair(n / 2));
-        Mma<Element>::run(acc[n], a, b[0], b[1]);
-        Mma<Element>::run(acc[n + 1], a, b[2], b[3]);
+      for (int j = 0; j < kKSteps; ++j) {
+        const std::uint32_t start = v_base + j * 2048;
+        if constexpr (D == 64) {
+          Wgmma<Element>::template m64n64k16<1>(acc, pf[j], wgmma_descriptor(start, kPanelBytes, 1024), true);
+        } else {
+#pragma unroll
+          for (int h = 0; h < D / 128; ++h) {
+            auto& acc_half = *reinterpret_cast<float(*)[16][4]>(&acc[16 * h]);
+            Wgmma<Element>::template m64n128k16<1>(acc_half, pf[j], wgmma_descriptor(start + 2 * h * kPanelBytes, kPanelBytes, 1024), true);
+          }
+        }
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      wgmma_fence_operands(acc);
+    } else
+#endif
+    {
+#pragma unroll
+      for (int j = 0; j < kKSteps; ++j) {
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          std::uint32_t b[4];
+          ldmatrix_x4_trans(b, vs + j * 16 * Traits::kPanel + kv_row.pair(n / 2));
+          Mma<Element>::run(acc[n], pf[j], b[0], b[1]);
+          Mma<Element>::run(acc[n + 1], pf[j], b[2], b[3]);
+        }
       }
     }
     __syncthreads();  // the stage and this tile's map are refilled next

@@ -25,22 +25,28 @@ struct AttnTraits {
   static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
   static_assert(kChunksPerRow >= 8, "the swizzle permutes eight chunks of a row");
 
-  // Element offset of 16-byte chunk `chunk` of row `row` in a Q, K or V tile.
-  // Rows are unpadded (each starts 128-byte aligned, so a row's cp.async
-  // chunks fill whole shared-memory lines: a padded row split each 128-byte
-  // piece across two lines and the gather requested 1.5x its bytes from L2)
-  // and chunks are XOR-swizzled by the row's low three bits, so the eight rows
-  // an ldmatrix reads land in distinct banks.
+  // Element offset of 16-byte chunk `chunk` of row `row` in a 64-row Q, K or V
+  // tile: panels of [64 rows][64 elements] (chunk / 8 picks the panel), rows of
+  // 128 bytes whose chunks are XOR-swizzled by the row's low three bits — the
+  // 128-byte swizzle wgmma reads (wgmma.cuh), and the eight rows an ldmatrix
+  // reads land in distinct banks. Rows are unpadded, so a gathered row's
+  // cp.async chunks fill whole shared-memory lines (16-byte padded rows split
+  // every 128-byte piece across two lines, and the gather requested 1.5x its
+  // bytes from L2).
+  static constexpr int kPanel = 64;                  // elements per panel row
+  static constexpr int kPanelElements = 64 * kPanel;  // 8 KB, 1024-byte aligned
+  static_assert(kRows == 64 && kTileTokens == 64, "tiles are 64 rows of panels");
   __device__ __forceinline__ static int swizzle(int row, int chunk) {
-    return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+    return (chunk >> 3) * kPanelElements + row * kPanel + (((chunk & 7) ^ (row & 7)) << 3);
   }
   // A lane's row address for ldmatrix, whose chunks it reads in pairs (2p + hi):
   // the offsets of chunks hi, 2 + hi, 4 + hi and 6 + hi of its row. Chunk
-  // 2p + hi is then off[p % 4] + p / 4 * 64 elements, and a row 8k further is
-  // k * 8 rows further (same low bits): compile-time offsets, four registers.
+  // 2p + hi is then off[p % 4] plus p / 4 panels, and a row 8k further is
+  // 8k * kPanel elements further (same low bits): compile-time offsets, four
+  // registers.
   struct LaneRow {
     int off[4];
-    __device__ __forceinline__ int pair(int p) const { return off[p & 3] + (p >> 2) * 64; }
+    __device__ __forceinline__ int pair(int p) const { return off[p & 3] + (p >> 2) * kPanelElements; }
   };
   __device__ __forceinline__ static LaneRow lane_row(int row, int hi) {
     LaneRow r;

@@ -490,6 +490,11 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
+#if defined(TREEATTN_WGMMA)
+  // wgmma applies the 128-byte swizzle by shared address: a misplaced window
+  // would be a wrong answer, so it stops the kernel instead (never seen).
+  if ((smem_address(smem) & 1023u) != 0) __trap();
+#endif
   const int pass = int(blockIdx.x / unsigned(p.heads_kv));
   const int kv_head = int(blockIdx.x % unsigned(p.heads_kv));
   const PassInfo info = p.passes[pass];

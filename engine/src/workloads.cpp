@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 
 #include "fail.hpp"
 
@@ -156,11 +157,23 @@ std::int64_t total_tokens(const Tree& tree) {
 
 HostArray random_array(DType dtype, std::vector<std::int64_t> shape, std::uint64_t seed, float amplitude) {
   HostArray array(dtype, std::move(shape));
-  Rng rng(seed);
   const std::size_t n = std::size_t(array.numel());
-  for (std::size_t i = 0; i < n; ++i) {
-    store_from_float(array.bytes.data(), dtype, i, float((2.0 * rng.unit() - 1.0) * amplitude));
-  }
+  auto fill = [&](std::size_t begin, std::size_t end) {
+    Rng rng(seed);
+    rng.skip(begin);
+    for (std::size_t i = begin; i < end; ++i) {
+      store_from_float(array.bytes.data(), dtype, i, float((2.0 * rng.unit() - 1.0) * amplitude));
+    }
+  };
+  // A benchmark's KV pools reach hundreds of millions of elements (seconds on
+  // one core); below a million, threads cost more than they save.
+  constexpr std::size_t kPerThread = std::size_t(1) << 20;
+  const std::size_t threads =
+      std::clamp<std::size_t>(n / kPerThread, 1, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> workers;
+  for (std::size_t t = 1; t < threads; ++t) workers.emplace_back(fill, n * t / threads, n * (t + 1) / threads);
+  fill(0, n / threads);
+  for (std::thread& w : workers) w.join();
   return array;
 }
 

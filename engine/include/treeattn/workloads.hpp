@@ -16,6 +16,8 @@ class Rng {
  public:
   explicit Rng(std::uint64_t seed) : state_(seed) {}
   std::uint64_t next() noexcept;
+  // Jumps over n outputs (splitmix64's state advances by a constant per output).
+  void skip(std::uint64_t n) noexcept { state_ += n * 0x9e3779b97f4a7c15ull; }
   // Uniform integer in [lo, hi] (inclusive).
   std::int64_t uniform(std::int64_t lo, std::int64_t hi) noexcept;
   // Uniform float in [0, 1).
@@ -67,7 +69,9 @@ const ModelShape& find_model(const std::string& name);
 // Total tokens of a tree (the KV-pool rows random_forest uses).
 std::int64_t total_tokens(const Tree& tree);
 
-// Uniform values in [-amplitude, amplitude], rounded to `dtype`.
+// Uniform values in [-amplitude, amplitude], rounded to `dtype`: element i is
+// the seed's i-th output, so large arrays are filled by several threads and
+// equal the sequential stream.
 HostArray random_array(DType dtype, std::vector<std::int64_t> shape, std::uint64_t seed,
                        float amplitude = 1.0f);
 

@@ -17,10 +17,10 @@ struct AttnTraits {
   static constexpr int kRows = kWarps * 16;  // query rows (query x head) per pass: 16 per warp
   static constexpr int kTileTokens = treeattn::cuda::kTileTokens;  // KV tokens per shared-memory tile
   static_assert(kRows == kRowsPerPass, "a CTA takes the rows of one pass of a large tile");
-  // Stages in flight: the next tile's gather overlaps this tile's math. Three
-  // stages (two CTAs per SM instead of three) measured 0.986x on the H100 over
-  // the 57 peer configurations; at head_dim 256 one stage keeps the kernel
-  // inside the A100's 164 KB of shared memory.
+  // Stages in flight: the next tile's gather overlaps this tile's math. More
+  // stages cost CTAs per SM: with wgmma, three (two CTAs) ran 0.955x and four
+  // (one CTA) 0.81x on the H100's DESIGN workloads; at head_dim 256 one stage
+  // keeps the kernel inside the A100's 164 KB of shared memory.
   static constexpr int kStages = HeadDim_ <= 128 ? 2 : 1;
   static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
   static_assert(kChunksPerRow >= 8, "the swizzle permutes eight chunks of a row");
@@ -55,10 +55,11 @@ struct AttnTraits {
     return r;
   }
 
-  // Shared memory: tiles first (16-byte aligned), then a ring of token maps.
-  // With two stages, Q lives in the second K stage: it is read into registers
-  // before that stage is first filled, and the 17 KB saved fits three CTAs on
-  // an SM instead of two.
+  // Shared memory: tiles first (each a multiple of 8 KB from the 1024-byte
+  // aligned start, as the swizzle needs), then a ring of token maps. With two
+  // stages, Q lives in the second K stage: it is read into registers before
+  // that stage is first filled, and the 16 KB saved fits three CTAs on an SM
+  // instead of two.
   static constexpr int kQBytes = kRows * kHeadDim * 2;
   static constexpr int kTileBytes = kTileTokens * kHeadDim * 2;
   static_assert(kStages == 1 || kQBytes <= kTileBytes, "Q must fit in a K stage");

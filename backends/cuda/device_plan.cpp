@@ -10,6 +10,7 @@ namespace treeattn::cuda {
 
 static_assert(kRowsPerPass == kLargeTileRows && kSmallTileRows <= 16,
               "a stage-1 CTA takes a large tile's 64 rows; small tiles run its 16-row split-KV path");
+static_assert(kTileTokens == kKvTileTokens, "the kernels' KV tile is the one the cost model prices");
 
 void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   // Each item's token map as one record per 64-token tile.

@@ -83,7 +83,7 @@ void PlanFlags::add_to(CLI::App& sub) {
                  "child groups where that saves partial results, and splits long groups to fill the GPU)")
       ->check(CLI::IsMember(strategy_names()))
       ->capture_default_str();
-  sub.add_option("--block-tokens", block_tokens, "Max KV tokens per block (work item); greedy: the size small groups are packed up to, its long groups are cut by the cost model")
+  sub.add_option("--block-tokens", block_tokens, kBlockTokensHelp)
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   sub.add_option("--query-tile", query_tile, "Max queries per work item (bits of a segment mask)")
@@ -91,6 +91,10 @@ void PlanFlags::add_to(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--cost", cost, kCostHelp);
 }
+
+const char* const kBlockTokensHelp =
+    "Max KV tokens per block (work item); greedy: the size small groups are packed up to, its long groups are cut "
+    "by the cost model";
 
 const char* const kCostHelp =
     "Cost-model coefficients KEY=VALUE,... over the H100 defaults: pass_ns, tile_ns_large, tile_ns_small "

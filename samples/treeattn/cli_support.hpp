@@ -56,7 +56,8 @@ struct BackendFlags {
   void add_to(CLI::App& sub);
 };
 
-// The help text of --cost (plan, run, demo, bench).
+// The help texts of --block-tokens and --cost (plan, run, demo, bench).
+extern const char* const kBlockTokensHelp;
 extern const char* const kCostHelp;
 
 // "16.6 MB", "512 B": decimal units, as bandwidths are quoted.

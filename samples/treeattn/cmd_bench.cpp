@@ -216,7 +216,7 @@ Command add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
       ->capture_default_str();
-  sub->add_option("--block-tokens", o->block_tokens, "Max KV tokens per block (greedy: the size small groups are packed up to; its long groups are cut by the cost model)")->check(CLI::Range(1, 65536))->capture_default_str();
+  sub->add_option("--block-tokens", o->block_tokens, kBlockTokensHelp)->check(CLI::Range(1, 65536))->capture_default_str();
   sub->add_option("--cost", o->costs,
                   std::string(kCostHelp) + ". Give --cost several times to sweep: every strategy runs once per model");
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();

@@ -1,16 +1,26 @@
 #version 460
 // Stage 1 on tensor cores (VK_KHR_cooperative_matrix, 16x16x16 f16 -> f32).
 // One work group per (64-row pass, KV head): four subgroups of 32, each owning
-// 16 rows (tile query x query head). The block's K/V rows are gathered into
-// shared memory CHUNK tokens at a time by the whole group; each subgroup then
-// computes S = Q K^T into shared memory, runs the masked online softmax there in
-// base 2 (two lanes per row), and accumulates O += P V in accumulator matrices.
-// The per-row rescale of O is a component-wise product with a matrix whose row r
-// holds row r's factor, so O never leaves the accumulators until the end.
+// 16 rows (tile query x query head). The block's K/V rows reach shared memory
+// CHUNK tokens at a time through registers, software-pipelined: while the
+// subgroups compute chunk c from shared memory, every thread's loads of chunk
+// c+1's rows (and of chunk c+2's slot and segment indices) are in flight, so
+// the gather's latency overlaps the math instead of preceding it. Each subgroup
+// computes S = Q K^T, runs the masked online softmax on it in shared memory in
+// base 2 (two lanes per row), and accumulates O += P V in accumulator
+// matrices. The per-row rescale of O is a component-wise product with a matrix
+// whose row r holds row r's factor, skipped when no row's maximum moved.
+//
+// Shared-memory layouts are chosen for the access patterns, not for simplicity:
+// K/V rows are padded by 16 bytes so the 8 rows one matrix load reads start on
+// different banks; S, P and the factor matrix are column-major with padded
+// columns so the lanes of a softmax step (16 rows of one column) hit 16
+// different banks.
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
@@ -21,24 +31,43 @@ layout(constant_id = 0) const uint HEAD_DIM = 128;
 layout(constant_id = 1) const uint CHUNK = 32;  // tokens per shared-memory stage, a multiple of 16
 
 const uint SUBGROUPS = 4u, TILE = 16u, THREADS = 128u;
-const uint DTILES = HEAD_DIM / TILE;   // 16-column tiles of a head row
-const uint VEC4S = HEAD_DIM / 4u;      // f16vec4 per K/V row in shared memory
-const uint LOADS = CHUNK * (HEAD_DIM / 8u) / THREADS;  // 16-byte K (and V) loads per thread per chunk
+const uint DTILES = HEAD_DIM / TILE;             // 16-column tiles of a head row
+const uint QUADS = HEAD_DIM / 8u;                // 16-byte pieces of a K/V row
+const uint ROW_VEC4S = HEAD_DIM / 4u + 2u;       // f16vec4 per shared K/V row, 16 bytes of padding
+const uint LOADS = CHUNK * QUADS / THREADS;      // 16-byte K (and V) loads per thread per chunk
+const uint TOKEN_STEP = THREADS / QUADS;         // tokens between one thread's successive loads
+const uint S_STRIDE = TILE + 4u;                 // floats per column of S / the factor matrix
+const uint P_STRIDE = TILE + 8u;                 // halves per column of P (48 bytes: 16-byte aligned)
+const uint COLUMNS = CHUNK / 2u;                 // softmax columns per lane
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 #define MAT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define MAT_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 
-shared f16vec4 k_tile[CHUNK * VEC4S];
-shared f16vec4 v_tile[CHUNK * VEC4S];
+shared f16vec4 k_tile[CHUNK * ROW_VEC4S];
+shared f16vec4 v_tile[CHUNK * ROW_VEC4S];
 shared uvec2 token_mask[CHUNK];
-shared float scores[SUBGROUPS * TILE * CHUNK];      // S of each subgroup's 16 rows, row-major
-shared float16_t probs[SUBGROUPS * TILE * CHUNK];   // P (also stages Q, 16 columns at a time)
-shared float row_factor[SUBGROUPS * TILE * TILE];   // row r of a 16x16 tile = row r's factor
+shared float scores[SUBGROUPS * CHUNK * S_STRIDE];     // S of each subgroup, then its factor / O tiles
+shared float16_t probs[SUBGROUPS * CHUNK * P_STRIDE];  // P of each subgroup (also stages Q)
 
 void subgroup_sync() {
   subgroupMemoryBarrierShared();
   subgroupBarrier();
+}
+
+// The gather's indices for the chunk after the one in flight: the pool slot of
+// each token this thread loads, and (threads below CHUNK) the segment of token
+// `tid` (~0u: past the block).
+uint next_slot[LOADS];
+uint next_segment;
+
+void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
+  [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+    const uint t = chunk0 + tid / QUADS + j * TOKEN_STEP;
+    next_slot[j] = t < tokens ? plan_word(kBlockTokenSlot, token_begin + t) : ~0u;
+  }
+  const uint t = chunk0 + tid;
+  next_segment = tid < CHUNK && t < tokens ? token_segment(token_begin + t) : ~0u;
 }
 
 void main() {
@@ -53,7 +82,8 @@ void main() {
   const uint token_begin = plan_word(kBlockTokenBegin, block);
   const uint tokens = plan_word(kBlockTokenBegin, block + 1u) - token_begin;
 
-  // Lane pair (2r, 2r+1) owns row r of the subgroup's 16; each lane half the columns.
+  // Lane pair (2r, 2r+1) owns row r of the subgroup's 16; lane h of the pair the
+  // columns 2j + h of each chunk (and columns 8h..8h+7 of a 16x16 tile).
   const uint sub_row0 = plan_word(kPassRow, pass_index) + sg * TILE;
   const bool subgroup_live = sub_row0 < tile_rows;
   const uint r = lane >> 1, half_index = lane & 1u;
@@ -62,7 +92,7 @@ void main() {
   const uint tile_query = row_live ? row / pc.group : 0u;
   const uint head = kv_head * pc.group + (row_live ? row % pc.group : 0u);
   const uint query = plan_word(kTileQuery, tile_begin + tile_query);
-  const uint sg_scores = sg * TILE * CHUNK, sg_factor = sg * TILE * TILE;
+  const uint sg_s = sg * CHUNK * S_STRIDE, sg_p = sg * CHUNK * P_STRIDE;
 
   // Q into A matrices, 16 columns at a time through the subgroup's P area.
   MAT_A q[DTILES];
@@ -71,11 +101,11 @@ void main() {
                                  : uvec4(0u);
     [[unroll]] for (uint c = 0u; c < 4u; ++c) {
       const f16vec2 pair = unpackFloat2x16(eight[c]);
-      probs[sg_scores + r * CHUNK + half_index * 8u + 2u * c] = pair.x;
-      probs[sg_scores + r * CHUNK + half_index * 8u + 2u * c + 1u] = pair.y;
+      probs[sg_p + (half_index * 8u + 2u * c) * P_STRIDE + r] = pair.x;
+      probs[sg_p + (half_index * 8u + 2u * c + 1u) * P_STRIDE + r] = pair.y;
     }
     subgroup_sync();
-    coopMatLoad(q[k], probs, sg_scores, CHUNK, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatLoad(q[k], probs, sg_p, P_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
     subgroup_sync();
   }
 
@@ -83,33 +113,39 @@ void main() {
   [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = ACC(0.0);
   float running_max = -1.0 / 0.0, running_sum = 0.0;
 
+  // The pipeline's prologue: chunk 0's rows and mask in registers, chunk 1's indices.
+  const uint quad = tid % QUADS;
+  fetch_indices(token_begin, tokens, 0u, tid);
+  uvec4 k_rows[LOADS], v_rows[LOADS];
+  uvec2 mask_next;
+  [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+    k_rows[j] = next_slot[j] != ~0u ? kv_quad(0u, next_slot[j], kv_head, quad, QUADS) : uvec4(0u);
+    v_rows[j] = next_slot[j] != ~0u ? kv_quad(1u, next_slot[j], kv_head, quad, QUADS) : uvec4(0u);
+  }
+  mask_next = next_segment != ~0u ? segment_mask(mask_begin + next_segment) : uvec2(0u);
+  fetch_indices(token_begin, tokens, CHUNK, tid);
+
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
-    const uint count = min(CHUNK, tokens - chunk0);
-    barrier();
-    // All of this thread's loads are issued before any is stored: the gather's
-    // latency is paid once per chunk, not once per load.
-    uvec4 k[LOADS], v[LOADS];
+    barrier();  // every subgroup is done with the previous chunk's K, V and masks
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-      const uint i = tid + j * THREADS, t = i / (HEAD_DIM / 8u), quad = i % (HEAD_DIM / 8u);
-      k[j] = uvec4(0u);  // tokens past the block: zeros (finite, masked out)
-      v[j] = uvec4(0u);
-      if (t < count) {
-        const uint slot = plan_word(kBlockTokenSlot, token_begin + chunk0 + t);
-        k[j] = kv_quad(0u, slot, kv_head, quad, HEAD_DIM / 8u);
-        v[j] = kv_quad(1u, slot, kv_head, quad, HEAD_DIM / 8u);
+      const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_VEC4S + 2u * quad;
+      k_tile[at] = f16vec4(unpackFloat2x16(k_rows[j].x), unpackFloat2x16(k_rows[j].y));
+      k_tile[at + 1u] = f16vec4(unpackFloat2x16(k_rows[j].z), unpackFloat2x16(k_rows[j].w));
+      v_tile[at] = f16vec4(unpackFloat2x16(v_rows[j].x), unpackFloat2x16(v_rows[j].y));
+      v_tile[at + 1u] = f16vec4(unpackFloat2x16(v_rows[j].z), unpackFloat2x16(v_rows[j].w));
+    }
+    if (tid < CHUNK) token_mask[tid] = mask_next;
+    barrier();
+
+    // Issue the next chunk's loads now; they land while this chunk is computed.
+    if (chunk0 + CHUNK < tokens) {
+      [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+        k_rows[j] = next_slot[j] != ~0u ? kv_quad(0u, next_slot[j], kv_head, quad, QUADS) : uvec4(0u);
+        v_rows[j] = next_slot[j] != ~0u ? kv_quad(1u, next_slot[j], kv_head, quad, QUADS) : uvec4(0u);
       }
+      mask_next = next_segment != ~0u ? segment_mask(mask_begin + next_segment) : uvec2(0u);
+      fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
     }
-    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-      const uint i = tid + j * THREADS, t = i / (HEAD_DIM / 8u), quad = i % (HEAD_DIM / 8u);
-      k_tile[t * VEC4S + 2u * quad] = f16vec4(unpackFloat2x16(k[j].x), unpackFloat2x16(k[j].y));
-      k_tile[t * VEC4S + 2u * quad + 1u] = f16vec4(unpackFloat2x16(k[j].z), unpackFloat2x16(k[j].w));
-      v_tile[t * VEC4S + 2u * quad] = f16vec4(unpackFloat2x16(v[j].x), unpackFloat2x16(v[j].y));
-      v_tile[t * VEC4S + 2u * quad + 1u] = f16vec4(unpackFloat2x16(v[j].z), unpackFloat2x16(v[j].w));
-    }
-    if (tid < CHUNK) {
-      token_mask[tid] = tid < count ? segment_mask(mask_begin + token_segment(token_begin + chunk0 + tid)) : uvec2(0u);
-    }
-    barrier();
     if (!subgroup_live) continue;
 
     // S = Q K^T, 16 tokens at a time: B(k, n) = K[token n][dim k] (K read column-major).
@@ -117,75 +153,85 @@ void main() {
       ACC s = ACC(0.0);
       [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
         MAT_B kt;
-        coopMatLoad(kt, k_tile, nb * TILE * VEC4S + k * (TILE / 4u), VEC4S, gl_CooperativeMatrixLayoutColumnMajor);
+        coopMatLoad(kt, k_tile, nb * TILE * ROW_VEC4S + k * (TILE / 4u), ROW_VEC4S,
+                    gl_CooperativeMatrixLayoutColumnMajor);
         s = coopMatMulAdd(q[k], kt, s);
       }
-      coopMatStore(s, scores, sg_scores + nb * TILE, CHUNK, gl_CooperativeMatrixLayoutRowMajor);
+      coopMatStore(s, scores, sg_s + nb * TILE * S_STRIDE, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
     }
     subgroup_sync();
 
-    // Masked online softmax of row r over this chunk (this lane: half the columns).
-    const uint c0 = half_index * (CHUNK / 2u);
+    // Masked online softmax of row r over this chunk (this lane: every other column).
+    float x[COLUMNS];
     float chunk_max = -1.0 / 0.0;
-    for (uint c = c0; c < c0 + CHUNK / 2u; ++c) {
-      if (row_live && mask_has(token_mask[c], tile_query)) chunk_max = max(chunk_max, scores[sg_scores + r * CHUNK + c] * pc.scale_log2);
+    [[unroll]] for (uint j = 0u; j < COLUMNS; ++j) {
+      const uint c = 2u * j + half_index;
+      const bool visible = row_live && mask_has(token_mask[c], tile_query);
+      x[j] = visible ? scores[sg_s + c * S_STRIDE + r] * pc.scale_log2 : -1.0 / 0.0;
+      chunk_max = max(chunk_max, x[j]);
     }
     chunk_max = max(chunk_max, subgroupShuffleXor(chunk_max, 1u));
     const float new_max = max(running_max, chunk_max);
-    const float alpha = new_max == running_max ? 1.0 : exp2(running_max - new_max);
+    // alpha = 1 while the row has seen nothing (O is still zero) or its maximum stayed.
+    const float alpha = new_max == running_max || running_max == -1.0 / 0.0 ? 1.0 : exp2(running_max - new_max);
     float sum = 0.0;
-    for (uint c = c0; c < c0 + CHUNK / 2u; ++c) {
-      const bool visible = row_live && mask_has(token_mask[c], tile_query);
-      const float p = visible ? exp2(scores[sg_scores + r * CHUNK + c] * pc.scale_log2 - new_max) : 0.0;
+    [[unroll]] for (uint j = 0u; j < COLUMNS; ++j) {
+      const float p = x[j] == -1.0 / 0.0 ? 0.0 : exp2(x[j] - new_max);
       sum += p;
-      probs[sg_scores + r * CHUNK + c] = float16_t(p);
+      probs[sg_p + (2u * j + half_index) * P_STRIDE + r] = float16_t(p);
     }
     sum += subgroupShuffleXor(sum, 1u);
     running_sum = running_sum * alpha + sum;
     running_max = new_max;
-    for (uint c = half_index * 8u; c < half_index * 8u + 8u; ++c) row_factor[sg_factor + r * TILE + c] = alpha;
-    subgroup_sync();
 
-    // O = O * alpha (per row) + P V.
-    ACC factor;
-    coopMatLoad(factor, row_factor, sg_factor, TILE, gl_CooperativeMatrixLayoutRowMajor);
-    [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = o[n] * factor;
+    // O = O * alpha (per row) + P V; the factor matrix goes where S was.
+    const bool rescale = subgroupAny(alpha != 1.0);
+    if (rescale) {
+      subgroup_sync();  // every lane has read its S before the factors overwrite it
+      [[unroll]] for (uint c = half_index * 8u; c < half_index * 8u + 8u; ++c) scores[sg_s + c * S_STRIDE + r] = alpha;
+    }
+    subgroup_sync();
+    if (rescale) {
+      ACC factor;
+      coopMatLoad(factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
+      [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = o[n] * factor;
+    }
     [[unroll]] for (uint nb = 0u; nb < CHUNK / TILE; ++nb) {
       MAT_A p;
-      coopMatLoad(p, probs, sg_scores + nb * TILE, CHUNK, gl_CooperativeMatrixLayoutRowMajor);
+      coopMatLoad(p, probs, sg_p + nb * TILE * P_STRIDE, P_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
       [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
         MAT_B v;
-        coopMatLoad(v, v_tile, nb * TILE * VEC4S + n * (TILE / 4u), VEC4S, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatLoad(v, v_tile, nb * TILE * ROW_VEC4S + n * (TILE / 4u), ROW_VEC4S, gl_CooperativeMatrixLayoutRowMajor);
         o[n] = coopMatMulAdd(p, v, o[n]);
       }
     }
-    subgroup_sync();
+    subgroup_sync();  // P and the factors are read before the next chunk's S overwrites them
   }
   if (!subgroup_live) return;
 
   // Normalise (every live row saw at least one token: running_sum > 0), then
   // write each 16x16 tile through shared memory: lane pair per row, 8 columns each.
   const float inv = row_live ? 1.0 / running_sum : 0.0;
-  for (uint c = half_index * 8u; c < half_index * 8u + 8u; ++c) row_factor[sg_factor + r * TILE + c] = inv;
+  [[unroll]] for (uint c = half_index * 8u; c < half_index * 8u + 8u; ++c) scores[sg_s + c * S_STRIDE + r] = inv;
   subgroup_sync();
   ACC factor;
-  coopMatLoad(factor, row_factor, sg_factor, TILE, gl_CooperativeMatrixLayoutRowMajor);
+  coopMatLoad(factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
+  subgroup_sync();  // the factors are in registers before the first tile overwrites them
   const int partial_slot = row_live ? plan_int(kTilePartial, tile_begin + tile_query) : kDirect;
   const float lse2 = running_max + log2(running_sum);
   [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
-    coopMatStore(o[n] * factor, scores, sg_scores, CHUNK, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatStore(o[n] * factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
     subgroup_sync();
     if (row_live) {
       const uint col0 = n * TILE + half_index * 8u;
+      float value[8];
+      [[unroll]] for (uint c = 0u; c < 8u; ++c) value[c] = scores[sg_s + (half_index * 8u + c) * S_STRIDE + r];
       if (partial_slot == kDirect) {
         const uint out0 = (query * pc.heads_q + head) * HEAD_DIM + col0;
-        for (uint c = 0u; c < 8u; c += 2u) {
-          store_output_pair(out0 + c, vec2(scores[sg_scores + r * CHUNK + half_index * 8u + c],
-                                           scores[sg_scores + r * CHUNK + half_index * 8u + c + 1u]));
-        }
+        [[unroll]] for (uint c = 0u; c < 8u; c += 2u) store_output_pair(out0 + c, vec2(value[c], value[c + 1u]));
       } else {
         const uint out0 = (uint(partial_slot) * pc.heads_q + head) * HEAD_DIM + col0;
-        for (uint c = 0u; c < 8u; ++c) Floats(pc.partial_o).f[out0 + c] = scores[sg_scores + r * CHUNK + half_index * 8u + c];
+        [[unroll]] for (uint c = 0u; c < 8u; ++c) Floats(pc.partial_o).f[out0 + c] = value[c];
       }
     }
     subgroup_sync();

@@ -43,11 +43,12 @@ std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim) {
   return 8;
 }
 
-// Tokens per stage of the cooperative-matrix shader: K and V, a mask per token,
-// and per subgroup (4) S in f32 and P in f16 for 16 rows, plus a 16x16 f32 tile.
+// Tokens per stage of the cooperative-matrix shader (tree_attn_coopmat.comp):
+// K and V rows padded by 16 bytes, a mask per token, and per subgroup (4) one
+// column of S (f32, 20 per column) and of P (f16, 24 per column) per token.
 std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim) {
   for (std::uint32_t chunk : {64u, 32u}) {
-    const std::uint32_t bytes = chunk * (4u * std::uint32_t(head_dim) + 8u) + 4u * 16u * chunk * 6u + 4u * 256u * 4u;
+    const std::uint32_t bytes = chunk * (2u * (2u * std::uint32_t(head_dim) + 16u) + 8u + 4u * (20u * 4u + 24u * 2u));
     if (bytes <= caps.shared_memory_bytes) return chunk;
   }
   return 16;

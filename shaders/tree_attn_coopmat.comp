@@ -11,6 +11,10 @@
 // matrices. The per-row rescale of O is a component-wise product with a matrix
 // whose row r holds row r's factor, skipped when no row's maximum moved.
 //
+// Visibility is turned from per-token segment masks (bit = tile query) into
+// per-query words (bit = chunk column) once per chunk by subgroup ballots, so
+// the softmax tests a register bit per column instead of loading a mask.
+//
 // Shared-memory layouts are chosen for the access patterns, not for simplicity:
 // K/V rows are padded by 16 bytes so the 8 rows one matrix load reads start on
 // different banks; S, P and the factor matrix are column-major with padded
@@ -21,6 +25,7 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_vote : require
+#extension GL_KHR_shader_subgroup_ballot : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
@@ -28,7 +33,7 @@
 
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint HEAD_DIM = 128;
-layout(constant_id = 1) const uint CHUNK = 32;  // tokens per shared-memory stage, a multiple of 16
+layout(constant_id = 1) const uint CHUNK = 32;  // tokens per shared-memory stage: 16 or 32 (one visibility word)
 
 const uint SUBGROUPS = 4u, TILE = 16u, THREADS = 128u;
 const uint DTILES = HEAD_DIM / TILE;             // 16-column tiles of a head row
@@ -46,13 +51,15 @@ const uint COLUMNS = CHUNK / 2u;                 // softmax columns per lane
 
 shared f16vec4 k_tile[CHUNK * ROW_VEC4S];
 shared f16vec4 v_tile[CHUNK * ROW_VEC4S];
-shared uvec2 token_mask[CHUNK];
+shared uint visible_columns[64];  // per tile query of this pass (from its first): bit c = column c visible
 shared float scores[SUBGROUPS * CHUNK * S_STRIDE];     // S of each subgroup, then its factor / O tiles
 shared float16_t probs[SUBGROUPS * CHUNK * P_STRIDE];  // P of each subgroup (also stages Q)
 
+// Orders this subgroup's shared-memory accesses, and nothing else: subgroupBarrier()
+// also acquires and releases buffer memory, which would wait for the next chunk's
+// gather loads in flight and serialise the pipeline.
 void subgroup_sync() {
-  subgroupMemoryBarrierShared();
-  subgroupBarrier();
+  controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
 }
 
 // The gather's indices for the chunk after the one in flight: the pool slot of
@@ -93,6 +100,10 @@ void main() {
   const uint head = kv_head * pc.group + (row_live ? row % pc.group : 0u);
   const uint query = plan_word(kTileQuery, tile_begin + tile_query);
   const uint sg_s = sg * CHUNK * S_STRIDE, sg_p = sg * CHUNK * P_STRIDE;
+  // The tile queries this pass's rows belong to: [query_first, query_end), at most 64.
+  const uint pass_row0 = plan_word(kPassRow, pass_index);
+  const uint query_first = pass_row0 / pc.group;
+  const uint query_end = min((min(pass_row0 + SUBGROUPS * TILE, tile_rows) + pc.group - 1u) / pc.group, 64u + query_first);
 
   // Q into A matrices, 16 columns at a time through the subgroup's P area.
   MAT_A q[DTILES];
@@ -126,7 +137,7 @@ void main() {
   fetch_indices(token_begin, tokens, CHUNK, tid);
 
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
-    barrier();  // every subgroup is done with the previous chunk's K, V and masks
+    barrier();  // every subgroup is done with the previous chunk's K, V and visibility words
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
       const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_VEC4S + 2u * quad;
       k_tile[at] = f16vec4(unpackFloat2x16(k_rows[j].x), unpackFloat2x16(k_rows[j].y));
@@ -134,7 +145,20 @@ void main() {
       v_tile[at] = f16vec4(unpackFloat2x16(v_rows[j].x), unpackFloat2x16(v_rows[j].y));
       v_tile[at + 1u] = f16vec4(unpackFloat2x16(v_rows[j].z), unpackFloat2x16(v_rows[j].w));
     }
-    if (tid < CHUNK) token_mask[tid] = mask_next;
+    if (sg == 0u) {
+      // Lane t holds token t's mask (zero past the chunk): one ballot per tile query
+      // gives that query's visibility word; lane (q & 31) keeps word q.
+      uvec2 held = uvec2(0u);
+      for (uint q = query_first; q < query_end; ++q) {
+        const uint word = subgroupBallot(mask_has(mask_next, q)).x;
+        const uint i = q - query_first;
+        if (lane == (i & 31u)) {
+          if (i < 32u) held.x = word; else held.y = word;
+        }
+      }
+      visible_columns[lane] = held.x;
+      visible_columns[32u + lane] = held.y;
+    }
     barrier();
 
     // Issue the next chunk's loads now; they land while this chunk is computed.
@@ -161,13 +185,15 @@ void main() {
     }
     subgroup_sync();
 
-    // Masked online softmax of row r over this chunk (this lane: every other column).
+    // Masked online softmax of row r over this chunk (this lane: every other
+    // column), branch-free: every column's S is loaded, the visibility bit selects.
+    const uint visible = row_live ? visible_columns[tile_query - query_first] : 0u;
     float x[COLUMNS];
     float chunk_max = -1.0 / 0.0;
     [[unroll]] for (uint j = 0u; j < COLUMNS; ++j) {
       const uint c = 2u * j + half_index;
-      const bool visible = row_live && mask_has(token_mask[c], tile_query);
-      x[j] = visible ? scores[sg_s + c * S_STRIDE + r] * pc.scale_log2 : -1.0 / 0.0;
+      const float logit = scores[sg_s + r + c * S_STRIDE] * pc.scale_log2;
+      x[j] = ((visible >> c) & 1u) != 0u ? logit : -1.0 / 0.0;
       chunk_max = max(chunk_max, x[j]);
     }
     chunk_max = max(chunk_max, subgroupShuffleXor(chunk_max, 1u));
@@ -231,7 +257,8 @@ void main() {
         [[unroll]] for (uint c = 0u; c < 8u; c += 2u) store_output_pair(out0 + c, vec2(value[c], value[c + 1u]));
       } else {
         const uint out0 = (uint(partial_slot) * pc.heads_q + head) * HEAD_DIM + col0;
-        [[unroll]] for (uint c = 0u; c < 8u; ++c) Floats(pc.partial_o).f[out0 + c] = value[c];
+        Vec4s(pc.partial_o).v[out0 / 4u] = vec4(value[0], value[1], value[2], value[3]);
+        Vec4s(pc.partial_o).v[out0 / 4u + 1u] = vec4(value[4], value[5], value[6], value[7]);
       }
     }
     subgroup_sync();

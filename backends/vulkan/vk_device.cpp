@@ -156,6 +156,7 @@ std::string DeviceCaps::coopmat_unsupported(bool bf16_inputs) const {
     return "needs subgroup size control with full subgroups of 32";
   }
   if (!maintenance4) return "needs maintenance4";
+  if (!subgroup_ballot) return "needs subgroup vote and ballot in compute shaders";
   if (shared_memory_bytes < 32768) return "needs 32 KiB of shared memory";
   return "";
 }
@@ -206,6 +207,9 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
     c.max_subgroup_size = v13 ? size_control.maxSubgroupSize : subgroup.subgroupSize;
     c.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                          (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
+    const VkSubgroupFeatureFlags vote_ballot = VK_SUBGROUP_FEATURE_VOTE_BIT | VK_SUBGROUP_FEATURE_BALLOT_BIT;
+    c.subgroup_ballot = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                        (subgroup.supportedOperations & vote_ballot) == vote_ballot;
     c.shared_memory_bytes = props.properties.limits.maxComputeSharedMemorySize;
     c.max_storage_buffer_range = props.properties.limits.maxStorageBufferRange;
     c.max_allocation_bytes = maintenance3.maxMemoryAllocationSize;
@@ -218,11 +222,19 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     VkPhysicalDeviceVulkan13Features f13{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES};
     VkPhysicalDeviceCooperativeMatrixFeaturesKHR fcm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fexec{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
     features.pNext = &f11;
     f11.pNext = &f12;
     if (v13) f12.pNext = &f13;
+    void** chain_end = v13 ? &f13.pNext : &f12.pNext;
     const bool coopmat_extension = has_extension(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
-    if (coopmat_extension) (v13 ? f13.pNext : f12.pNext) = &fcm;
+    if (coopmat_extension) {
+      *chain_end = &fcm;
+      chain_end = &fcm.pNext;
+    }
+    const bool executable_extension = has_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    if (executable_extension) *chain_end = &fexec;
     vkGetPhysicalDeviceFeatures2(c.physical, &features);
     c.shader_int64 = features.features.shaderInt64;
     c.storage_16bit = f11.storageBuffer16BitAccess;
@@ -235,6 +247,7 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
     c.maintenance4 = v13 && f13.maintenance4;
     c.coopmat = coopmat_extension && fcm.cooperativeMatrix;
     c.bfloat16 = has_extension("VK_KHR_shader_bfloat16");
+    c.pipeline_statistics = executable_extension && fexec.pipelineExecutableInfo;
 
     if (c.coopmat) {
       auto get_shapes = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR>(
@@ -330,10 +343,19 @@ Device::Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps) : ins
   features.pNext = &f11;
   f11.pNext = &f12;
   if (caps.api_version >= VK_API_VERSION_1_3) f12.pNext = &f13;
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fexec{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  fexec.pipelineExecutableInfo = VK_TRUE;
   std::vector<const char*> extensions;
+  void** chain_end = caps.api_version >= VK_API_VERSION_1_3 ? &f13.pNext : &f12.pNext;
   if (coopmat) {
-    f13.pNext = &fcm;
+    *chain_end = &fcm;
+    chain_end = &fcm.pNext;
     extensions.push_back(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+  }
+  if (caps.pipeline_statistics) {
+    *chain_end = &fexec;
+    extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
   }
 
   const float priority = 1.0f;

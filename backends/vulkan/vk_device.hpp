@@ -47,6 +47,7 @@ struct DeviceCaps {
   std::uint32_t api_version = 0;
   std::uint32_t subgroup_size = 0, min_subgroup_size = 0, max_subgroup_size = 0;
   bool subgroup_shuffle = false;      // subgroup shuffles in compute shaders
+  bool subgroup_ballot = false;       // subgroup vote and ballot in compute shaders
   bool subgroup_size_control = false, compute_full_subgroups = false;
   std::uint32_t shared_memory_bytes = 0;
   std::uint64_t max_storage_buffer_range = 0, max_allocation_bytes = 0, max_buffer_bytes = 0;
@@ -57,6 +58,7 @@ struct DeviceCaps {
   float timestamp_period_ns = 1.0f;
   bool coopmat = false;  // VK_KHR_cooperative_matrix with the cooperativeMatrix feature
   bool bfloat16 = false; // VK_KHR_shader_bfloat16
+  bool pipeline_statistics = false;  // VK_KHR_pipeline_executable_properties: the compiler's per-pipeline figures
   std::vector<CoopmatShape> coopmat_shapes;
 
   bool has_coopmat_shape(std::uint32_t m, std::uint32_t n, std::uint32_t k, VkComponentTypeKHR a,

@@ -1,13 +1,15 @@
 #include "vk_pipeline.hpp"
 
+#include <fmt/format.h>
+
 #include "vk_check.hpp"
 
 namespace treeattn::vulkan {
 
 ComputePipeline::ComputePipeline(const Device& device, VkPipelineCache cache, SpirvModule module,
                                  const std::vector<std::uint32_t>& specialization, std::uint32_t push_constant_bytes,
-                                 std::uint32_t required_subgroup_size)
-    : device_(device.handle()) {
+                                 std::uint32_t required_subgroup_size, bool capture_statistics)
+    : device_(device.handle()), captured_(capture_statistics) {
   struct Release {  // the partly built objects when a step throws
     ComputePipeline& p;
     bool done = false;
@@ -49,11 +51,40 @@ ComputePipeline::ComputePipeline(const Device& device, VkPipelineCache cache, Sp
     info.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
   }
   info.layout = layout_;
+  if (capture_statistics) info.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   TREEATTN_VK_CHECK(vkCreateComputePipelines(device_, cache, 1, &info, nullptr, &pipeline_));
   release.done = true;
 }
 
 ComputePipeline::~ComputePipeline() { destroy(); }
+
+std::vector<std::string> ComputePipeline::statistics() const {
+  std::vector<std::string> lines;
+  if (!captured_) return lines;
+  VkPipelineInfoKHR pipeline_info{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  pipeline_info.pipeline = pipeline_;
+  std::uint32_t executables = 0;
+  TREEATTN_VK_CHECK(vkGetPipelineExecutablePropertiesKHR(device_, &pipeline_info, &executables, nullptr));
+  for (std::uint32_t e = 0; e < executables; ++e) {
+    VkPipelineExecutableInfoKHR executable{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    executable.pipeline = pipeline_;
+    executable.executableIndex = e;
+    std::uint32_t count = 0;
+    TREEATTN_VK_CHECK(vkGetPipelineExecutableStatisticsKHR(device_, &executable, &count, nullptr));
+    std::vector<VkPipelineExecutableStatisticKHR> stats(count, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    TREEATTN_VK_CHECK(vkGetPipelineExecutableStatisticsKHR(device_, &executable, &count, stats.data()));
+    for (const auto& s : stats) {
+      switch (s.format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: lines.push_back(fmt::format("{} {}", s.name, bool(s.value.b32))); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: lines.push_back(fmt::format("{} {}", s.name, s.value.i64)); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: lines.push_back(fmt::format("{} {}", s.name, s.value.u64)); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: lines.push_back(fmt::format("{} {}", s.name, s.value.f64)); break;
+        default: break;
+      }
+    }
+  }
+  return lines;
+}
 
 void ComputePipeline::destroy() noexcept {
   if (pipeline_ != VK_NULL_HANDLE) vkDestroyPipeline(device_, pipeline_, nullptr);

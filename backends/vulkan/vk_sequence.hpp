@@ -26,6 +26,9 @@ class CommandSequence {
                 std::uint32_t groups_x, std::uint32_t groups_y = 1);
   // Makes every earlier transfer or shader write visible to later commands.
   void barrier();
+  // Makes earlier dispatches' writes visible to later dispatches only: no
+  // transfer stage to drain, so back-to-back dispatches wait less.
+  void compute_barrier();
   void timestamp(std::uint32_t index);
   void end();
   // Submits the recording and waits for it.

@@ -44,14 +44,13 @@ std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim) {
 }
 
 // Tokens per stage of the cooperative-matrix shader (tree_attn_coopmat.comp):
-// K and V rows padded by 16 bytes, a mask per token, and per subgroup (4) one
-// column of S (f32, 20 per column) and of P (f16, 24 per column) per token.
+// 32 (one 32-bit visibility word per query and stage) when its shared memory
+// fits — K and V rows padded by 16 bytes, per subgroup (4) one column of S (f32,
+// 20 per column) and of P (f16, 24 per column) per token, 64 visibility words —
+// else 16.
 std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim) {
-  for (std::uint32_t chunk : {64u, 32u}) {
-    const std::uint32_t bytes = chunk * (2u * (2u * std::uint32_t(head_dim) + 16u) + 8u + 4u * (20u * 4u + 24u * 2u));
-    if (bytes <= caps.shared_memory_bytes) return chunk;
-  }
-  return 16;
+  const std::uint32_t per_token = 2u * (2u * std::uint32_t(head_dim) + 16u) + 4u * (20u * 4u + 24u * 2u);
+  return 32u * per_token + 256u <= caps.shared_memory_bytes ? 32u : 16u;
 }
 
 }  // namespace
@@ -152,20 +151,35 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
   return Variant::scalar;
 }
 
+// At --verbose, what the driver's compiler made of a pipeline (registers,
+// spills, shared memory, as far as the driver reports them): occupancy and
+// spills decide these shaders' speed and are otherwise invisible.
+void VulkanBackend::log_statistics(const std::string& what, const ComputePipeline& pipeline) const {
+  const std::vector<std::string> stats = pipeline.statistics();
+  if (stats.empty()) return;
+  std::string line;
+  for (const auto& s : stats) line += (line.empty() ? "" : ", ") + s;
+  std::fprintf(stderr, "treeattn: Vulkan pipeline %s: %s\n", what.c_str(), line.c_str());
+}
+
 const ComputePipeline& VulkanBackend::stage1_pipeline(Variant variant, int head_dim, bool bf16) {
   auto& slot = stage1_[{variant, head_dim, bf16}];
   if (!slot) {
+    const bool capture = options_.verbose && device_->caps().pipeline_statistics;
     if (variant == Variant::scalar) {
+      const std::uint32_t chunk = scalar_chunk_tokens(device_->caps(), head_dim);
       slot = std::make_unique<ComputePipeline>(
           *device_, cache_, SpirvModule{spirv::tree_attn_scalar, spirv::tree_attn_scalar_words},
-          std::vector<std::uint32_t>{std::uint32_t(head_dim), scalar_chunk_tokens(device_->caps(), head_dim), bf16 ? 1u : 0u},
-          std::uint32_t(sizeof(PushConstants)));
+          std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk, bf16 ? 1u : 0u}, std::uint32_t(sizeof(PushConstants)),
+          0, capture);
+      log_statistics(fmt::format("tree_attn_scalar (head_dim {}, {}-token stages)", head_dim, chunk), *slot);
     } else {
 #ifdef TREEATTN_HAVE_VK_COOPMAT
+      const std::uint32_t chunk = coopmat_chunk_tokens(device_->caps(), head_dim);
       slot = std::make_unique<ComputePipeline>(
           *device_, cache_, SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words},
-          std::vector<std::uint32_t>{std::uint32_t(head_dim), coopmat_chunk_tokens(device_->caps(), head_dim)},
-          std::uint32_t(sizeof(PushConstants)), 32);
+          std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk}, std::uint32_t(sizeof(PushConstants)), 32, capture);
+      log_statistics(fmt::format("tree_attn_coopmat (head_dim {}, {}-token stages)", head_dim, chunk), *slot);
 #endif
     }
   }
@@ -177,7 +191,9 @@ const ComputePipeline& VulkanBackend::merge_pipeline(int head_dim) {
   if (!slot) {
     slot = std::make_unique<ComputePipeline>(*device_, cache_, SpirvModule{spirv::tree_merge, spirv::tree_merge_words},
                                              std::vector<std::uint32_t>{std::uint32_t(head_dim)},
-                                             std::uint32_t(sizeof(PushConstants)));
+                                             std::uint32_t(sizeof(PushConstants)), 0,
+                                             options_.verbose && device_->caps().pipeline_statistics);
+    log_statistics(fmt::format("tree_merge (head_dim {})", head_dim), *slot);
   }
   return *slot;
 }
@@ -274,10 +290,9 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
   sequence.dispatch(stage1_pipeline(s.variant, d, a.q.dtype == DType::bf16), &pc, sizeof(pc), s.encoded.passes,
                     std::uint32_t(plan.heads.heads_kv));
   if (plan.num_partials > 0) {
-    sequence.barrier();
+    sequence.compute_barrier();
     sequence.dispatch(merge_pipeline(d), &pc, sizeof(pc), std::uint32_t(plan.num_queries), std::uint32_t(plan.heads.heads_q));
   }
-  sequence.barrier();
 }
 
 void VulkanBackend::run(const Plan& plan, const AttentionArgs& a) {
@@ -285,6 +300,7 @@ void VulkanBackend::run(const Plan& plan, const AttentionArgs& a) {
   CommandSequence sequence(*device_);
   sequence.begin();
   record_layer(sequence, plan, a, 0);
+  sequence.barrier();
   sequence.copy(staged_->o, staged_->readback, a.o.bytes());
   if (a.lse.data) sequence.copy(staged_->lse, staged_->readback, a.lse.bytes(), 0, align16(a.o.bytes()));
   sequence.end();
@@ -311,8 +327,12 @@ std::vector<double> VulkanBackend::time_layers(const Plan& plan, const Attention
   sequence.fill(flush, 0);
   sequence.barrier();
   sequence.timestamp(0);
-  for (int l = 0; l < layers; ++l) record_layer(sequence, plan, a, l % pools);
+  for (int l = 0; l < layers; ++l) {
+    if (l > 0) sequence.compute_barrier();  // this layer's stage 1 overwrites the partials the last merge read
+    record_layer(sequence, plan, a, l % pools);
+  }
   sequence.timestamp(1);
+  sequence.barrier();
   sequence.copy(staged_->o, staged_->readback, a.o.bytes());
   sequence.end();
   std::vector<double> us;

@@ -47,9 +47,12 @@ class VulkanBackend final : public Backend {
   VulkanBackend(const BackendOptions& options, std::shared_ptr<Instance> instance, const DeviceCaps* caps);
   struct Staged;  // the device buffers of one call's tensors and plan
   void stage(const Plan& plan, const AttentionArgs& args, int kv_pools);
+  // Stage 1 and the merge of one layer, with the barrier between them; the caller
+  // orders layers against each other and against copies.
   void record_layer(CommandSequence& sequence, const Plan& plan, const AttentionArgs& args, int pool);
   const ComputePipeline& stage1_pipeline(Variant variant, int head_dim, bool bf16);
   const ComputePipeline& merge_pipeline(int head_dim);
+  void log_statistics(const std::string& what, const ComputePipeline& pipeline) const;
 
   BackendOptions options_;
   std::shared_ptr<Instance> instance_;

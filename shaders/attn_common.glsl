@@ -32,23 +32,38 @@ layout(push_constant) uniform Params {
 } pc;
 
 // The workspace header: word offsets of the plan arrays (vk_plan.cpp writes it).
-const uint kBlockTokenBegin = 0, kBlockTokenSlot = 1, kBlockTokenSegment = 2, kItemBlock = 3,
-           kItemQueryBegin = 4, kItemMaskBegin = 5, kSegmentMask = 6, kTileQuery = 7, kTilePartial = 8,
-           kMergeBegin = 9, kMergePartial = 10, kPassItem = 11, kPassRow = 12;
+const uint kBlockTokenSlot = 0, kBlockTokenSegment = 1, kSegmentMask = 2, kTileQuery = 3, kTilePartial = 4,
+           kMergeBegin = 5, kMergePartial = 6, kArrayCount = 7;
+const uint kHeaderWords = 16u;  // the header, padded: the pass records start 16-byte aligned
 const int kDirect = -1;
 const float kLn2 = 0.69314718055994531;
 
 // The header is read once per invocation (load_plan_header at the top of main),
 // so every plan access afterwards is one load, not two dependent ones.
-uint plan_offsets[13];
+uint plan_offsets[kArrayCount];
 uint64_t kv_base[2];  // K and V base addresses when the pool is one chunk
 
 void load_plan_header() {
   Words plan = Words(pc.plan);
-  [[unroll]] for (uint i = 0u; i < 13u; ++i) plan_offsets[i] = plan.w[i];
+  [[unroll]] for (uint i = 0u; i < kArrayCount; ++i) plan_offsets[i] = plan.w[i];
   Addresses chunks = Addresses(pc.kv_chunks);
   kv_base[0] = chunks.a[0];
   kv_base[1] = chunks.a[pc.num_chunks];
+}
+
+// A row pass (one work group per KV head), from its 32-byte record: it needs no
+// header, so it loads in parallel with it.
+struct Pass {
+  uint token_begin, tokens;   // the block's tokens in the block token map
+  uint tile_begin, tile_rows; // the item's first tile query; its rows (tile queries x group)
+  uint mask_begin;            // the item's first segment mask
+  uint row0;                  // the pass's first row
+};
+Pass load_pass(uint pass_index) {
+  Quads records = Quads(pc.plan);
+  const uint at = kHeaderWords / 4u + 2u * pass_index;
+  const uvec4 a = records.q[at], b = records.q[at + 1u];
+  return Pass(a.x, a.y, a.z, a.w, b.x, b.y);
 }
 
 uint plan_word(uint array, uint index) { return Words(pc.plan).w[plan_offsets[array] + index]; }

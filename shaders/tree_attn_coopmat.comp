@@ -81,17 +81,13 @@ void main() {
   load_plan_header();
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
-  const uint item = plan_word(kPassItem, pass_index);
-  const uint block = plan_word(kItemBlock, item);
-  const uint tile_begin = plan_word(kItemQueryBegin, item);
-  const uint tile_rows = (plan_word(kItemQueryBegin, item + 1u) - tile_begin) * pc.group;
-  const uint mask_begin = plan_word(kItemMaskBegin, item);
-  const uint token_begin = plan_word(kBlockTokenBegin, block);
-  const uint tokens = plan_word(kBlockTokenBegin, block + 1u) - token_begin;
+  const Pass pass = load_pass(pass_index);
+  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows, mask_begin = pass.mask_begin;
+  const uint token_begin = pass.token_begin, tokens = pass.tokens;
 
   // Lane pair (2r, 2r+1) owns row r of the subgroup's 16; lane h of the pair the
   // columns 2j + h of each chunk (and columns 8h..8h+7 of a 16x16 tile).
-  const uint sub_row0 = plan_word(kPassRow, pass_index) + sg * TILE;
+  const uint sub_row0 = pass.row0 + sg * TILE;
   const bool subgroup_live = sub_row0 < tile_rows;
   const uint r = lane >> 1, half_index = lane & 1u;
   const uint row = sub_row0 + r;
@@ -99,11 +95,12 @@ void main() {
   const uint tile_query = row_live ? row / pc.group : 0u;
   const uint head = kv_head * pc.group + (row_live ? row % pc.group : 0u);
   const uint query = plan_word(kTileQuery, tile_begin + tile_query);
+  // Loaded now, used by the epilogue: its latency hides behind the whole pass.
+  const int partial_slot = row_live ? plan_int(kTilePartial, tile_begin + tile_query) : kDirect;
   const uint sg_s = sg * CHUNK * S_STRIDE, sg_p = sg * CHUNK * P_STRIDE;
   // The tile queries this pass's rows belong to: [query_first, query_end), at most 64.
-  const uint pass_row0 = plan_word(kPassRow, pass_index);
-  const uint query_first = pass_row0 / pc.group;
-  const uint query_end = min((min(pass_row0 + SUBGROUPS * TILE, tile_rows) + pc.group - 1u) / pc.group, 64u + query_first);
+  const uint query_first = pass.row0 / pc.group;
+  const uint query_end = min((min(pass.row0 + SUBGROUPS * TILE, tile_rows) + pc.group - 1u) / pc.group, 64u + query_first);
 
   // Q into A matrices, 16 columns at a time through the subgroup's P area.
   MAT_A q[DTILES];
@@ -243,7 +240,6 @@ void main() {
   ACC factor;
   coopMatLoad(factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
   subgroup_sync();  // the factors are in registers before the first tile overwrites them
-  const int partial_slot = row_live ? plan_int(kTilePartial, tile_begin + tile_query) : kDirect;
   const float lse2 = running_max + log2(running_sum);
   [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
     coopMatStore(o[n] * factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);

@@ -26,14 +26,10 @@ shared uvec2 token_mask[CHUNK];
 void main() {
   load_plan_header();
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
-  const uint item = plan_word(kPassItem, pass_index);
-  const uint row = plan_word(kPassRow, pass_index) + tid / LANES, lane = tid % LANES;
-  const uint block = plan_word(kItemBlock, item);
-  const uint tile_begin = plan_word(kItemQueryBegin, item);
-  const uint tile_rows = (plan_word(kItemQueryBegin, item + 1u) - tile_begin) * pc.group;
-  const uint mask_begin = plan_word(kItemMaskBegin, item);
-  const uint token_begin = plan_word(kBlockTokenBegin, block);
-  const uint tokens = plan_word(kBlockTokenBegin, block + 1u) - token_begin;
+  const Pass pass = load_pass(pass_index);
+  const uint row = pass.row0 + tid / LANES, lane = tid % LANES;
+  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows, mask_begin = pass.mask_begin;
+  const uint token_begin = pass.token_begin, tokens = pass.tokens;
 
   const bool row_live = row < tile_rows;
   const uint tile_query = row_live ? row / pc.group : 0u;

@@ -7,9 +7,12 @@ namespace {
 
 // Header slots, in the order of attn_common.glsl's constants.
 enum Array : std::uint32_t {
-  kBlockTokenBegin, kBlockTokenSlot, kBlockTokenSegment, kItemBlock, kItemQueryBegin, kItemMaskBegin,
-  kSegmentMask, kTileQuery, kTilePartial, kMergeBegin, kMergePartial, kPassItem, kPassRow, kArrayCount
+  kBlockTokenSlot, kBlockTokenSegment, kSegmentMask, kTileQuery, kTilePartial, kMergeBegin, kMergePartial, kArrayCount
 };
+// The header is padded to kHeaderWords so the pass records after it start
+// 16-byte aligned at a fixed offset (attn_common.glsl: kHeaderWords, load_pass).
+constexpr std::uint32_t kHeaderWords = 16, kPassWords = 8;
+static_assert(kArrayCount <= kHeaderWords, "the header outgrew its padding");
 
 template <typename T>
 void append(std::vector<std::uint32_t>& words, Array slot, const std::vector<T>& values) {
@@ -24,32 +27,30 @@ void append(std::vector<std::uint32_t>& words, Array slot, const std::vector<T>&
 
 EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass) {
   EncodedPlan e;
-  std::vector<std::int32_t> pass_item, pass_row;
+  const BlockTokenMap map = block_token_map(plan);
+  e.words.assign(kHeaderWords, 0);
+  // One record per pass, everything its work group needs before the gather,
+  // so a work group starts with one 32-byte load instead of a chain of lookups.
   const std::int32_t group = plan.heads.group_size();
-  for (std::int32_t item = 0; item < plan.num_items(); ++item) {
-    const std::int32_t rows = (plan.item_query_begin[std::size_t(item) + 1] - plan.item_query_begin[std::size_t(item)]) * group;
+  for (std::size_t item = 0; item < std::size_t(plan.num_items()); ++item) {
+    const std::int32_t block = plan.item_block[item];
+    const std::int32_t tile_begin = plan.item_query_begin[item];
+    const std::int32_t rows = (plan.item_query_begin[item + 1] - tile_begin) * group;
     for (std::int32_t row = 0; row < rows; row += std::int32_t(rows_per_pass)) {
-      pass_item.push_back(item);
-      pass_row.push_back(row);
+      const std::int32_t token_begin = map.begin[std::size_t(block)];
+      const std::int32_t fields[kPassWords] = {token_begin, map.begin[std::size_t(block) + 1] - token_begin, tile_begin,
+                                               rows, plan.item_mask_begin[item], row, 0, 0};
+      for (std::int32_t field : fields) e.words.push_back(std::uint32_t(field));
+      ++e.passes;
     }
   }
-  e.passes = std::uint32_t(pass_item.size());
-
-  const BlockTokenMap map = block_token_map(plan);
-  e.words.assign(kArrayCount, 0);
-  append(e.words, kBlockTokenBegin, map.begin);
   append(e.words, kBlockTokenSlot, map.slot);
   append(e.words, kBlockTokenSegment, map.segment);
-  append(e.words, kItemBlock, plan.item_block);
-  append(e.words, kItemQueryBegin, plan.item_query_begin);
-  append(e.words, kItemMaskBegin, plan.item_mask_begin);
   append(e.words, kSegmentMask, plan.segment_mask);
   append(e.words, kTileQuery, plan.tile_query);
   append(e.words, kTilePartial, plan.tile_partial);
   append(e.words, kMergeBegin, plan.merge_begin);
   append(e.words, kMergePartial, plan.merge_partial);
-  append(e.words, kPassItem, pass_item);
-  append(e.words, kPassRow, pass_row);
   return e;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // The Plan as the shaders read it: one array of 32-bit words, a header of array
-// offsets (attn_common.glsl names them) followed by the Plan's arrays verbatim,
-// the per-block token map, and the list of row passes (one work group each).
+// offsets (attn_common.glsl names them), one 32-byte record per row pass (one
+// work group each: its block's tokens, its item's queries and masks, its first
+// row), then the Plan's arrays verbatim and the per-block token map.
 
 #include <cstdint>
 #include <vector>

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "shaders.hpp"
 #include "vk_check.hpp"
@@ -77,7 +80,17 @@ VulkanBackend::VulkanBackend(const BackendOptions& options, std::shared_ptr<Inst
     caps = &select_device(devices, options.device);
   }
   device_ = std::make_unique<Device>(instance_, *caps);
+  // TREEATTN_VK_PIPELINE_CACHE names a file that carries the driver's compiled
+  // pipelines from one process to the next (read here, written back on
+  // destruction); the driver ignores data from another device or driver.
+  std::vector<char> cached;
+  if (const char* path = std::getenv("TREEATTN_VK_PIPELINE_CACHE"); path && *path) {
+    cache_path_ = path;
+    if (std::ifstream in{cache_path_, std::ios::binary}) cached.assign(std::istreambuf_iterator<char>(in), {});
+  }
   VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  cache_info.initialDataSize = cached.size();
+  cache_info.pInitialData = cached.data();
   TREEATTN_VK_CHECK(vkCreatePipelineCache(device_->handle(), &cache_info, nullptr, &cache_));
   if (options.verbose) {
     std::fprintf(stderr, "treeattn: Vulkan device %u: %s (%s, %s), subgroup %u, shared memory %u KiB%s\n", caps->index,
@@ -105,7 +118,18 @@ VulkanBackend::~VulkanBackend() {
   staged_.reset();
   stage1_.clear();
   merge_.clear();
-  if (cache_ != VK_NULL_HANDLE) vkDestroyPipelineCache(device_->handle(), cache_, nullptr);
+  if (cache_ == VK_NULL_HANDLE) return;
+  if (!cache_path_.empty()) {
+    std::size_t bytes = 0;
+    std::vector<char> data;
+    if (vkGetPipelineCacheData(device_->handle(), cache_, &bytes, nullptr) == VK_SUCCESS) {
+      data.resize(bytes);
+      if (vkGetPipelineCacheData(device_->handle(), cache_, &bytes, data.data()) == VK_SUCCESS) {
+        std::ofstream(cache_path_, std::ios::binary).write(data.data(), std::streamsize(bytes));
+      }
+    }
+  }
+  vkDestroyPipelineCache(device_->handle(), cache_, nullptr);
 }
 
 Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, std::string* reason) {

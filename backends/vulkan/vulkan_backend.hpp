@@ -58,6 +58,7 @@ class VulkanBackend final : public Backend {
   std::shared_ptr<Instance> instance_;
   std::unique_ptr<Device> device_;
   VkPipelineCache cache_ = VK_NULL_HANDLE;
+  std::string cache_path_;  // TREEATTN_VK_PIPELINE_CACHE, empty when unset
   std::map<std::tuple<Variant, int, bool>, std::unique_ptr<ComputePipeline>> stage1_;
   std::map<int, std::unique_ptr<ComputePipeline>> merge_;
   std::unique_ptr<Staged> staged_;

@@ -12,8 +12,9 @@
 // whose row r holds row r's factor, skipped when no row's maximum moved.
 //
 // Visibility is turned from per-token segment masks (bit = tile query) into
-// per-query words (bit = chunk column) once per chunk by subgroup ballots, so
-// the softmax tests a register bit per column instead of loading a mask.
+// per-row words (bit = chunk column) by subgroup ballots, each subgroup for
+// its own rows' queries and outside the barriers, so the softmax tests a
+// register bit per column instead of loading a mask.
 //
 // Shared-memory layouts are chosen for the access patterns, not for simplicity:
 // K/V rows are padded by 16 bytes so the 8 rows one matrix load reads start on
@@ -51,7 +52,6 @@ const uint COLUMNS = CHUNK / 2u;                 // softmax columns per lane
 
 shared f16vec4 k_tile[CHUNK * ROW_VEC4S];
 shared f16vec4 v_tile[CHUNK * ROW_VEC4S];
-shared uint visible_columns[64];  // per tile query of this pass (from its first): bit c = column c visible
 shared float scores[SUBGROUPS * CHUNK * S_STRIDE];     // S of each subgroup, then its factor / O tiles
 shared float16_t probs[SUBGROUPS * CHUNK * P_STRIDE];  // P of each subgroup (also stages Q)
 
@@ -63,8 +63,8 @@ void subgroup_sync() {
 }
 
 // The gather's indices for the chunk after the one in flight: the pool slot of
-// each token this thread loads, and (threads below CHUNK) the segment of token
-// `tid` (~0u: past the block).
+// each token this thread loads, and (lanes below CHUNK, in every subgroup) the
+// segment of token `lane` (~0u: past the block).
 uint next_slot[LOADS];
 uint next_segment;
 
@@ -73,8 +73,8 @@ void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
     const uint t = chunk0 + tid / QUADS + j * TOKEN_STEP;
     next_slot[j] = t < tokens ? plan_word(kBlockTokenSlot, token_begin + t) : ~0u;
   }
-  const uint t = chunk0 + tid;
-  next_segment = tid < CHUNK && t < tokens ? token_segment(token_begin + t) : ~0u;
+  const uint lane = gl_SubgroupInvocationID, t = chunk0 + lane;
+  next_segment = lane < CHUNK && t < tokens ? token_segment(token_begin + t) : ~0u;
 }
 
 void main() {
@@ -98,9 +98,9 @@ void main() {
   // Loaded now, used by the epilogue: its latency hides behind the whole pass.
   const int partial_slot = row_live ? plan_int(kTilePartial, tile_begin + tile_query) : kDirect;
   const uint sg_s = sg * CHUNK * S_STRIDE, sg_p = sg * CHUNK * P_STRIDE;
-  // The tile queries this pass's rows belong to: [query_first, query_end), at most 64.
-  const uint query_first = pass.row0 / pc.group;
-  const uint query_end = min((min(pass.row0 + SUBGROUPS * TILE, tile_rows) + pc.group - 1u) / pc.group, 64u + query_first);
+  // The tile queries this subgroup's rows belong to: [query_first, query_end).
+  const uint query_first = sub_row0 / pc.group;
+  const uint query_end = (min(sub_row0 + TILE, tile_rows) + pc.group - 1u) / pc.group;
 
   // Q into A matrices, 16 columns at a time through the subgroup's P area.
   MAT_A q[DTILES];
@@ -134,7 +134,7 @@ void main() {
   fetch_indices(token_begin, tokens, CHUNK, tid);
 
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
-    barrier();  // every subgroup is done with the previous chunk's K, V and visibility words
+    barrier();  // every subgroup is done with the previous chunk's K and V
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
       const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_VEC4S + 2u * quad;
       k_tile[at] = f16vec4(unpackFloat2x16(k_rows[j].x), unpackFloat2x16(k_rows[j].y));
@@ -142,21 +142,17 @@ void main() {
       v_tile[at] = f16vec4(unpackFloat2x16(v_rows[j].x), unpackFloat2x16(v_rows[j].y));
       v_tile[at + 1u] = f16vec4(unpackFloat2x16(v_rows[j].z), unpackFloat2x16(v_rows[j].w));
     }
-    if (sg == 0u) {
-      // Lane t holds token t's mask (zero past the chunk): one ballot per tile query
-      // gives that query's visibility word; lane (q & 31) keeps word q.
-      uvec2 held = uvec2(0u);
+    barrier();
+
+    // Lane t holds token t's mask (zero past the chunk): one ballot per tile query
+    // of this subgroup gives the query's visibility word; its rows keep it.
+    uint visible = 0u;
+    if (subgroup_live) {
       for (uint q = query_first; q < query_end; ++q) {
         const uint word = subgroupBallot(mask_has(mask_next, q)).x;
-        const uint i = q - query_first;
-        if (lane == (i & 31u)) {
-          if (i < 32u) held.x = word; else held.y = word;
-        }
+        if (row_live && tile_query == q) visible = word;
       }
-      visible_columns[lane] = held.x;
-      visible_columns[32u + lane] = held.y;
     }
-    barrier();
 
     // Issue the next chunk's loads now; they land while this chunk is computed.
     if (chunk0 + CHUNK < tokens) {
@@ -169,22 +165,26 @@ void main() {
     }
     if (!subgroup_live) continue;
 
-    // S = Q K^T, 16 tokens at a time: B(k, n) = K[token n][dim k] (K read column-major).
-    [[unroll]] for (uint nb = 0u; nb < CHUNK / TILE; ++nb) {
-      ACC s = ACC(0.0);
-      [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
+    // S = Q K^T: B(k, n) = K[token n][dim k] (K read column-major). The 16-token
+    // blocks' accumulations are interleaved: independent chains of matrix
+    // products overlap their latency instead of queueing behind one another.
+    ACC s[CHUNK / TILE];
+    [[unroll]] for (uint nb = 0u; nb < CHUNK / TILE; ++nb) s[nb] = ACC(0.0);
+    [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
+      [[unroll]] for (uint nb = 0u; nb < CHUNK / TILE; ++nb) {
         MAT_B kt;
         coopMatLoad(kt, k_tile, nb * TILE * ROW_VEC4S + k * (TILE / 4u), ROW_VEC4S,
                     gl_CooperativeMatrixLayoutColumnMajor);
-        s = coopMatMulAdd(q[k], kt, s);
+        s[nb] = coopMatMulAdd(q[k], kt, s[nb]);
       }
-      coopMatStore(s, scores, sg_s + nb * TILE * S_STRIDE, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
+    }
+    [[unroll]] for (uint nb = 0u; nb < CHUNK / TILE; ++nb) {
+      coopMatStore(s[nb], scores, sg_s + nb * TILE * S_STRIDE, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
     }
     subgroup_sync();
 
     // Masked online softmax of row r over this chunk (this lane: every other
     // column), branch-free: every column's S is loaded, the visibility bit selects.
-    const uint visible = row_live ? visible_columns[tile_query - query_first] : 0u;
     float x[COLUMNS];
     float chunk_max = -1.0 / 0.0;
     [[unroll]] for (uint j = 0u; j < COLUMNS; ++j) {

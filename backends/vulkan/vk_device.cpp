@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 
 #include "vk_check.hpp"
@@ -161,6 +162,15 @@ std::string DeviceCaps::coopmat_unsupported(bool bf16_inputs) const {
   return "";
 }
 
+bool DeviceCaps::pipeline_cache_matches(const std::vector<char>& data) const noexcept {
+  VkPipelineCacheHeaderVersionOne header{};
+  if (data.size() < sizeof(header)) return false;
+  std::memcpy(&header, data.data(), sizeof(header));
+  return header.headerSize >= sizeof(header) && header.headerVersion == VK_PIPELINE_CACHE_HEADER_VERSION_ONE &&
+         header.vendorID == vendor_id && header.deviceID == device_id &&
+         std::equal(pipeline_cache_uuid.begin(), pipeline_cache_uuid.end(), header.pipelineCacheUUID);
+}
+
 std::vector<DeviceCaps> probe_devices(const Instance& instance) {
   std::uint32_t count = 0;
   TREEATTN_VK_CHECK(vkEnumeratePhysicalDevices(instance.handle(), &count, nullptr));
@@ -200,6 +210,10 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
     }
     vkGetPhysicalDeviceProperties2(c.physical, &props);
     c.name = props.properties.deviceName;
+    c.vendor_id = props.properties.vendorID;
+    c.device_id = props.properties.deviceID;
+    std::copy(std::begin(props.properties.pipelineCacheUUID), std::end(props.properties.pipelineCacheUUID),
+              c.pipeline_cache_uuid.begin());
     c.driver = fmt::format("{} {}", driver.driverName, driver.driverInfo);
     c.type = props.properties.deviceType;
     c.subgroup_size = subgroup.subgroupSize;

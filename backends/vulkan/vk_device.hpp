@@ -3,6 +3,7 @@
 // logical device treeattn computes on: one compute queue, the features the
 // chosen shader variant needs, and memory-type selection.
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,6 +44,8 @@ struct DeviceCaps {
   std::uint32_t index = 0;
   VkPhysicalDevice physical = VK_NULL_HANDLE;
   std::string name, driver;
+  std::uint32_t vendor_id = 0, device_id = 0;
+  std::array<std::uint8_t, VK_UUID_SIZE> pipeline_cache_uuid{};  // which pipeline-cache data this driver accepts
   VkPhysicalDeviceType type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
   std::uint32_t api_version = 0;
   std::uint32_t subgroup_size = 0, min_subgroup_size = 0, max_subgroup_size = 0;
@@ -68,6 +71,9 @@ struct DeviceCaps {
   std::string scalar_unsupported() const;
   // Why the cooperative-matrix variant cannot run here for these inputs ("" when it can).
   std::string coopmat_unsupported(bool bf16_inputs) const;
+  // Whether pipeline-cache data (from vkGetPipelineCacheData) was written by this
+  // device and driver: its header names the vendor, the device and the cache UUID.
+  bool pipeline_cache_matches(const std::vector<char>& data) const noexcept;
 };
 
 // Every physical device, in the loader's order.

@@ -82,11 +82,18 @@ VulkanBackend::VulkanBackend(const BackendOptions& options, std::shared_ptr<Inst
   device_ = std::make_unique<Device>(instance_, *caps);
   // TREEATTN_VK_PIPELINE_CACHE names a file that carries the driver's compiled
   // pipelines from one process to the next (read here, written back on
-  // destruction); the driver ignores data from another device or driver.
+  // destruction). Data another device or driver wrote is not handed over: the
+  // cache starts empty and the file is replaced.
   std::vector<char> cached;
   if (const char* path = std::getenv("TREEATTN_VK_PIPELINE_CACHE"); path && *path) {
     cache_path_ = path;
     if (std::ifstream in{cache_path_, std::ios::binary}) cached.assign(std::istreambuf_iterator<char>(in), {});
+    if (!cached.empty() && !caps->pipeline_cache_matches(cached)) {
+      if (options.verbose) {
+        std::fprintf(stderr, "treeattn: ignoring the pipeline cache %s: written by another device or driver\n", path);
+      }
+      cached.clear();
+    }
   }
   VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
   cache_info.initialDataSize = cached.size();

@@ -9,7 +9,13 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+
+#include <unistd.h>
 
 #include "../backends/vulkan/vk_device.hpp"
 #include "support/conformance.hpp"
@@ -93,6 +99,53 @@ TEST_CASE("a KV pool larger than one storage-buffer binding, split into several 
     CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(DType::f16));
     CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(DType::f16));
   }
+}
+
+TEST_CASE("a pipeline cache file carries compiled pipelines to the next backend, and foreign data is ignored") {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("treeattn_pipeline_cache_" + std::to_string(::getpid()) + ".bin");
+  std::filesystem::remove(path);
+  REQUIRE(::setenv("TREEATTN_VK_PIPELINE_CACHE", path.c_str(), 1) == 0);
+  auto read_file = [&] {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  };
+  Tree tree({8, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 300);
+  tree.add_query(0);
+  Inputs in = make_inputs(tree, DType::f16, 5);
+  Outputs first;
+  {
+    auto backend = make_test_backend();
+    first = run_backend(*backend, tree, in, PlanOptions{});
+  }
+  const std::vector<char> written = read_file();
+  REQUIRE(written.size() >= sizeof(VkPipelineCacheHeaderVersionOne));  // at least the header the driver validates
+
+  const std::vector<vulkan::DeviceCaps> devices = vulkan::probe_devices(*vulkan::Instance::get());
+  const vulkan::DeviceCaps& caps = vulkan::select_device(devices, -1);
+  CHECK(caps.pipeline_cache_matches(written));
+  std::vector<char> foreign = written;
+  foreign[16] ^= 0x5a;  // a byte of pipelineCacheUUID
+  CHECK_FALSE(caps.pipeline_cache_matches(foreign));
+  std::vector<char> other_vendor = written;
+  other_vendor[8] ^= 0x01;  // vendorID
+  CHECK_FALSE(caps.pipeline_cache_matches(other_vendor));
+  CHECK_FALSE(caps.pipeline_cache_matches(std::vector<char>(written.begin(), written.begin() + 20)));
+
+  // A header from another device: the next backend starts empty, computes the
+  // same, and writes its own cache back.
+  std::ofstream(path, std::ios::binary).write(foreign.data(), std::streamsize(foreign.size()));
+  {
+    auto backend = make_test_backend();
+    const Outputs again = run_backend(*backend, tree, in, PlanOptions{});
+    CHECK(again.o.bytes == first.o.bytes);
+  }
+  const std::vector<char> rewritten = read_file();
+  REQUIRE(rewritten.size() >= 32);
+  CHECK(std::equal(rewritten.begin(), rewritten.begin() + 32, written.begin()));
+  ::unsetenv("TREEATTN_VK_PIPELINE_CACHE");
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("the timed layers compute what run() computes") {

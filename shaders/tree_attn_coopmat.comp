@@ -102,13 +102,17 @@ void main() {
   const uint query_first = sub_row0 / pc.group;
   const uint query_end = (min(sub_row0 + TILE, tile_rows) + pc.group - 1u) / pc.group;
 
-  // Q into A matrices, 16 columns at a time through the subgroup's P area.
+  // Q into A matrices, 16 columns at a time through the subgroup's P area. All
+  // of the row's loads are issued first: between syncs they would be issued one
+  // after another, each paying the full memory latency.
+  uvec4 q_quads[DTILES];
+  [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
+    q_quads[k] = row_live ? Quads(pc.q).q[((query * pc.heads_q + head) * HEAD_DIM + k * TILE) / 8u + half_index] : uvec4(0u);
+  }
   MAT_A q[DTILES];
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
-    const uvec4 eight = row_live ? Quads(pc.q).q[((query * pc.heads_q + head) * HEAD_DIM + k * TILE) / 8u + half_index]
-                                 : uvec4(0u);
     [[unroll]] for (uint c = 0u; c < 4u; ++c) {
-      const f16vec2 pair = unpackFloat2x16(eight[c]);
+      const f16vec2 pair = unpackFloat2x16(q_quads[k][c]);
       probs[sg_p + (half_index * 8u + 2u * c) * P_STRIDE + r] = pair.x;
       probs[sg_p + (half_index * 8u + 2u * c + 1u) * P_STRIDE + r] = pair.y;
     }

@@ -62,19 +62,62 @@ void subgroup_sync() {
   controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
 }
 
+// A load is only in flight until something reads its register: a select on
+// the loaded value (`past_end ? 0 : value`), or a copy where two branches
+// join, waits for the data right there. So the pipeline below issues every
+// load unconditionally — positions past the block read the block's first
+// token, which is cached — and records in separate bits which positions are
+// past the end, applied only where the data is consumed anyway.
+
 // The gather's indices for the chunk after the one in flight: the pool slot of
 // each token this thread loads, and (lanes below CHUNK, in every subgroup) the
-// segment of token `lane` (~0u: past the block).
+// word holding the segment of token `lane` (two 16-bit entries; bit 31 of
+// next_past picks the half); bit j of next_past (bit LOADS: the segment) marks
+// a position past the block.
 uint next_slot[LOADS];
-uint next_segment;
+uint next_segment_word;
+uint next_past;
 
 void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
+  next_past = 0u;
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
     const uint t = chunk0 + tid / QUADS + j * TOKEN_STEP;
-    next_slot[j] = t < tokens ? plan_word(kBlockTokenSlot, token_begin + t) : ~0u;
+    next_slot[j] = plan_word(kBlockTokenSlot, token_begin + (t < tokens ? t : 0u));
+    if (t >= tokens) next_past |= 1u << j;
   }
   const uint lane = gl_SubgroupInvocationID, t = chunk0 + lane;
-  next_segment = lane < CHUNK && t < tokens ? token_segment(token_begin + t) : ~0u;
+  const uint token = token_begin + (t < tokens ? t : 0u);
+  next_segment_word = plan_word(kBlockTokenSegment, token >> 1);
+  if ((token & 1u) != 0u) next_past |= 1u << 31;
+  if (lane >= CHUNK || t >= tokens) next_past |= 1u << LOADS;
+}
+
+// The segment mask of the token whose segment word fetch_indices loaded (a
+// chunk ago, so reading it waits for nothing).
+uvec2 next_mask(uint mask_begin) {
+  const uint segment = (next_segment_word >> ((next_past >> 31) * 16u)) & 0xffffu;
+  return segment_mask(mask_begin + segment);
+}
+
+// The K and V rows of next_slot[] (16 bytes each), issued and left in flight;
+// rows_past takes next_past along for the store.
+uvec4 k_rows[LOADS], v_rows[LOADS];
+uint rows_past;
+
+void gather_rows(uint kv_head, uint quad) {
+  rows_past = next_past;
+  if (pc.num_chunks == 1u) {
+    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      const uint index = (next_slot[j] * pc.heads_kv + kv_head) * QUADS + quad;
+      k_rows[j] = Quads(kv_base[0]).q[index];
+      v_rows[j] = Quads(kv_base[1]).q[index];
+    }
+  } else {
+    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      k_rows[j] = kv_quad(0u, next_slot[j], kv_head, quad, QUADS);
+      v_rows[j] = kv_quad(1u, next_slot[j], kv_head, quad, QUADS);
+    }
+  }
 }
 
 void main() {
@@ -128,23 +171,22 @@ void main() {
   // The pipeline's prologue: chunk 0's rows and mask in registers, chunk 1's indices.
   const uint quad = tid % QUADS;
   fetch_indices(token_begin, tokens, 0u, tid);
-  uvec4 k_rows[LOADS], v_rows[LOADS];
-  uvec2 mask_next;
-  [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-    k_rows[j] = next_slot[j] != ~0u ? kv_quad(0u, next_slot[j], kv_head, quad, QUADS) : uvec4(0u);
-    v_rows[j] = next_slot[j] != ~0u ? kv_quad(1u, next_slot[j], kv_head, quad, QUADS) : uvec4(0u);
-  }
-  mask_next = next_segment != ~0u ? segment_mask(mask_begin + next_segment) : uvec2(0u);
+  gather_rows(kv_head, quad);
+  uvec2 mask_next = next_mask(mask_begin);
+  bool mask_past = (next_past >> LOADS & 1u) != 0u;
   fetch_indices(token_begin, tokens, CHUNK, tid);
 
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
     barrier();  // every subgroup is done with the previous chunk's K and V
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      // Past the block: zeros (finite; masked out by visibility anyway).
+      const bool past = (rows_past >> j & 1u) != 0u;
+      const uvec4 k = past ? uvec4(0u) : k_rows[j], v = past ? uvec4(0u) : v_rows[j];
       const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_VEC4S + 2u * quad;
-      k_tile[at] = f16vec4(unpackFloat2x16(k_rows[j].x), unpackFloat2x16(k_rows[j].y));
-      k_tile[at + 1u] = f16vec4(unpackFloat2x16(k_rows[j].z), unpackFloat2x16(k_rows[j].w));
-      v_tile[at] = f16vec4(unpackFloat2x16(v_rows[j].x), unpackFloat2x16(v_rows[j].y));
-      v_tile[at + 1u] = f16vec4(unpackFloat2x16(v_rows[j].z), unpackFloat2x16(v_rows[j].w));
+      k_tile[at] = f16vec4(unpackFloat2x16(k.x), unpackFloat2x16(k.y));
+      k_tile[at + 1u] = f16vec4(unpackFloat2x16(k.z), unpackFloat2x16(k.w));
+      v_tile[at] = f16vec4(unpackFloat2x16(v.x), unpackFloat2x16(v.y));
+      v_tile[at + 1u] = f16vec4(unpackFloat2x16(v.z), unpackFloat2x16(v.w));
     }
     barrier();
 
@@ -153,20 +195,18 @@ void main() {
     uint visible = 0u;
     if (subgroup_live) {
       for (uint q = query_first; q < query_end; ++q) {
-        const uint word = subgroupBallot(mask_has(mask_next, q)).x;
+        const uint word = subgroupBallot(!mask_past && mask_has(mask_next, q)).x;
         if (row_live && tile_query == q) visible = word;
       }
     }
 
     // Issue the next chunk's loads now; they land while this chunk is computed.
-    if (chunk0 + CHUNK < tokens) {
-      [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-        k_rows[j] = next_slot[j] != ~0u ? kv_quad(0u, next_slot[j], kv_head, quad, QUADS) : uvec4(0u);
-        v_rows[j] = next_slot[j] != ~0u ? kv_quad(1u, next_slot[j], kv_head, quad, QUADS) : uvec4(0u);
-      }
-      mask_next = next_segment != ~0u ? segment_mask(mask_begin + next_segment) : uvec2(0u);
-      fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
-    }
+    // After the last chunk they reread the block's first token (cached), so no
+    // branch joins loaded registers.
+    gather_rows(kv_head, quad);
+    mask_next = next_mask(mask_begin);
+    mask_past = (next_past >> LOADS & 1u) != 0u;
+    fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
     if (!subgroup_live) continue;
 
     // S = Q K^T: B(k, n) = K[token n][dim k] (K read column-major). The 16-token

@@ -1,37 +1,69 @@
 #version 460
 // Stage 2: one work group per (query, query head) merges the query's partial
-// results with the max-shifted log-sum-exp rule, in the plan's order
-// (merge_partial ascending), so the output is bitwise deterministic. Queries
-// with no partials were written by stage 1 and are skipped.
+// results with the log-sum-exp rule, in the plan's order (merge_partial
+// ascending), so the output is bitwise deterministic. Queries with no partials
+// were written by stage 1 and are skipped.
+//
+// The partials are taken 32 at a time: each thread looks up one partial's row
+// and LSE (two dependent loads, paid once per batch instead of once per
+// partial), then every thread walks the batch from shared memory, its loads of
+// the partial rows independent of one another, with the running maximum
+// rescaled once per batch (online softmax over partials).
 #extension GL_GOOGLE_include_directive : require
 #include "attn_common.glsl"
 
 layout(local_size_x = 32) in;
 layout(constant_id = 0) const uint HEAD_DIM = 128;
-const uint DIMS = HEAD_DIM / 32u;  // per thread: 2, 4 or 8 consecutive dimensions
+const uint THREADS = 32u, BATCH = 32u;
+const uint DIMS = HEAD_DIM / THREADS;  // per thread: 2, 4 or 8 consecutive dimensions
+
+shared uint batch_row[BATCH];    // partial row (partial x heads_q + head)
+shared float batch_lse[BATCH];   // its LSE (base 2)
 
 void main() {
   load_plan_header();
-  const uint query = gl_WorkGroupID.x, head = gl_WorkGroupID.y, d0 = gl_LocalInvocationID.x * DIMS;
+  const uint query = gl_WorkGroupID.x, head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x, d0 = tid * DIMS;
   const uint first = plan_word(kMergeBegin, query), last = plan_word(kMergeBegin, query + 1u);
   if (first == last) return;
 
   Floats partial_lse = Floats(pc.partial_lse), partial_o = Floats(pc.partial_o);
-  float max_lse = -1.0 / 0.0;
-  for (uint m = first; m < last; ++m) {
-    max_lse = max(max_lse, partial_lse.f[plan_word(kMergePartial, m) * pc.heads_q + head]);
-  }
   float acc[DIMS];
-  for (uint i = 0u; i < DIMS; ++i) acc[i] = 0.0;
-  float sum = 0.0;
-  for (uint m = first; m < last; ++m) {
-    const uint row_index = plan_word(kMergePartial, m) * pc.heads_q + head;
-    const float w = exp2(partial_lse.f[row_index] - max_lse);
-    sum += w;
-    for (uint i = 0u; i < DIMS; ++i) acc[i] += w * partial_o.f[row_index * HEAD_DIM + d0 + i];
+  [[unroll]] for (uint i = 0u; i < DIMS; ++i) acc[i] = 0.0;
+  float running_max = -1.0 / 0.0, sum = 0.0;
+  for (uint m0 = first; m0 < last; m0 += BATCH) {
+    const uint count = min(BATCH, last - m0);
+    barrier();  // the previous batch is read
+    if (tid < count) {
+      const uint row = plan_word(kMergePartial, m0 + tid) * pc.heads_q + head;
+      batch_row[tid] = row;
+      batch_lse[tid] = partial_lse.f[row];
+    }
+    barrier();
+    float batch_max = -1.0 / 0.0;
+    for (uint i = 0u; i < count; ++i) batch_max = max(batch_max, batch_lse[i]);
+    const float new_max = max(running_max, batch_max);
+    const float alpha = exp2(running_max - new_max);  // 0 on the first batch (running_max = -inf)
+    sum *= alpha;
+    [[unroll]] for (uint d = 0u; d < DIMS; ++d) acc[d] *= alpha;
+    running_max = new_max;
+    // Four partials per step, all their loads issued before any is used (a
+    // position past the batch rereads its last row with weight 0).
+    for (uint i = 0u; i < count; i += 4u) {
+      float w[4], o[4][DIMS];
+      [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+        const uint k = min(i + u, count - 1u);
+        w[u] = i + u < count ? exp2(batch_lse[k] - new_max) : 0.0;
+        const uint at = batch_row[k] * HEAD_DIM + d0;
+        [[unroll]] for (uint d = 0u; d < DIMS; ++d) o[u][d] = partial_o.f[at + d];
+      }
+      [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+        sum += w[u];
+        [[unroll]] for (uint d = 0u; d < DIMS; ++d) acc[d] += w[u] * o[u][d];
+      }
+    }
   }
   const float inv = 1.0 / sum;
   const uint out0 = (query * pc.heads_q + head) * HEAD_DIM + d0;
   for (uint i = 0u; i < DIMS; i += 2u) store_output_pair(out0 + i, vec2(acc[i], acc[i + 1u]) * inv);
-  if (pc.lse != 0ul && d0 == 0u) Floats(pc.lse).f[query * pc.heads_q + head] = (max_lse + log2(sum)) * kLn2;
+  if (pc.lse != 0ul && d0 == 0u) Floats(pc.lse).f[query * pc.heads_q + head] = (running_max + log2(sum)) * kLn2;
 }

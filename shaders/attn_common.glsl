@@ -97,24 +97,25 @@ vec2 unpack_pair(uint word, bool bf16) {
 }
 
 // Round to nearest even, bit-exact with the host's store_from_float (the GLSL
-// packHalf2x16 leaves the rounding mode to the implementation).
+// packHalf2x16 leaves the rounding mode to the implementation). Branch-free:
+// every case is computed and selected, so a lane converting many values runs
+// straight-line code the scheduler can interleave, not a chain of branches.
 uint f32_to_f16(float value) {
-  uint x = floatBitsToUint(value);
-  uint sign = (x >> 16) & 0x8000u;
-  uint ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return sign | 0x7e00u;           // NaN
-  if (ax >= 0x477ff000u) return sign | 0x7c00u;          // rounds to infinity
-  if (ax < 0x38800000u) {                                // f16 subnormal: the f32 add rounds to 2^-24 steps
-    return sign | (floatBitsToUint(uintBitsToFloat(ax) + 0.5) - 0x3f000000u);
-  }
-  uint r = ax - 0x38000000u;                             // rebias the exponent from 127 to 15
-  r += 0xfffu + ((r >> 13) & 1u);
-  return sign | (r >> 13);
+  const uint x = floatBitsToUint(value);
+  const uint sign = (x >> 16) & 0x8000u;
+  const uint ax = x & 0x7fffffffu;
+  const uint rebiased = ax - 0x38000000u;                              // exponent 127 -> 15 (normal results)
+  const uint normal = (rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13;
+  const uint subnormal = floatBitsToUint(uintBitsToFloat(ax) + 0.5) - 0x3f000000u;  // the f32 add rounds to 2^-24 steps
+  uint h = ax < 0x38800000u ? subnormal : normal;
+  h = ax >= 0x477ff000u ? 0x7c00u : h;                                // rounds to infinity
+  h = ax > 0x7f800000u ? 0x7e00u : h;                                 // NaN
+  return sign | h;
 }
 uint f32_to_bf16(float value) {
-  uint x = floatBitsToUint(value);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40u;  // NaN stays NaN
-  return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint x = floatBitsToUint(value);
+  const uint rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return (x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded;  // NaN stays NaN
 }
 
 // Writes elements [index, index + 1] of O in its dtype (index even).

@@ -39,7 +39,7 @@ layout(constant_id = 1) const uint CHUNK = 32;  // tokens per shared-memory stag
 const uint SUBGROUPS = 4u, TILE = 16u, THREADS = 128u;
 const uint DTILES = HEAD_DIM / TILE;             // 16-column tiles of a head row
 const uint QUADS = HEAD_DIM / 8u;                // 16-byte pieces of a K/V row
-const uint ROW_VEC4S = HEAD_DIM / 4u + 2u;       // f16vec4 per shared K/V row, 16 bytes of padding
+const uint ROW_QUADS = QUADS + 1u;              // 16-byte pieces per shared K/V row, one of padding
 const uint LOADS = CHUNK * QUADS / THREADS;      // 16-byte K (and V) loads per thread per chunk
 const uint TOKEN_STEP = THREADS / QUADS;         // tokens between one thread's successive loads
 const uint S_STRIDE = TILE + 4u;                 // floats per column of S / the factor matrix
@@ -50,8 +50,10 @@ const uint COLUMNS = CHUNK / 2u;                 // softmax columns per lane
 #define MAT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define MAT_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 
-shared f16vec4 k_tile[CHUNK * ROW_VEC4S];
-shared f16vec4 v_tile[CHUNK * ROW_VEC4S];
+// K and V rows as they arrive (16 bytes per element: one store per load);
+// matrix loads reinterpret them as f16, offsets and strides in 16-byte units.
+shared uvec4 k_tile[CHUNK * ROW_QUADS];
+shared uvec4 v_tile[CHUNK * ROW_QUADS];
 shared float scores[SUBGROUPS * CHUNK * S_STRIDE];     // S of each subgroup, then its factor / O tiles
 shared float16_t probs[SUBGROUPS * CHUNK * P_STRIDE];  // P of each subgroup (also stages Q)
 
@@ -182,11 +184,9 @@ void main() {
       // Past the block: zeros (finite; masked out by visibility anyway).
       const bool past = (rows_past >> j & 1u) != 0u;
       const uvec4 k = past ? uvec4(0u) : k_rows[j], v = past ? uvec4(0u) : v_rows[j];
-      const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_VEC4S + 2u * quad;
-      k_tile[at] = f16vec4(unpackFloat2x16(k.x), unpackFloat2x16(k.y));
-      k_tile[at + 1u] = f16vec4(unpackFloat2x16(k.z), unpackFloat2x16(k.w));
-      v_tile[at] = f16vec4(unpackFloat2x16(v.x), unpackFloat2x16(v.y));
-      v_tile[at + 1u] = f16vec4(unpackFloat2x16(v.z), unpackFloat2x16(v.w));
+      const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_QUADS + quad;
+      k_tile[at] = k;
+      v_tile[at] = v;
     }
     barrier();
 
@@ -217,7 +217,7 @@ void main() {
     [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
       [[unroll]] for (uint nb = 0u; nb < CHUNK / TILE; ++nb) {
         MAT_B kt;
-        coopMatLoad(kt, k_tile, nb * TILE * ROW_VEC4S + k * (TILE / 4u), ROW_VEC4S,
+        coopMatLoad(kt, k_tile, nb * TILE * ROW_QUADS + k * (TILE / 8u), ROW_QUADS,
                     gl_CooperativeMatrixLayoutColumnMajor);
         s[nb] = coopMatMulAdd(q[k], kt, s[nb]);
       }
@@ -268,7 +268,7 @@ void main() {
       coopMatLoad(p, probs, sg_p + nb * TILE * P_STRIDE, P_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
       [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
         MAT_B v;
-        coopMatLoad(v, v_tile, nb * TILE * ROW_VEC4S + n * (TILE / 4u), ROW_VEC4S, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatLoad(v, v_tile, nb * TILE * ROW_QUADS + n * (TILE / 8u), ROW_QUADS, gl_CooperativeMatrixLayoutRowMajor);
         o[n] = coopMatMulAdd(p, v, o[n]);
       }
     }

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <tuple>
 
@@ -137,6 +138,51 @@ TEST_CASE("conformance: f16 and bf16 outputs are the rounded f32 outputs") {
       HostArray rounded(out_dtype, {1});
       store_from_float(rounded.bytes.data(), out_dtype, 0, want);
       REQUIRE(std::memcmp(low.o.bytes.data() + i * 2, rounded.bytes.data(), 2) == 0);
+    }
+  }
+}
+
+TEST_CASE("conformance: f16 and bf16 outputs round like the host at the edges: subnormal, huge, overflowing") {
+  // Each head dimension of V is scaled by one of these, so the outputs (averages
+  // of V) span f16 subnormals, the largest finite values and, with bf16 inputs,
+  // values that overflow f16 to infinity.
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 11;
+  o.nodes = 10;
+  o.queries = 6;
+  const Tree tree = random_forest(o);
+  for (DType in_dtype : {DType::f16, DType::bf16}) {
+    CAPTURE(to_string(in_dtype));
+    const std::vector<float> scales = in_dtype == DType::f16
+                                          ? std::vector<float>{3e-8f, 1e-6f, 4e-5f, 1.0f, 2e4f, 6e4f}
+                                          : std::vector<float>{3e-8f, 1e-6f, 4e-5f, 1.0f, 6e4f, 7e4f, 1e5f, 1e30f};
+    Inputs in = make_inputs(tree, in_dtype, 4);
+    const std::int64_t head_dim = in.v.shape[2];
+    for (std::int64_t i = 0; i < in.v.numel(); ++i) {
+      const float scale = scales[std::size_t(i % head_dim) % scales.size()];
+      // |v| <= 1 before scaling; f16 inputs keep below 65504.
+      store_from_float(in.v.bytes.data(), in_dtype, std::size_t(i),
+                       load_as_float(in.v.bytes.data(), in_dtype, std::size_t(i)) * scale);
+    }
+    const Outputs f32 = run_backend(*backend, tree, in, PlanOptions{});
+    for (DType out_dtype : {DType::f16, DType::bf16}) {
+      CAPTURE(to_string(out_dtype));
+      const Outputs low = run_backend(*backend, tree, in, PlanOptions{}, out_dtype);
+      int subnormal = 0, overflow = 0;
+      for (std::int64_t i = 0; i < f32.o.numel(); ++i) {
+        float want;
+        std::memcpy(&want, f32.o.bytes.data() + i * 4, 4);
+        subnormal += std::abs(want) > 0.0f && std::abs(want) < 6.1e-5f;
+        overflow += std::abs(want) > 65520.0f;
+        HostArray rounded(out_dtype, {1});
+        store_from_float(rounded.bytes.data(), out_dtype, 0, want);
+        CAPTURE(i);
+        CAPTURE(want);
+        REQUIRE(std::memcmp(low.o.bytes.data() + i * 2, rounded.bytes.data(), 2) == 0);
+      }
+      CHECK(subnormal > 0);  // the test reaches the cases it is about
+      if (in_dtype == DType::bf16) CHECK(overflow > 0);
     }
   }
 }

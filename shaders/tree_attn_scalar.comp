@@ -18,6 +18,7 @@ const uint LANES = 8u, ROWS = 16u, THREADS = 128u;
 const uint DIMS = HEAD_DIM / LANES;                 // per lane: 8, 16 or 32
 const uint QUADS = HEAD_DIM / 8u;                   // uvec4 per head row
 const uint LANE_QUADS = DIMS / 8u;
+const uint LOADS = (CHUNK * QUADS + THREADS - 1u) / THREADS;  // 16-byte K (and V) loads per thread per chunk
 
 shared uvec4 k_tile[CHUNK * QUADS];
 shared uvec4 v_tile[CHUNK * QUADS];
@@ -51,11 +52,34 @@ void main() {
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
     const uint count = min(CHUNK, tokens - chunk0);
     barrier();
-    for (uint i = tid; i < count * QUADS; i += THREADS) {
-      const uint t = i / QUADS, quad = i % QUADS;
-      const uint slot = plan_word(kBlockTokenSlot, token_begin + chunk0 + t);
-      k_tile[i] = kv_quad(0u, slot, kv_head, quad, QUADS);
-      v_tile[i] = kv_quad(1u, slot, kv_head, quad, QUADS);
+    // Every slot index first, then every row, then the stores: a loop that
+    // loaded and stored one row at a time paid two memory latencies per row.
+    // Positions past the chunk read the block's first token and are never used.
+    uint slot[LOADS];
+    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      const uint t = (tid + j * THREADS) / QUADS;
+      slot[j] = plan_word(kBlockTokenSlot, token_begin + (t < count ? chunk0 + t : 0u));
+    }
+    uvec4 k_rows[LOADS], v_rows[LOADS];
+    if (pc.num_chunks == 1u) {  // the usual case: no branch around each load
+      [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+        const uint index = (slot[j] * pc.heads_kv + kv_head) * QUADS + (tid + j * THREADS) % QUADS;
+        k_rows[j] = Quads(kv_base[0]).q[index];
+        v_rows[j] = Quads(kv_base[1]).q[index];
+      }
+    } else {
+      [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+        const uint quad = (tid + j * THREADS) % QUADS;
+        k_rows[j] = kv_quad(0u, slot[j], kv_head, quad, QUADS);
+        v_rows[j] = kv_quad(1u, slot[j], kv_head, quad, QUADS);
+      }
+    }
+    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      const uint i = tid + j * THREADS;
+      if (i < CHUNK * QUADS) {
+        k_tile[i] = k_rows[j];
+        v_tile[i] = v_rows[j];
+      }
     }
     if (tid < count) token_mask[tid] = segment_mask(mask_begin + token_segment(token_begin + chunk0 + tid));
     barrier();

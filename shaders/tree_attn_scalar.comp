@@ -18,6 +18,7 @@ const uint LANES = 8u, ROWS = 16u, THREADS = 128u;
 const uint DIMS = HEAD_DIM / LANES;                 // per lane: 8, 16 or 32
 const uint QUADS = HEAD_DIM / 8u;                   // uvec4 per head row
 const uint LANE_QUADS = DIMS / 8u;
+const uint GROUP = 4u;                              // tokens per softmax step
 const uint LOADS = (CHUNK * QUADS + THREADS - 1u) / THREADS;  // 16-byte K (and V) loads per thread per chunk
 
 shared uvec4 k_tile[CHUNK * QUADS];
@@ -84,31 +85,52 @@ void main() {
     if (tid < count) token_mask[tid] = segment_mask(mask_begin + token_segment(token_begin + chunk0 + tid));
     barrier();
 
-    for (uint t = 0u; t < count; ++t) {
-      float partial = 0.0;
-      for (uint i = 0u; i < LANE_QUADS; ++i) {
-        const uvec4 k = k_tile[t * QUADS + lane * LANE_QUADS + i];
-        for (uint c = 0u; c < 4u; ++c) {
-          const vec2 kk = unpack_pair(k[c], IN_BF16);
-          partial += q[8u * i + 2u * c] * kk.x + q[8u * i + 2u * c + 1u] * kk.y;
+    // Four tokens per step: their dot products and shuffles are independent, and
+    // the running maximum and sum are updated once per four tokens, not per token.
+    for (uint t0 = 0u; t0 < count; t0 += GROUP) {
+      float score[GROUP];
+      [[unroll]] for (uint u = 0u; u < GROUP; ++u) {
+        const uint t = min(t0 + u, count - 1u);
+        float partial = 0.0;
+        [[unroll]] for (uint i = 0u; i < LANE_QUADS; ++i) {
+          const uvec4 k = k_tile[t * QUADS + lane * LANE_QUADS + i];
+          [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+            const vec2 kk = unpack_pair(k[c], IN_BF16);
+            partial += q[8u * i + 2u * c] * kk.x + q[8u * i + 2u * c + 1u] * kk.y;
+          }
         }
+        score[u] = partial;
       }
-      partial += subgroupShuffleXor(partial, 4u);  // lanes of a row are 8 aligned invocations
-      partial += subgroupShuffleXor(partial, 2u);
-      const float score = partial + subgroupShuffleXor(partial, 1u);
-      // Branch-free, so a row's lanes stay converged for the next shuffle.
-      const bool visible = row_live && mask_has(token_mask[t], tile_query);
-      const float new_max = visible ? max(running_max, score) : running_max;
+      // Lanes of a row are 8 aligned invocations; branch-free from here, so they stay converged.
+      [[unroll]] for (uint u = 0u; u < GROUP; ++u) score[u] += subgroupShuffleXor(score[u], 4u);
+      [[unroll]] for (uint u = 0u; u < GROUP; ++u) score[u] += subgroupShuffleXor(score[u], 2u);
+      [[unroll]] for (uint u = 0u; u < GROUP; ++u) score[u] += subgroupShuffleXor(score[u], 1u);
+      bool visible[GROUP];
+      float new_max = running_max;
+      [[unroll]] for (uint u = 0u; u < GROUP; ++u) {
+        visible[u] = t0 + u < count && row_live && mask_has(token_mask[t0 + u], tile_query);
+        new_max = visible[u] ? max(new_max, score[u]) : new_max;
+      }
       const float alpha = new_max == running_max ? 1.0 : exp2(running_max - new_max);
-      const float p = visible ? exp2(score - new_max) : 0.0;
-      running_sum = running_sum * alpha + p;
+      float p[GROUP];
+      running_sum *= alpha;
+      [[unroll]] for (uint u = 0u; u < GROUP; ++u) {
+        p[u] = visible[u] ? exp2(score[u] - new_max) : 0.0;
+        running_sum += p[u];
+      }
       running_max = new_max;
-      for (uint i = 0u; i < LANE_QUADS; ++i) {
-        const uvec4 v = v_tile[t * QUADS + lane * LANE_QUADS + i];
-        for (uint c = 0u; c < 4u; ++c) {
-          const vec2 vv = unpack_pair(v[c], IN_BF16);
-          acc[8u * i + 2u * c] = acc[8u * i + 2u * c] * alpha + p * vv.x;
-          acc[8u * i + 2u * c + 1u] = acc[8u * i + 2u * c + 1u] * alpha + p * vv.y;
+      [[unroll]] for (uint i = 0u; i < LANE_QUADS; ++i) {
+        [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+          acc[8u * i + 2u * c] *= alpha;
+          acc[8u * i + 2u * c + 1u] *= alpha;
+        }
+        [[unroll]] for (uint u = 0u; u < GROUP; ++u) {
+          const uvec4 v = v_tile[min(t0 + u, count - 1u) * QUADS + lane * LANE_QUADS + i];
+          [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+            const vec2 vv = unpack_pair(v[c], IN_BF16);
+            acc[8u * i + 2u * c] += p[u] * vv.x;
+            acc[8u * i + 2u * c + 1u] += p[u] * vv.y;
+          }
         }
       }
     }

@@ -15,6 +15,29 @@
 using namespace treeattn;
 using namespace treeattn::test;
 
+namespace {
+// Runs the tree with f32 outputs, then with f16 and with bf16 outputs: each
+// low-precision output must be bit for bit the host's rounding of the f32 one.
+// Returns the f32 outputs.
+Outputs check_outputs_round_like_host(Backend& backend, const Tree& tree, Inputs& in) {
+  const Outputs f32 = run_backend(backend, tree, in, PlanOptions{});
+  for (DType out_dtype : {DType::f16, DType::bf16}) {
+    CAPTURE(to_string(out_dtype));
+    const Outputs low = run_backend(backend, tree, in, PlanOptions{}, out_dtype);
+    for (std::int64_t i = 0; i < f32.o.numel(); ++i) {
+      float want;
+      std::memcpy(&want, f32.o.bytes.data() + i * 4, 4);
+      HostArray rounded(out_dtype, {1});
+      store_from_float(rounded.bytes.data(), out_dtype, 0, want);
+      CAPTURE(i);
+      CAPTURE(want);
+      REQUIRE(std::memcmp(low.o.bytes.data() + i * 2, rounded.bytes.data(), 2) == 0);
+    }
+  }
+  return f32;
+}
+}  // namespace
+
 TEST_CASE("conformance: every strategy matches the fp64 oracle on random forests (f16)") {
   auto backend = make_test_backend();
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
@@ -129,17 +152,7 @@ TEST_CASE("conformance: f16 and bf16 outputs are the rounded f32 outputs") {
   o.queries = 8;
   const Tree tree = random_forest(o);
   Inputs in = make_inputs(tree, DType::f16, 3);
-  const Outputs f32 = run_backend(*backend, tree, in, PlanOptions{});
-  for (DType out_dtype : {DType::f16, DType::bf16}) {
-    const Outputs low = run_backend(*backend, tree, in, PlanOptions{}, out_dtype);
-    for (std::int64_t i = 0; i < f32.o.numel(); ++i) {
-      float want;
-      std::memcpy(&want, f32.o.bytes.data() + i * 4, 4);
-      HostArray rounded(out_dtype, {1});
-      store_from_float(rounded.bytes.data(), out_dtype, 0, want);
-      REQUIRE(std::memcmp(low.o.bytes.data() + i * 2, rounded.bytes.data(), 2) == 0);
-    }
-  }
+  check_outputs_round_like_host(*backend, tree, in);
 }
 
 TEST_CASE("conformance: f16 and bf16 outputs round like the host at the edges: subnormal, huge, overflowing") {
@@ -165,25 +178,16 @@ TEST_CASE("conformance: f16 and bf16 outputs round like the host at the edges: s
       store_from_float(in.v.bytes.data(), in_dtype, std::size_t(i),
                        load_as_float(in.v.bytes.data(), in_dtype, std::size_t(i)) * scale);
     }
-    const Outputs f32 = run_backend(*backend, tree, in, PlanOptions{});
-    for (DType out_dtype : {DType::f16, DType::bf16}) {
-      CAPTURE(to_string(out_dtype));
-      const Outputs low = run_backend(*backend, tree, in, PlanOptions{}, out_dtype);
-      int subnormal = 0, overflow = 0;
-      for (std::int64_t i = 0; i < f32.o.numel(); ++i) {
-        float want;
-        std::memcpy(&want, f32.o.bytes.data() + i * 4, 4);
-        subnormal += std::abs(want) > 0.0f && std::abs(want) < 6.1e-5f;
-        overflow += std::abs(want) > 65520.0f;
-        HostArray rounded(out_dtype, {1});
-        store_from_float(rounded.bytes.data(), out_dtype, 0, want);
-        CAPTURE(i);
-        CAPTURE(want);
-        REQUIRE(std::memcmp(low.o.bytes.data() + i * 2, rounded.bytes.data(), 2) == 0);
-      }
-      CHECK(subnormal > 0);  // the test reaches the cases it is about
-      if (in_dtype == DType::bf16) CHECK(overflow > 0);
+    const Outputs f32 = check_outputs_round_like_host(*backend, tree, in);
+    int subnormal = 0, overflow = 0;
+    for (std::int64_t i = 0; i < f32.o.numel(); ++i) {
+      float want;
+      std::memcpy(&want, f32.o.bytes.data() + i * 4, 4);
+      subnormal += std::abs(want) > 0.0f && std::abs(want) < 6.1e-5f;
+      overflow += std::abs(want) > 65520.0f;
     }
+    CHECK(subnormal > 0);  // the test reaches the cases it is about
+    if (in_dtype == DType::bf16) CHECK(overflow > 0);
   }
 }
 

@@ -82,9 +82,11 @@ uvec2 segment_mask(uint mask_index) {
 }
 bool mask_has(uvec2 mask, uint bit) { return ((bit < 32u ? mask.x >> bit : mask.y >> (bit - 32u)) & 1u) != 0u; }
 
-// 16 bytes (8 elements) of head `head` of KV-pool row `slot`, from K (which=0) or V (which=1).
-uvec4 kv_quad(uint which, uint slot, uint head, uint quad, uint quads_per_head) {
-  if (pc.num_chunks == 1u) return Quads(kv_base[which]).q[(slot * pc.heads_kv + head) * quads_per_head + quad];
+// 16 bytes (8 elements) of head `head` of KV-pool row `slot`, from K (which=0) or
+// V (which=1), of a pool split over several buffers. (A one-buffer pool, the
+// usual case, the shaders read through kv_base directly, with the branch on
+// pc.num_chunks outside their load loops.)
+uvec4 kv_quad_chunked(uint which, uint slot, uint head, uint quad, uint quads_per_head) {
   uint chunk = slot / pc.chunk_slots;
   uint local_slot = slot - chunk * pc.chunk_slots;
   Quads base = Quads(Addresses(pc.kv_chunks).a[which * pc.num_chunks + chunk]);

@@ -116,8 +116,8 @@ void gather_rows(uint kv_head, uint quad) {
     }
   } else {
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-      k_rows[j] = kv_quad(0u, next_slot[j], kv_head, quad, QUADS);
-      v_rows[j] = kv_quad(1u, next_slot[j], kv_head, quad, QUADS);
+      k_rows[j] = kv_quad_chunked(0u, next_slot[j], kv_head, quad, QUADS);
+      v_rows[j] = kv_quad_chunked(1u, next_slot[j], kv_head, quad, QUADS);
     }
   }
 }

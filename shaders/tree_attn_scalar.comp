@@ -71,8 +71,8 @@ void main() {
     } else {
       [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
         const uint quad = (tid + j * THREADS) % QUADS;
-        k_rows[j] = kv_quad(0u, slot[j], kv_head, quad, QUADS);
-        v_rows[j] = kv_quad(1u, slot[j], kv_head, quad, QUADS);
+        k_rows[j] = kv_quad_chunked(0u, slot[j], kv_head, quad, QUADS);
+        v_rows[j] = kv_quad_chunked(1u, slot[j], kv_head, quad, QUADS);
       }
     }
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {

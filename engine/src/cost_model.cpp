@@ -37,6 +37,17 @@ constexpr Coefficient kCoefficients[] = {
     {"switch_gain", &CostModel::switch_gain},
 };
 
+// The token counts among the coefficients.
+struct Count {
+  const char* name;
+  std::int32_t CostModel::*field;
+};
+constexpr Count kCounts[] = {
+    {"min_split_tokens", &CostModel::min_split_tokens},
+    {"auto_block_min", &CostModel::auto_block_min},
+    {"auto_block_max", &CostModel::auto_block_max},
+};
+
 }  // namespace
 
 void CostModel::set(const std::string& assignments) {
@@ -60,11 +71,13 @@ void CostModel::set(const std::string& assignments) {
     if (text.empty() || *parsed_end != '\0' || !std::isfinite(value) || value < 0) {
       fail(ErrorCategory::InvalidArgument, "cost model: {} = '{}' is not a non-negative number", key, text);
     }
-    if (key == "min_split_tokens") {
-      if (value < 1 || value != std::floor(value)) {
-        fail(ErrorCategory::InvalidArgument, "cost model: min_split_tokens = {} is not a positive integer", text);
+    if (const auto* n = std::find_if(std::begin(kCounts), std::end(kCounts), [&](const Count& k) { return key == k.name; });
+        n != std::end(kCounts)) {
+      if (value < 1 || value > kMaxBlockTokens || value != std::floor(value)) {
+        fail(ErrorCategory::InvalidArgument, "cost model: {} = '{}' is not an integer in [1, {}]", key, text,
+             kMaxBlockTokens);
       }
-      min_split_tokens = std::int32_t(value);
+      this->*(n->field) = std::int32_t(value);
       continue;
     }
     const auto* c = std::find_if(std::begin(kCoefficients), std::end(kCoefficients),
@@ -72,7 +85,7 @@ void CostModel::set(const std::string& assignments) {
     if (c == std::end(kCoefficients)) {
       fail(ErrorCategory::InvalidArgument,
            "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
-           "solo_speedup, switch_gain or min_split_tokens)",
+           "solo_speedup, switch_gain, min_split_tokens, auto_block_min or auto_block_max)",
            key);
     }
     if ((c->field == &CostModel::slots || c->field == &CostModel::solo_speedup) && value <= 0) {
@@ -80,12 +93,18 @@ void CostModel::set(const std::string& assignments) {
     }
     this->*(c->field) = value;
   }
+  if (auto_block_min > auto_block_max) {
+    fail(ErrorCategory::InvalidArgument, "cost model: auto_block_min = {} is above auto_block_max = {}", auto_block_min,
+         auto_block_max);
+  }
 }
 
 std::string CostModel::to_string() const {
   std::string out;
   for (const Coefficient& c : kCoefficients) out += fmt::format("{}={:g},", c.name, this->*(c.field));
-  return out + fmt::format("min_split_tokens={}", min_split_tokens);
+  for (const Count& n : kCounts) out += fmt::format("{}={},", n.name, this->*(n.field));
+  out.pop_back();
+  return out;
 }
 
 CostModel cost_model_for(const std::string&) {

@@ -12,12 +12,16 @@
 namespace treeattn {
 namespace {
 
-constexpr std::int32_t kMaxBlockTokens = 65536;
-
 void check_options(const PlanOptions& o) {
-  if (o.block_tokens < 1 || o.block_tokens > kMaxBlockTokens) {
-    fail(ErrorCategory::InvalidArgument, "block_tokens = {} is outside [1, {}]", o.block_tokens,
-         kMaxBlockTokens);
+  if (o.block_tokens != kAutoBlockTokens && (o.block_tokens < 1 || o.block_tokens > kMaxBlockTokens)) {
+    fail(ErrorCategory::InvalidArgument, "block_tokens = {} is outside [1, {}] (or {}: the cost model chooses)",
+         o.block_tokens, kMaxBlockTokens, kAutoBlockTokens);
+  }
+  if (o.block_tokens == kAutoBlockTokens &&
+      (o.cost.auto_block_min < 1 || o.cost.auto_block_min > o.cost.auto_block_max ||
+       o.cost.auto_block_max > kMaxBlockTokens)) {
+    fail(ErrorCategory::InvalidArgument, "cost model: auto_block_min = {}, auto_block_max = {} is not a range in [1, {}]",
+         o.cost.auto_block_min, o.cost.auto_block_max, kMaxBlockTokens);
   }
   if (o.query_tile < 1 || o.query_tile > kMaxQueryTile) {
     fail(ErrorCategory::InvalidArgument, "query_tile = {} is outside [1, {}]", o.query_tile,
@@ -166,14 +170,41 @@ Plan plan_greedy_or_flatten(const Tree& tree, const Topology& topo, Visibility v
   return greedy;
 }
 
+Plan plan_block_size(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options) {
+  if (options.strategy == Strategy::greedy) return plan_greedy_or_flatten(tree, topo, std::move(vis), options);
+  return assemble(tree, topo, std::move(vis), options, nullptr);
+}
+
+// kAutoBlockTokens: the plan at each candidate block size, the one the model
+// predicts fastest kept (on a tie the shorter blocks: more CTAs for the same
+// predicted time). Every candidate is a complete plan, so the choice sees
+// everything the block size changes: passes, tiles, partials and the
+// longest pass.
+Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options) {
+  std::optional<Plan> best;
+  double best_us = 0.0;
+  for (std::int64_t block_tokens = options.cost.auto_block_min; block_tokens <= options.cost.auto_block_max;
+       block_tokens *= 2) {
+    PlanOptions fixed = options;
+    fixed.block_tokens = std::int32_t(block_tokens);
+    Plan candidate = plan_block_size(tree, topo, vis, fixed);
+    const double us = estimate_cost(candidate, options.cost).time_us;
+    if (!best || us < best_us) {
+      best = std::move(candidate);
+      best_us = us;
+    }
+  }
+  return std::move(*best);
+}
+
 }  // namespace
 
 Plan plan(const Tree& tree, const PlanOptions& options) {
   check_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
   Visibility vis = compute_visibility(tree, topo);
-  if (options.strategy == Strategy::greedy) return plan_greedy_or_flatten(tree, topo, std::move(vis), options);
-  return assemble(tree, topo, std::move(vis), options, nullptr);
+  if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, vis, options);
+  return plan_block_size(tree, topo, std::move(vis), options);
 }
 
 }  // namespace treeattn

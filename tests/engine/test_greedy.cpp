@@ -16,10 +16,12 @@ using namespace treeattn;
 
 namespace {
 
-// Greedy's own layout, never flatten's (switch_gain 0), with extra coefficients.
+// Greedy's own layout, never flatten's (switch_gain 0), with extra coefficients,
+// packing small groups up to 256 tokens.
 PlanOptions own_layout(const std::string& coefficients = "") {
   PlanOptions o;
   o.strategy = Strategy::greedy;
+  o.block_tokens = 256;
   o.cost.set("switch_gain=0," + coefficients);
   return o;
 }
@@ -105,7 +107,8 @@ TEST_CASE("deep trees of short nodes: greedy concatenates and saves partials ove
 TEST_CASE("a tree where the model sees no clear gain keeps flatten's layout") {
   const Tree tree = few_shot_tree({32, 8, 128}, 4000, 20, 200);
   PlanOptions flat;
-  PlanOptions greedy;
+  flat.block_tokens = 256;
+  PlanOptions greedy = flat;
   greedy.strategy = Strategy::greedy;
   Plan g = plan(tree, greedy);
   CHECK(g.strategy == Strategy::greedy);
@@ -176,5 +179,5 @@ TEST_CASE("cost-model coefficients: set, print, and precise errors") {
   CHECK_THROWS_WITH_AS(m.set("partial_ns=-1"), doctest::Contains("partial_ns = '-1'"), Error);
   CHECK_THROWS_WITH_AS(m.set("slots=0"), doctest::Contains("slots must be positive"), Error);
   CHECK_THROWS_WITH_AS(m.set("tile_ns_large"), doctest::Contains("not KEY=VALUE"), Error);
-  CHECK_THROWS_WITH_AS(m.set("min_split_tokens=0.5"), doctest::Contains("not a positive integer"), Error);
+  CHECK_THROWS_WITH_AS(m.set("min_split_tokens=0.5"), doctest::Contains("is not an integer in [1, 65536]"), Error);
 }

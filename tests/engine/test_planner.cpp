@@ -5,9 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "support/plan_check.hpp"
+#include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
 
@@ -44,7 +46,7 @@ TEST_CASE("every strategy covers seeded random forests exactly") {
     const Tree tree = random_forest(o);
     CAPTURE(seed);
     for (Strategy s : all_strategies()) {
-      for (std::int32_t block_tokens : {1, 7, 64, 256}) {
+      for (std::int32_t block_tokens : {1, 7, 64, 256, kAutoBlockTokens}) {
         PlanOptions options;
         options.strategy = s;
         options.block_tokens = block_tokens;
@@ -53,6 +55,61 @@ TEST_CASE("every strategy covers seeded random forests exactly") {
       }
     }
   }
+}
+
+TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fastest") {
+  const std::vector<std::pair<const char*, Tree>> trees = {
+      {"few-shot b=50", few_shot_tree({32, 8, 128}, 4000, 50, 200)},
+      {"speculative 32-token tree on 1161 tokens", level_tree({32, 8, 128}, {1, 4, 8}, {1161, 4, 2})},
+      {"deep levels", level_tree({16, 1, 128}, {1, 4, 16, 64}, {256, 64, 32, 16})},
+      {"star", star(40, 3000, 20)},
+  };
+  for (const auto& [name, tree] : trees) {
+    for (Strategy s : {Strategy::flatten, Strategy::greedy, Strategy::node, Strategy::sequence}) {
+      CAPTURE(name);
+      CAPTURE(to_string(s));
+      PlanOptions options;
+      options.strategy = s;
+      REQUIRE(options.block_tokens == kAutoBlockTokens);  // the default
+      const Plan chosen = plan(tree, options);
+      // The fastest prediction among 256, 512 and 1024, the shortest on a tie.
+      std::optional<Plan> expected;
+      double expected_us = 0.0;
+      for (std::int32_t block_tokens : {256, 512, 1024}) {
+        PlanOptions fixed = options;
+        fixed.block_tokens = block_tokens;
+        Plan candidate = plan(tree, fixed);
+        const double us = estimate_cost(candidate, options.cost).time_us;
+        if (!expected || us < expected_us) {
+          expected = std::move(candidate);
+          expected_us = us;
+        }
+      }
+      CHECK(test::plan_difference(chosen, *expected) == "");
+      check_invariants(tree, options);
+    }
+  }
+  // What the choice is for: a long prompt under many branches merges fewer
+  // partials in longer blocks; a small tree keeps short blocks, more CTAs.
+  CHECK(plan(trees[0].second).block_tokens > 256);
+  CHECK(plan(trees[1].second).block_tokens == 256);
+
+  // A range of one candidate is that fixed size.
+  PlanOptions one;
+  one.cost.set("auto_block_min=512,auto_block_max=512");
+  PlanOptions fixed;
+  fixed.block_tokens = 512;
+  CHECK(test::plan_difference(plan(trees[0].second, one), plan(trees[0].second, fixed)) == "");
+
+  PlanOptions inverted;
+  inverted.cost.auto_block_min = 1024;
+  inverted.cost.auto_block_max = 256;
+  CHECK_THROWS_WITH_AS(plan(trees[0].second, inverted), doctest::Contains("auto_block_min = 1024, auto_block_max = 256"),
+                       Error);
+  CHECK_THROWS_WITH_AS(one.cost.set("auto_block_min=2048"), doctest::Contains("auto_block_min = 2048 is above auto_block_max = 512"),
+                       Error);
+  CHECK_THROWS_WITH_AS(one.cost.set("auto_block_max=100000"), doctest::Contains("auto_block_max = '100000' is not an integer"),
+                       Error);
 }
 
 TEST_CASE("edge cases: single token, deep chain, wide star, upto inside a block, forests") {

@@ -156,7 +156,7 @@ TEST_CASE("queries") {
 
 TEST_CASE("plan options") {
   for (auto [block_tokens, query_tile, fragment] :
-       {std::tuple{0, 64, "block_tokens = 0"}, std::tuple{70000, 64, "block_tokens = 70000"},
+       {std::tuple{-1, 64, "block_tokens = -1"}, std::tuple{70000, 64, "block_tokens = 70000"},
         std::tuple{256, 0, "query_tile = 0"}, std::tuple{256, 65, "query_tile = 65"}}) {
     try {
       (void)plan(base(), PlanOptions{Strategy::flatten, block_tokens, query_tile, 0});

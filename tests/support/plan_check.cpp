@@ -60,8 +60,15 @@ void check_invariants(const Tree& tree, const PlanOptions& options) {
   // Greedy's blocks are as long as its model leaves them; the plan records the longest.
   std::int32_t longest = 0;
   for (std::int32_t b = 0; b < plan.num_blocks(); ++b) longest = std::max(longest, plan.block_token_count(b));
-  if (options.strategy != Strategy::greedy) CHECK(longest <= options.block_tokens);
-  else if (longest > options.block_tokens) CHECK(plan.block_tokens == longest);
+  // auto: one of the model's candidates, each a power of two from auto_block_min.
+  const bool automatic = options.block_tokens == kAutoBlockTokens;
+  const std::int32_t limit = automatic ? options.cost.auto_block_max : options.block_tokens;
+  if (options.strategy != Strategy::greedy) {
+    CHECK(longest <= limit);
+    if (automatic) CHECK(plan.block_tokens >= options.cost.auto_block_min);
+  } else if (longest > limit) {
+    CHECK(plan.block_tokens == longest);
+  }
   for (std::int32_t i = 0; i < plan.num_items(); ++i) {
     CHECK(plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)] <= options.query_tile);
   }

@@ -22,6 +22,7 @@ struct Plan;
 inline constexpr std::int32_t kSmallTileRows = 16;  // one 16-row MMA fragment, KV split over the warps
 inline constexpr std::int32_t kLargeTileRows = 64;  // four warps of 16 rows
 inline constexpr std::int32_t kKvTileTokens = 64;   // tokens a pass computes at a time
+inline constexpr std::int32_t kMaxBlockTokens = 65536;  // the longest block a plan may ask for
 
 struct CostModel {
   double pass_ns = 1756.0;        // fixed cost of a pass: token map, Q load, epilogue
@@ -35,6 +36,12 @@ struct CostModel {
   // it); 1.25 planned better than 2 or the 3 fitted on blocks of <= 4 tiles.
   double solo_speedup = 1.25;
   std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this
+  // PlanOptions::block_tokens = kAutoBlockTokens plans the tree at every power
+  // of two from auto_block_min to auto_block_max and keeps the plan this model
+  // predicts fastest. Measured on the H100 (README, "Block size"): adding 128
+  // gained 1 % on the peer shapes and lost up to 0.92x on the DESIGN trees.
+  std::int32_t auto_block_min = 256;
+  std::int32_t auto_block_max = 1024;
   // `greedy` keeps DeFT-Flatten's layout unless its own is predicted this many
   // times faster. Measured on the H100 over the 57 peer configurations with the
   // guard off: greedy's own layouts ran 0.98-3.3x flatten's, and every one
@@ -43,7 +50,8 @@ struct CostModel {
   double switch_gain = 1.2;
 
   // "pass_ns=800,tile_ns_large=650": sets the named coefficients, leaves the
-  // rest; throws InvalidArgument naming an unknown key or a bad value.
+  // rest; throws InvalidArgument naming an unknown key or a bad value (also
+  // when auto_block_min > auto_block_max).
   void set(const std::string& assignments);
   std::string to_string() const;  // every coefficient, in set()'s syntax
 };

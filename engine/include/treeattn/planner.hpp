@@ -12,10 +12,16 @@
 
 namespace treeattn {
 
+// PlanOptions::block_tokens that lets the cost model choose the block size per
+// tree (among its auto_block_min..auto_block_max): long shared prompts gain
+// longer blocks (fewer partials to merge), small trees keep short ones (more
+// CTAs in flight).
+inline constexpr std::int32_t kAutoBlockTokens = 0;
+
 struct PlanOptions {
   Strategy strategy = Strategy::flatten;
-  std::int32_t block_tokens = 256;       // max KV tokens per block, 1..65536 (greedy: its packing size;
-                                         // the cost model cuts its long groups)
+  std::int32_t block_tokens = kAutoBlockTokens;  // max KV tokens per block, 1..65536, or kAutoBlockTokens
+                                                 // (greedy: its packing size; the cost model cuts its long groups)
   std::int32_t query_tile = kMaxQueryTile;  // max queries per work item, 1..64
   // Rows of the KV pool when known (>0): slots are then range-checked against it
   // and the error names the node and token. 0: only checked for sign and width.

@@ -84,7 +84,7 @@ void PlanFlags::add_to(CLI::App& sub) {
       ->check(CLI::IsMember(strategy_names()))
       ->capture_default_str();
   sub.add_option("--block-tokens", block_tokens, kBlockTokensHelp)
-      ->check(CLI::Range(1, 65536))
+      ->check(block_tokens_validator())
       ->capture_default_str();
   sub.add_option("--query-tile", query_tile, "Max queries per work item (bits of a segment mask)")
       ->check(CLI::Range(1, 64))
@@ -92,20 +92,52 @@ void PlanFlags::add_to(CLI::App& sub) {
   sub.add_option("--cost", cost, kCostHelp);
 }
 
+std::int32_t parse_block_tokens(const std::string& text) {
+  if (text == "auto") return kAutoBlockTokens;
+  std::size_t used = 0;
+  long value = 0;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value < 1 || value > kMaxBlockTokens) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("block tokens '{}' is neither a count in [1, {}] nor auto", text, kMaxBlockTokens));
+  }
+  return std::int32_t(value);
+}
+
+CLI::Validator block_tokens_validator() {
+  return CLI::Validator(
+      [](std::string& text) {
+        try {
+          (void)parse_block_tokens(text);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      },
+      "N|auto");
+}
+
 const char* const kBlockTokensHelp =
-    "Max KV tokens per block (work item); greedy: the size small groups are packed up to, its long groups are cut "
-    "by the cost model";
+    "Max KV tokens per block (work item), or auto: the backend's cost model plans each tree at every power of two "
+    "from its auto_block_min to auto_block_max (256 to 1024 on the H100) and keeps the plan it predicts fastest "
+    "(long shared prompts get long blocks, small trees short ones); greedy: the size small groups are packed up to, "
+    "its long groups are cut by the cost model";
 
 const char* const kCostHelp =
     "Cost-model coefficients KEY=VALUE,... over the H100 defaults: pass_ns, tile_ns_large, tile_ns_small "
     "(a pass, a 64-token KV tile in a 64-row or 16-row pass), partial_ns (a partial row), slots (CTAs in flight), "
     "solo_speedup (a pass alone on an SM against its share of a full one), switch_gain (greedy keeps flatten's "
-    "layout unless its own is predicted this many times faster), min_split_tokens. They choose each item's tile rows and the greedy strategy's groups";
+    "layout unless its own is predicted this many times faster), min_split_tokens, auto_block_min and "
+    "auto_block_max (the range --block-tokens auto tries). They choose each item's tile rows and the greedy strategy's groups";
 
 PlanOptions PlanFlags::options(std::int64_t kv_slots, const CostModel& base) const {
   PlanOptions o;
   o.strategy = parse_strategy(strategy);
-  o.block_tokens = block_tokens;
+  o.block_tokens = parse_block_tokens(block_tokens);
   o.query_tile = query_tile;
   o.kv_slots = kv_slots;
   o.cost = base;

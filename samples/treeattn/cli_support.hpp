@@ -39,7 +39,7 @@ std::vector<std::string> model_names();
 // --strategy, --block-tokens and --query-tile, shared by the commands that plan.
 struct PlanFlags {
   std::string strategy = "flatten";
-  int block_tokens = 256;
+  std::string block_tokens = "auto";  // a count or "auto" (parse_block_tokens)
   int query_tile = kMaxQueryTile;
   std::string cost;  // cost-model coefficients, KEY=VALUE,...
 
@@ -55,6 +55,11 @@ struct BackendFlags {
 
   void add_to(CLI::App& sub);
 };
+
+// --block-tokens: a count in [1, 65536], or "auto" (kAutoBlockTokens); throws
+// InvalidArgument naming the text. The validator is the same check for CLI11.
+std::int32_t parse_block_tokens(const std::string& text);
+CLI::Validator block_tokens_validator();
 
 // The help texts of --block-tokens and --cost (plan, run, demo, bench).
 extern const char* const kBlockTokensHelp;

@@ -26,7 +26,7 @@ struct BenchOptions {
   std::vector<std::string> heads;  // extra head shapes HQ/HKV/D, beside the models
   std::vector<std::string> strategies = {"flatten", "sequence"};
   std::vector<std::string> backends = {"auto"};
-  int block_tokens = 256;
+  std::vector<std::string> block_tokens = {"auto"};  // each a count or "auto"
   std::vector<std::string> costs = {""};  // cost-model variants, each KEY=VALUE,...
   int repeat = 20;
   int run_repeat = 3;
@@ -94,15 +94,16 @@ void run_bench(const BenchOptions& o) {
   }
 
   nlohmann::json rows = nlohmann::json::array();
-  fmt::print("{:<34} {:<16} {:<10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload", "model",
-             "strategy", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
-  // Cost models: the first timed backend's device model, adjusted by each --cost.
-  std::vector<CostModel> models;
-  for (const std::string& assignments : o.costs) {
-    models.push_back(backends.empty() ? cost_model_for("h100") : backends.front().backend->cost_model());
-    models.back().set(assignments);
-  }
-  const std::size_t total = trees.size() * o.strategies.size() * models.size();
+  fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload",
+             "model", "strategy", "block", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
+  // Each backend plans with its own device model, adjusted by each --cost
+  // (checked here, before any work); planning alone uses the H100's.
+  for (const std::string& assignments : o.costs) cost_model_for("h100").set(assignments);
+  std::vector<Timed*> planners;  // null: plan only (--backend none)
+  for (Timed& timed : backends) planners.push_back(&timed);
+  if (planners.empty()) planners.push_back(nullptr);
+  const std::size_t total =
+      trees.size() * o.strategies.size() * o.block_tokens.size() * o.costs.size() * planners.size();
   std::size_t done = 0;
   for (std::size_t w = 0; w < trees.size(); ++w) {
     const Tree& tree = trees[w].tree;
@@ -116,12 +117,16 @@ void run_bench(const BenchOptions& o) {
       v = random_array(DType::f16, {slots, h.heads_kv, h.head_dim}, 3);
       out = HostArray(DType::f16, {nq, h.heads_q, h.head_dim});
     }
-    for (const std::string& strategy : o.strategies) for (const CostModel& cost : models) {
-      fmt::print(stderr, "[{}/{}] {} {} {}{}\n", ++done, total, trees[w].name, jobs[w].model.name, strategy,
-                 models.size() > 1 ? " " + cost.to_string() : "");
+    for (const std::string& strategy : o.strategies) for (const std::string& block_tokens : o.block_tokens)
+    for (const std::string& assignments : o.costs) for (Timed* timed : planners) {
+      CostModel cost = timed != nullptr ? timed->backend->cost_model() : cost_model_for("h100");
+      cost.set(assignments);
+      const std::string backend_name = timed != nullptr ? timed->backend->name() : "none";
+      fmt::print(stderr, "[{}/{}] {} {} {} block tokens {} {}{}\n", ++done, total, trees[w].name, jobs[w].model.name,
+                 strategy, block_tokens, backend_name, o.costs.size() > 1 ? " " + cost.to_string() : "");
       PlanOptions options;
       options.strategy = parse_strategy(strategy);
-      options.block_tokens = o.block_tokens;
+      options.block_tokens = parse_block_tokens(block_tokens);
       options.cost = cost;
       Plan plan;
       const Timing plan_time = time_it(o.repeat, [&] { plan = treeattn::plan(tree, options); });
@@ -129,7 +134,8 @@ void run_bench(const BenchOptions& o) {
       const CostEstimate est = estimate_cost(plan, cost);
       const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
       nlohmann::json row = {{"workload", trees[w].name},       {"model", jobs[w].model.name},
-                            {"strategy", strategy},            {"heads_q", h.heads_q},
+                            {"strategy", strategy},            {"block_tokens_option", block_tokens},
+                            {"block_tokens", plan.block_tokens}, {"heads_q", h.heads_q},
                             {"heads_kv", h.heads_kv},          {"head_dim", h.head_dim},
                             {"nodes", tree.node_count()},      {"queries", tree.query_count()},
                             {"tokens", st.tokens},             {"items", st.items},
@@ -142,40 +148,42 @@ void run_bench(const BenchOptions& o) {
                             {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
                             {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},
                             {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us}};
-      auto print_row = [&](const std::string& backend_name, const std::string& run_cell, const std::string& gbps_cell,
-                           const std::string& roof_cell) {
-        fmt::print("{:<34} {:<16} {:<10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>10} {:>9} {:>7}\n", trees[w].name,
-                   jobs[w].model.name, strategy, backend_name, tree.query_count(), st.tokens, double(unique) / 1e6,
-                   double(sequence) / double(unique), plan_time.median_us, run_cell, gbps_cell, roof_cell);
+      // The block size the plan runs, and that auto chose it; greedy's is its longest block.
+      const std::string block_cell = options.block_tokens == kAutoBlockTokens
+                                         ? fmt::format("auto:{}", plan.block_tokens)
+                                         : std::to_string(plan.block_tokens);
+      auto print_row = [&](const std::string& run_cell, const std::string& gbps_cell, const std::string& roof_cell) {
+        fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>10} {:>9} {:>7}\n",
+                   trees[w].name, jobs[w].model.name, strategy, block_cell, backend_name, tree.query_count(), st.tokens,
+                   double(unique) / 1e6, double(sequence) / double(unique), plan_time.median_us, run_cell, gbps_cell,
+                   roof_cell);
         std::fflush(stdout);
       };
-      if (backends.empty()) {
-        print_row("none", "-", "-", "-");
+      if (timed == nullptr) {
+        print_row("-", "-", "-");
         rows.push_back(row);
+        continue;
       }
-      for (Timed& timed : backends) {
-        Backend& backend = *timed.backend;
-        std::vector<double> us =
-            backend.time_layers(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}}, o.layers, o.run_repeat);
-        std::sort(us.begin(), us.end());
-        const Timing run_time{us.front(), us[us.size() / 2]};
-        const double per_layer = run_time.median_us / o.layers;
-        const double gbps = double(unique) / (per_layer * 1e3);
-        nlohmann::json timed_row = row;
-        timed_row["backend"] = backend.name();
-        timed_row["layers"] = o.layers;
-        timed_row["run_median_us"] = per_layer;
-        timed_row["run_min_us"] = run_time.min_us / o.layers;
-        timed_row["effective_gbps"] = gbps;
-        std::string roof_cell = "-";
-        if (timed.peak_gbps > 0.0) {
-          timed_row["peak_gbps"] = timed.peak_gbps;
-          timed_row["roofline_fraction"] = gbps / timed.peak_gbps;
-          roof_cell = fmt::format("{:.1f}%", 100.0 * gbps / timed.peak_gbps);
-        }
-        print_row(backend.name(), fmt::format("{:.0f}", per_layer), fmt::format("{:.2f}", gbps), roof_cell);
-        rows.push_back(std::move(timed_row));
+      Backend& backend = *timed->backend;
+      std::vector<double> us =
+          backend.time_layers(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}}, o.layers, o.run_repeat);
+      std::sort(us.begin(), us.end());
+      const Timing run_time{us.front(), us[us.size() / 2]};
+      const double per_layer = run_time.median_us / o.layers;
+      const double gbps = double(unique) / (per_layer * 1e3);
+      row["backend"] = backend.name();
+      row["layers"] = o.layers;
+      row["run_median_us"] = per_layer;
+      row["run_min_us"] = run_time.min_us / o.layers;
+      row["effective_gbps"] = gbps;
+      std::string roof_cell = "-";
+      if (timed->peak_gbps > 0.0) {
+        row["peak_gbps"] = timed->peak_gbps;
+        row["roofline_fraction"] = gbps / timed->peak_gbps;
+        roof_cell = fmt::format("{:.1f}%", 100.0 * gbps / timed->peak_gbps);
       }
+      print_row(fmt::format("{:.0f}", per_layer), fmt::format("{:.2f}", gbps), roof_cell);
+      rows.push_back(std::move(row));
     }
   }
   if (!o.json.empty()) {
@@ -216,7 +224,11 @@ Command add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
       ->capture_default_str();
-  sub->add_option("--block-tokens", o->block_tokens, kBlockTokensHelp)->check(CLI::Range(1, 65536))->capture_default_str();
+  sub->add_option("--block-tokens", o->block_tokens,
+                  std::string(kBlockTokensHelp) + ". Comma-separated to sweep: every strategy runs once per value")
+      ->delimiter(',')
+      ->check(block_tokens_validator())
+      ->capture_default_str();
   sub->add_option("--cost", o->costs,
                   std::string(kCostHelp) + ". Give --cost several times to sweep: every strategy runs once per model");
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();

@@ -130,7 +130,10 @@ TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") 
                  "missing.npy: cannot open");
   expect_failure("run --tree " + kExample + inputs, "--out is required");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --strategy deft", "--strategy");
-  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --block-tokens 0", "--block-tokens");
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --block-tokens 0",
+                 "block tokens '0' is neither a count in [1, 65536] nor auto");
+  expect_failure("run --tree " + kExample + inputs + " --out " + out + " --block-tokens fast",
+                 "block tokens 'fast' is neither a count in [1, 65536] nor auto");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --strategy greedy --cost tile_ns=3",
                  "unknown coefficient 'tile_ns'");
 #ifdef TREEATTN_TEST_HAVE_VULKAN
@@ -211,6 +214,22 @@ TEST_CASE("bench sweeps cost models: one row per strategy and model, with the mo
   CHECK(rows[3]["partials"] == 0);
   CHECK(rows[2]["partials"].get<int>() > 0);
   for (const auto& row : rows) CHECK(row["model_us"].get<double>() > 0.0);
+}
+
+TEST_CASE("bench sweeps block sizes: one row per value, auto naming the size it chose") {
+  TempDir dir;
+  const Result r = cli("bench --workload fewshot --branches 50 --prompt 4000 --generated 200 --strategy flatten "
+                       "--block-tokens 256,auto --backend none --repeat 1 --json " + (dir / "blocks.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  const nlohmann::json rows = read_json(dir / "blocks.json");
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["block_tokens_option"] == "256");
+  CHECK(rows[0]["block_tokens"] == 256);
+  CHECK(rows[1]["block_tokens_option"] == "auto");
+  const int chosen = rows[1]["block_tokens"].get<int>();
+  CHECK(chosen > 256);  // a long prompt under 50 branches: longer blocks, fewer partials
+  CHECK(rows[1]["model_us"].get<double>() < rows[0]["model_us"].get<double>());
+  CHECK(r.output.find("auto:" + std::to_string(chosen)) != std::string::npos);
 }
 
 TEST_CASE("bench covers the paper workloads and model shapes") {

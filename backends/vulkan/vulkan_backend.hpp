@@ -40,6 +40,8 @@ class VulkanBackend final : public Backend {
   void run(const Plan& plan, const AttentionArgs& args) override;
   std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
   // peak_gbps() stays unknown (0): Vulkan does not report the memory clock.
+  // The H100 model with one block size for --block-tokens auto (see the .cpp).
+  CostModel cost_model() const override;
 
 
  private:

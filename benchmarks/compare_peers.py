@@ -2,7 +2,7 @@
 """Compares a `treeattn bench --workload levels --json` run with the peer timings
 of ../shared/anchors/peers_h100.csv (same tree shapes and head configurations).
 
-usage: benchmarks/compare_peers.py BENCH.json [PEERS.csv] [--strategy flatten]
+usage: benchmarks/compare_peers.py BENCH.json [PEERS.csv] [--strategy flatten] [--block-tokens auto]
 Prints one Markdown row per configuration and the geometric-mean speedup over
 the best peer."""
 import argparse
@@ -16,6 +16,7 @@ parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.R
 parser.add_argument("bench")
 parser.add_argument("peers", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "anchors", "peers_h100.csv"))
 parser.add_argument("--strategy", default="flatten")
+parser.add_argument("--block-tokens", help="only the rows of this --block-tokens value (a bench sweep has several)")
 args = parser.parse_args()
 
 best = {}
@@ -30,6 +31,8 @@ print("| shape (nodes/context per level) | heads | best peer µs | treeattn µs 
 print("|---|---|---|---|---|")
 for row in json.load(open(args.bench)):
     if row["strategy"] != args.strategy or "run_median_us" not in row:
+        continue
+    if args.block_tokens is not None and row.get("block_tokens_option") != args.block_tokens:
         continue
     levels = re.findall(r"(\d+)x(\d+)", row["workload"])
     key = ("/".join(n for n, _ in levels), "/".join(c for _, c in levels), row["heads_q"], row["heads_kv"])

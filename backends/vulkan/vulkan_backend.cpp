@@ -330,8 +330,9 @@ CostModel VulkanBackend::cost_model() const {
   CostModel model = cost_model_for("h100");
   // The model was fitted to the CUDA kernels. Its longer blocks ran here at
   // 0.82x on few-shot b=50 and 1.28x on speculative t=256 (H100, 1.01x over the
-  // DESIGN trees): it does not know these shaders, so auto keeps one size
-  // until a model is fitted to them.
+  // DESIGN trees), and a refit to these shaders picked no better (1.01x, worst
+  // 0.83x): the best size per tree is only 1.03-1.05x over 256 here (README,
+  // "Block size" under Vulkan), so auto keeps 256.
   model.auto_block_max = model.auto_block_min;
   return model;
 }

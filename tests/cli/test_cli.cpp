@@ -63,6 +63,19 @@ nlohmann::json read_json(const std::string& path) {
 
 const std::string kExample = std::string(TREEATTN_EXAMPLES) + "/fewshot.json";
 
+// Runs `bench ARGS --json FILE`, requires success, returns the run and its rows.
+struct BenchRun {
+  Result result;
+  nlohmann::json rows;
+};
+BenchRun bench(const std::string& args) {
+  TempDir dir;
+  const std::string json = dir / "bench.json";
+  Result r = cli("bench " + args + " --json " + json);
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  return {std::move(r), read_json(json)};
+}
+
 }  // namespace
 
 TEST_CASE("run writes the library's O and LSE for the example tree") {
@@ -185,11 +198,8 @@ TEST_CASE("help teaches the commands and exits 0") {
 }
 
 TEST_CASE("bench writes JSON rows per strategy") {
-  TempDir dir;
-  const Result r = cli("bench --workload random --nodes 300 --queries 50 --trees 3 --max-tokens 16 --strategy flatten,sequence "
-                       "--repeat 3 --backend cpu --json " + (dir / "bench.json"));
-  REQUIRE_MESSAGE(r.status == 0, r.output);
-  const nlohmann::json rows = read_json(dir / "bench.json");
+  const nlohmann::json rows = bench("--workload random --nodes 300 --queries 50 --trees 3 --max-tokens 16 --strategy flatten,sequence "
+                       "--repeat 3 --backend cpu").rows;
   REQUIRE(rows.size() == 2);
   CHECK(rows[0]["strategy"] == "flatten");
   CHECK(rows[0]["kv_io_reduction"].get<double>() > 1.0);
@@ -201,11 +211,8 @@ TEST_CASE("bench writes JSON rows per strategy") {
 }
 
 TEST_CASE("bench sweeps cost models: one row per strategy and model, with the model's counts") {
-  TempDir dir;
-  const Result r = cli("bench --workload levels --levels 1,4,16:64,32,16 --strategy flatten,greedy --backend none "
-                       "--repeat 1 --cost switch_gain=0 --cost switch_gain=0,partial_ns=1e6 --json " + (dir / "sweep.json"));
-  REQUIRE_MESSAGE(r.status == 0, r.output);
-  const nlohmann::json rows = read_json(dir / "sweep.json");
+  const nlohmann::json rows = bench("--workload levels --levels 1,4,16:64,32,16 --strategy flatten,greedy --backend none "
+                       "--repeat 1 --cost switch_gain=0 --cost switch_gain=0,partial_ns=1e6").rows;
   REQUIRE(rows.size() == 4);
   CHECK(rows[2]["strategy"] == "greedy");
   CHECK(rows[2]["cost_model"].get<std::string>().find("switch_gain=0,") != std::string::npos);
@@ -217,11 +224,8 @@ TEST_CASE("bench sweeps cost models: one row per strategy and model, with the mo
 }
 
 TEST_CASE("bench sweeps block sizes: one row per value, auto naming the size it chose") {
-  TempDir dir;
-  const Result r = cli("bench --workload fewshot --branches 50 --prompt 4000 --generated 200 --strategy flatten "
-                       "--block-tokens 256,auto --backend none --repeat 1 --json " + (dir / "blocks.json"));
-  REQUIRE_MESSAGE(r.status == 0, r.output);
-  const nlohmann::json rows = read_json(dir / "blocks.json");
+  const auto [r, rows] = bench("--workload fewshot --branches 50 --prompt 4000 --generated 200 --strategy flatten "
+                       "--block-tokens 256,auto --backend none --repeat 1");
   REQUIRE(rows.size() == 2);
   CHECK(rows[0]["block_tokens_option"] == "256");
   CHECK(rows[0]["block_tokens"] == 256);
@@ -233,12 +237,9 @@ TEST_CASE("bench sweeps block sizes: one row per value, auto naming the size it 
 }
 
 TEST_CASE("bench covers the paper workloads and model shapes") {
-  TempDir dir;
-  const Result r = cli("bench --workload fewshot,speculative,reasoning,levels --branches 20 --tree-size 32 "
+  const nlohmann::json rows = bench("--workload fewshot,speculative,reasoning,levels --branches 20 --tree-size 32 "
                        "--reasoning keywordToT --levels 1,4,16:64,32,16 --model llama3-8b,codellama-34b "
-                       "--strategy flatten --backend none --repeat 2 --json " + (dir / "bench.json"));
-  REQUIRE_MESSAGE(r.status == 0, r.output);
-  const nlohmann::json rows = read_json(dir / "bench.json");
+                       "--strategy flatten --backend none --repeat 2").rows;
   REQUIRE(rows.size() == 8);  // 4 workloads x 2 models
   CHECK(rows[0]["workload"] == "fewshot b=20");
   CHECK(rows[0]["tokens"] == 4000 + 20 * 400);
@@ -249,11 +250,8 @@ TEST_CASE("bench covers the paper workloads and model shapes") {
 }
 
 TEST_CASE("bench snapshots a reasoning tree at any iteration") {
-  TempDir dir;
-  const Result r = cli("bench --workload reasoning --reasoning keywordToT --reasoning-step 300 --backend none "
-                       "--strategy flatten --repeat 1 --json " + (dir / "bench.json"));
-  REQUIRE_MESSAGE(r.status == 0, r.output);
-  const nlohmann::json rows = read_json(dir / "bench.json");
+  const nlohmann::json rows = bench("--workload reasoning --reasoning keywordToT --reasoning-step 300 --backend none "
+                       "--strategy flatten --repeat 1").rows;
   REQUIRE(rows.size() == 1);
   CHECK(rows[0]["workload"] == "reasoning keywordToT @300");
   CHECK(rows[0]["tokens"] == 1907);  // the live tree at iteration 300, computed from the JSON independently

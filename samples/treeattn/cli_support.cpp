@@ -122,8 +122,8 @@ CLI::Validator block_tokens_validator() {
 }
 
 const char* const kBlockTokensHelp =
-    "Max KV tokens per block (work item), or auto: the backend's cost model plans each tree at every power of two "
-    "from its auto_block_min to auto_block_max (256 to 1024 on the H100) and keeps the plan it predicts fastest "
+    "Max KV tokens per block (work item), or auto: the backend's cost model plans each tree at its auto_block_min, "
+    "twice that, and so on up to auto_block_max (256, 512, 1024 for CUDA) and keeps the plan it predicts fastest "
     "(long shared prompts get long blocks, small trees short ones); greedy: the size small groups are packed up to, "
     "its long groups are cut by the cost model";
 

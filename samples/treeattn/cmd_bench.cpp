@@ -94,14 +94,21 @@ void run_bench(const BenchOptions& o) {
   }
 
   nlohmann::json rows = nlohmann::json::array();
-  fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload",
-             "model", "strategy", "block", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
   // Each backend plans with its own device model, adjusted by each --cost
-  // (checked here, before any work); planning alone uses the H100's.
-  for (const std::string& assignments : o.costs) cost_model_for("h100").set(assignments);
+  // (all checked here, before any work); planning alone uses the H100's.
   std::vector<Timed*> planners;  // null: plan only (--backend none)
   for (Timed& timed : backends) planners.push_back(&timed);
   if (planners.empty()) planners.push_back(nullptr);
+  auto cost_model = [](const Timed* timed, const std::string& assignments) {
+    CostModel model = timed != nullptr ? timed->backend->cost_model() : cost_model_for("h100");
+    model.set(assignments);
+    return model;
+  };
+  for (const Timed* timed : planners) {
+    for (const std::string& assignments : o.costs) (void)cost_model(timed, assignments);
+  }
+  fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload",
+             "model", "strategy", "block", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
   const std::size_t total =
       trees.size() * o.strategies.size() * o.block_tokens.size() * o.costs.size() * planners.size();
   std::size_t done = 0;
@@ -119,8 +126,7 @@ void run_bench(const BenchOptions& o) {
     }
     for (const std::string& strategy : o.strategies) for (const std::string& block_tokens : o.block_tokens)
     for (const std::string& assignments : o.costs) for (Timed* timed : planners) {
-      CostModel cost = timed != nullptr ? timed->backend->cost_model() : cost_model_for("h100");
-      cost.set(assignments);
+      const CostModel cost = cost_model(timed, assignments);
       const std::string backend_name = timed != nullptr ? timed->backend->name() : "none";
       fmt::print(stderr, "[{}/{}] {} {} {} block tokens {} {}{}\n", ++done, total, trees[w].name, jobs[w].model.name,
                  strategy, block_tokens, backend_name, o.costs.size() > 1 ? " " + cost.to_string() : "");

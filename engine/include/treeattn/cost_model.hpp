@@ -36,9 +36,9 @@ struct CostModel {
   // it); 1.25 planned better than 2 or the 3 fitted on blocks of <= 4 tiles.
   double solo_speedup = 1.25;
   std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this
-  // PlanOptions::block_tokens = kAutoBlockTokens plans the tree at every power
-  // of two from auto_block_min to auto_block_max and keeps the plan this model
-  // predicts fastest. Measured on the H100 (README, "Block size"): adding 128
+  // PlanOptions::block_tokens = kAutoBlockTokens plans the tree at
+  // auto_block_min, twice that, and so on up to auto_block_max, and keeps the
+  // plan this model predicts fastest. Measured on the H100 (README, "Block size"): adding 128
   // gained 1 % on the peer shapes and lost up to 0.92x on the DESIGN trees.
   std::int32_t auto_block_min = 256;
   std::int32_t auto_block_max = 1024;

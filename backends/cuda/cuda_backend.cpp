@@ -67,12 +67,16 @@ CudaBackend::CudaBackend(const BackendOptions&) {
   peak_gbps_ = device_peak_gbps(0);
   int sms = 0;
   TREEATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  sms_ = double(sms);
   slots_ = double(sms) * double(stage1_ctas_per_sm(128));
 }
 
 CostModel CudaBackend::cost_model() const {
   CostModel model = cost_model_for("h100");  // fitted on the H100 (README); other GPUs scale by their slots
-  if (slots_ > 0.0) model.slots = slots_;
+  if (slots_ > 0.0) {
+    model.slots = slots_;
+    model.sms = sms_;
+  }
   return model;
 }
 

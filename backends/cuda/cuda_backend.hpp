@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream_ = nullptr;
   double peak_gbps_ = 0.0;
+  double sms_ = 0.0;    // the device's SMs
   double slots_ = 0.0;  // stage-1 CTAs in flight (head_dim 128): SMs x CTAs per SM
   DevicePlan plan_;
   DeviceBuffer q_, k_, v_, o_, lse_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -33,7 +35,8 @@ struct Coefficient {
 constexpr Coefficient kCoefficients[] = {
     {"pass_ns", &CostModel::pass_ns},       {"tile_ns_large", &CostModel::tile_ns_large},
     {"tile_ns_small", &CostModel::tile_ns_small}, {"partial_ns", &CostModel::partial_ns},
-    {"slots", &CostModel::slots},           {"solo_speedup", &CostModel::solo_speedup},
+    {"slots", &CostModel::slots},           {"sms", &CostModel::sms},
+    {"solo_speedup", &CostModel::solo_speedup},
     {"switch_gain", &CostModel::switch_gain},
 };
 
@@ -85,10 +88,11 @@ void CostModel::set(const std::string& assignments) {
     if (c == std::end(kCoefficients)) {
       fail(ErrorCategory::InvalidArgument,
            "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
-           "solo_speedup, switch_gain, min_split_tokens, auto_block_min or auto_block_max)",
+           "sms, solo_speedup, switch_gain, min_split_tokens, auto_block_min or auto_block_max)",
            key);
     }
-    if ((c->field == &CostModel::slots || c->field == &CostModel::solo_speedup) && value <= 0) {
+    if ((c->field == &CostModel::slots || c->field == &CostModel::sms || c->field == &CostModel::solo_speedup) &&
+        value <= 0) {
       fail(ErrorCategory::InvalidArgument, "cost model: {} must be positive", key);
     }
     this->*(c->field) = value;
@@ -109,6 +113,20 @@ std::string CostModel::to_string() const {
 
 CostModel cost_model_for(const std::string&) {
   return CostModel{};  // the member defaults are the H100's, the one device measured so far
+}
+
+std::vector<std::int32_t> auto_block_candidates(const CostModel& model) {
+  std::vector<std::int32_t> sizes;
+  for (int step = 0;; ++step) {
+    const double exact = double(model.auto_block_min) * std::exp2(step / 4.0);
+    std::int32_t size = exact < kKvTileTokens ? std::int32_t(std::lround(exact))
+                                              : std::int32_t(std::lround(exact / kKvTileTokens)) * kKvTileTokens;
+    if (step == 0) size = model.auto_block_min;
+    if (size >= model.auto_block_max || exact >= model.auto_block_max) break;
+    if (sizes.empty() || size > sizes.back()) sizes.push_back(size);
+  }
+  sizes.push_back(model.auto_block_max);
+  return sizes;
 }
 
 TileChoice choose_tile(const CostModel& model, std::int64_t rows, std::int64_t block_tokens) {
@@ -162,6 +180,7 @@ bool prefer_concatenation(const CostModel& model, const EdgeShape& e, std::int32
 CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
   CostEstimate e;
   const std::int64_t group = plan.heads.group_size(), heads_kv = plan.heads.heads_kv;
+  std::vector<double> cta_ns;  // launch order: item-major, an item's passes in row order, each over the KV heads
   for (std::int32_t i = 0; i < plan.num_items(); ++i) {
     const std::int64_t rows =
         std::int64_t(plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)]) * group;
@@ -171,8 +190,11 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
     e.large_passes += split.large * heads_kv;
     e.small_tiles += split.small * tiles * heads_kv;
     e.large_tiles += split.large * tiles * heads_kv;
-    const double tile_ns = split.large > 0 ? model.tile_ns_large : model.tile_ns_small;
-    const double pass_ns = model.pass_ns + double(tiles) * tile_ns;
+    const double large_ns = model.pass_ns + double(tiles) * model.tile_ns_large;
+    const double small_ns = model.pass_ns + double(tiles) * model.tile_ns_small;
+    cta_ns.insert(cta_ns.end(), std::size_t(split.large * heads_kv), large_ns);
+    cta_ns.insert(cta_ns.end(), std::size_t(split.small * heads_kv), small_ns);
+    const double pass_ns = split.large > 0 ? large_ns : small_ns;
     if (pass_ns > e.max_pass_ns) {
       e.max_pass_ns = pass_ns;
       e.longest_pass_tiles = tiles;
@@ -180,15 +202,65 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
     }
   }
   e.partial_rows = std::int64_t(plan.num_partials) * plan.heads.heads_q;
-  const double work_ns = double(e.large_passes + e.small_passes) * model.pass_ns +
-                         double(e.large_tiles) * model.tile_ns_large + double(e.small_tiles) * model.tile_ns_small +
-                         double(e.partial_rows) * model.partial_ns;
-  e.time_us = step_time_us(model, work_ns, e.max_pass_ns);
+  e.time_us = (simulate_step_ns(model, cta_ns) + double(e.partial_rows) * model.partial_ns / model.slots) / 1000.0;
   return e;
 }
 
 double step_time_us(const CostModel& model, double work_ns, double max_pass_ns) {
   return std::max(work_ns / model.slots, max_pass_ns / model.solo_speedup) / 1000.0;
+}
+
+double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_ns) {
+  if (cta_ns.empty()) return 0.0;
+  const double sms_model = std::max(1.0, std::round(model.sms));
+  const std::size_t per_sm = std::size_t(std::max(1.0, std::round(model.slots / sms_model)));
+  const std::size_t sms = std::size_t(std::min(sms_model, double(cta_ns.size())));  // the busy ones
+  auto pace = [&](std::size_t resident) {
+    if (per_sm == 1) return model.solo_speedup;
+    return 1.0 + (model.solo_speedup - 1.0) * double(per_sm - resident) / double(per_sm - 1);
+  };
+  // SM s: `count[s]` resident CTAs whose remaining work (at full-SM pace) is
+  // left[s * stride ...], brought up to date at clock[s]. No SM ever holds
+  // more than its share of the CTAs, however many slots the model gives it.
+  const std::size_t stride = std::min(per_sm, (cta_ns.size() + sms - 1) / sms);
+  std::vector<double> left(sms * stride), clock(sms, 0.0);
+  std::vector<std::size_t> count(sms, 0);
+  std::size_t next = 0;
+  for (std::size_t round = 0; round < stride && next < cta_ns.size(); ++round) {
+    for (std::size_t s = 0; s < sms && next < cta_ns.size(); ++s) left[s * stride + count[s]++] = cta_ns[next++];
+  }
+  // Each SM with residents has one pending event: its next CTA to finish.
+  using Event = std::pair<double, std::size_t>;
+  std::vector<Event> heap;
+  heap.reserve(sms);
+  auto first_to_finish = [&](std::size_t s) {
+    double* w = left.data() + s * stride;
+    return std::size_t(std::min_element(w, w + count[s]) - w);
+  };
+  auto schedule = [&](std::size_t s) {
+    if (count[s] == 0) return;
+    heap.push_back({clock[s] + left[s * stride + first_to_finish(s)] / pace(count[s]), s});
+    std::push_heap(heap.begin(), heap.end(), std::greater<Event>());
+  };
+  for (std::size_t s = 0; s < sms; ++s) schedule(s);
+  double end = 0.0;
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<Event>());
+    const auto [time, s] = heap.back();
+    heap.pop_back();
+    double* w = left.data() + s * stride;
+    const std::size_t first = first_to_finish(s);
+    const double done = w[first];  // the work every resident did until `time`
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < count[s]; ++i) {
+      if (i != first && w[i] - done > 0.0) w[kept++] = w[i] - done;
+    }
+    count[s] = kept;
+    clock[s] = end = time;
+    while (count[s] < stride && next < cta_ns.size()) w[count[s]++] = cta_ns[next++];
+    schedule(s);
+  }
+  return end;
 }
 
 }  // namespace treeattn

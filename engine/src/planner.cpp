@@ -178,15 +178,14 @@ Plan plan_block_size(const Tree& tree, const Topology& topo, Visibility vis, con
 // kAutoBlockTokens: the plan at each candidate block size, the one the model
 // predicts fastest kept (on a tie the shorter blocks: more CTAs for the same
 // predicted time). Every candidate is a complete plan, so the choice sees
-// everything the block size changes: passes, tiles, partials and the
-// longest pass.
+// everything the block size changes: passes, tiles, partials and how the
+// CTAs fill the SMs.
 Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options) {
   std::optional<Plan> best;
   double best_us = 0.0;
-  for (std::int64_t block_tokens = options.cost.auto_block_min; block_tokens <= options.cost.auto_block_max;
-       block_tokens *= 2) {
+  for (std::int32_t block_tokens : auto_block_candidates(options.cost)) {
     PlanOptions fixed = options;
-    fixed.block_tokens = std::int32_t(block_tokens);
+    fixed.block_tokens = block_tokens;
     Plan candidate = plan_block_size(tree, topo, vis, fixed);
     const double us = estimate_cost(candidate, options.cost).time_us;
     if (!best || us < best_us) {

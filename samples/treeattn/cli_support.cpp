@@ -122,14 +122,15 @@ CLI::Validator block_tokens_validator() {
 }
 
 const char* const kBlockTokensHelp =
-    "Max KV tokens per block (work item), or auto: the backend's cost model plans each tree at its auto_block_min, "
-    "twice that, and so on up to auto_block_max (256, 512, 1024 for CUDA) and keeps the plan it predicts fastest "
-    "(long shared prompts get long blocks, small trees short ones); greedy: the size small groups are packed up to, "
-    "its long groups are cut by the cost model";
+    "Max KV tokens per block (work item), or auto: the backend's cost model plans each tree at sizes from its "
+    "auto_block_min up to auto_block_max in quarter octaves (256, 320, 384, ... 2048 for CUDA), places each plan's "
+    "CTAs on the SMs, and keeps the plan it predicts fastest (long shared prompts get long blocks, small trees short "
+    "ones, and a tree whose CTAs nearly fill the SMs a size that fills them evenly); greedy: the size small groups "
+    "are packed up to, its long groups are cut by the cost model";
 
 const char* const kCostHelp =
     "Cost-model coefficients KEY=VALUE,... over the H100 defaults: pass_ns, tile_ns_large, tile_ns_small "
-    "(a pass, a 64-token KV tile in a 64-row or 16-row pass), partial_ns (a partial row), slots (CTAs in flight), "
+    "(a pass, a 64-token KV tile in a 64-row or 16-row pass), partial_ns (a partial row), slots (CTAs in flight), sms (the SMs they are spread over), "
     "solo_speedup (a pass alone on an SM against its share of a full one), switch_gain (greedy keeps flatten's "
     "layout unless its own is predicted this many times faster), min_split_tokens, auto_block_min and "
     "auto_block_max (the range --block-tokens auto tries). They choose each item's tile rows and the greedy strategy's groups";

@@ -147,8 +147,8 @@ TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") 
                  "block tokens '0' is neither a count in [1, 65536] nor auto");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --block-tokens fast",
                  "block tokens 'fast' is neither a count in [1, 65536] nor auto");
-  expect_failure("bench --backend none --workload fewshot --branches 2 --cost auto_block_min=2048",
-                 "auto_block_min = 2048 is above auto_block_max = 1024");
+  expect_failure("bench --backend none --workload fewshot --branches 2 --cost auto_block_min=4096",
+                 "auto_block_min = 4096 is above auto_block_max = 2048");
   expect_failure("run --tree " + kExample + inputs + " --out " + out + " --strategy greedy --cost tile_ns=3",
                  "unknown coefficient 'tile_ns'");
 #ifdef TREEATTN_TEST_HAVE_VULKAN

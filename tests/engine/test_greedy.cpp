@@ -178,6 +178,38 @@ TEST_CASE("cost-model coefficients: set, print, and precise errors") {
   CHECK_THROWS_WITH_AS(m.set("pass=1"), doctest::Contains("unknown coefficient 'pass'"), Error);
   CHECK_THROWS_WITH_AS(m.set("partial_ns=-1"), doctest::Contains("partial_ns = '-1'"), Error);
   CHECK_THROWS_WITH_AS(m.set("slots=0"), doctest::Contains("slots must be positive"), Error);
+  CHECK_THROWS_WITH_AS(m.set("sms=0"), doctest::Contains("sms must be positive"), Error);
   CHECK_THROWS_WITH_AS(m.set("tile_ns_large"), doctest::Contains("not KEY=VALUE"), Error);
   CHECK_THROWS_WITH_AS(m.set("min_split_tokens=0.5"), doctest::Contains("is not an integer in [1, 65536]"), Error);
+}
+
+TEST_CASE("the step time places CTAs on the SMs in launch order, as the hardware does") {
+  CostModel m;
+  m.set("sms=4,slots=12,solo_speedup=2");  // three CTAs an SM; alone 2x, two 1.5x, three 1x their full-SM pace
+  auto step = [&](std::vector<double> ctas) { return simulate_step_ns(m, ctas); };
+  CHECK(step({}) == 0.0);
+  CHECK(step({100}) == doctest::Approx(50));                     // alone on its SM
+  CHECK(step(std::vector<double>(4, 100)) == doctest::Approx(50));  // one on every SM
+  CHECK(step(std::vector<double>(8, 100)) == doctest::Approx(100 / 1.5));
+  // One CTA more than two an SM: that SM runs three at the full-SM pace while
+  // the others are done, the imbalance the simulation exists to see.
+  CHECK(step(std::vector<double>(9, 100)) == doctest::Approx(100));
+  CHECK(step(std::vector<double>(12, 100)) == doctest::Approx(100));
+  CHECK(step(std::vector<double>(24, 100)) == doctest::Approx(200));  // two full waves
+  // Round-robin placement: SM 0 gets CTAs 0 and 4 (100 and 50). The 50 is done
+  // at 50 / 1.5; the 100's last 50 then runs alone at twice the pace.
+  CHECK(step({100, 10, 10, 10, 50}) == doctest::Approx(50 / 1.5 + 50 / 2.0));
+  // A freed slot takes the next CTA: with one slot an SM, eight CTAs on four SMs run in two rounds.
+  m.set("slots=4");
+  CHECK(step(std::vector<double>(8, 100)) == doctest::Approx(2 * 100 / 2.0));
+  // The plan-level estimate is the simulation over the plan's CTAs plus the partials.
+  const Tree tree = few_shot_tree({32, 8, 128}, 4000, 50, 200);
+  PlanOptions o;
+  o.block_tokens = 1024;
+  const Plan p = plan(tree, o);
+  const CostEstimate e = estimate_cost(p, o.cost);
+  CHECK(e.large_passes + e.small_passes > 0);
+  const double partials_us = double(e.partial_rows) * o.cost.partial_ns / o.cost.slots / 1000.0;
+  CHECK(e.time_us > partials_us);
+  CHECK(e.time_us >= (e.max_pass_ns / o.cost.solo_speedup) / 1000.0 + partials_us - 1e-9);
 }

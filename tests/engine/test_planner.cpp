@@ -72,10 +72,10 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
       options.strategy = s;
       REQUIRE(options.block_tokens == kAutoBlockTokens);  // the default
       const Plan chosen = plan(tree, options);
-      // The fastest prediction among 256, 512 and 1024, the shortest on a tie.
+      // The fastest prediction among the candidates, the shortest on a tie.
       std::optional<Plan> expected;
       double expected_us = 0.0;
-      for (std::int32_t block_tokens : {256, 512, 1024}) {
+      for (std::int32_t block_tokens : auto_block_candidates(options.cost)) {
         PlanOptions fixed = options;
         fixed.block_tokens = block_tokens;
         Plan candidate = plan(tree, fixed);
@@ -93,6 +93,16 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
   // partials in longer blocks; a small tree keeps short blocks, more CTAs.
   CHECK(plan(trees[0].second).block_tokens > 256);
   CHECK(plan(trees[1].second).block_tokens == 256);
+
+  // The candidates: quarter octaves in whole KV tiles from the smallest to the largest.
+  const CostModel defaults;
+  CHECK(auto_block_candidates(defaults) ==
+        std::vector<std::int32_t>{256, 320, 384, 448, 512, 640, 704, 832, 1024, 1216, 1472, 1728, 2048});
+  CostModel narrow;
+  narrow.set("auto_block_min=100,auto_block_max=300");
+  CHECK(auto_block_candidates(narrow) == std::vector<std::int32_t>{100, 128, 192, 256, 300});
+  narrow.set("auto_block_min=40,auto_block_max=64");
+  CHECK(auto_block_candidates(narrow) == std::vector<std::int32_t>{40, 48, 57, 64});
 
   // A range of one candidate is that fixed size.
   PlanOptions one;

@@ -8,13 +8,18 @@
 // query head, which the merge reads back. So a plan costs
 //   per pass          pass_ns + tiles * tile_ns(tile rows)   (KV tiles padded to 64 tokens)
 //   per partial row   partial_ns                             (fp32 write + read + merge)
-// in nanoseconds of one CTA slot; `slots` CTAs run at once. A step takes
+// in nanoseconds of one CTA slot; `slots` CTAs run at once, slots / sms on
+// each SM. The greedy strategy weighs its cuts by
 //   max(all passes' cost / slots, the longest pass / solo_speedup)
-// the second term being the critical path of a device that is not full. The
-// H100 defaults were fitted to the CUDA backend's timings (README, "greedy").
+// the second term being the critical path of a device that is not full;
+// estimate_cost() times a whole plan by placing its CTAs on the SMs in launch
+// order (simulate_step_ns). The H100 defaults were fitted to the CUDA
+// backend's timings (README, "greedy" and "Block size").
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
 namespace treeattn {
 
 struct Plan;
@@ -30,18 +35,18 @@ struct CostModel {
   double tile_ns_small = 3760.0;  // one 64-token KV tile in a 16-row pass
   double partial_ns = 169.0;      // one partial row (query x query head)
   double slots = 396.0;           // CTAs in flight: 132 SMs x 3
-  // How much faster a pass runs alone on an SM than in a full one. Long passes
-  // (blocks of any length) showed it is small: a 64-row pass of 13-32 tiles took
-  // about its full slot share on the H100 (per-CTA latency, not the SM, bounds
-  // it); 1.25 planned better than 2 or the 3 fitted on blocks of <= 4 tiles.
-  double solo_speedup = 1.25;
+  double sms = 132.0;             // SMs (compute units) the slots are spread over
+  // How much faster a pass runs alone on an SM than in a full one (two of
+  // three CTAs: halfway). Few-shot blocks on the H100 ran a 64-token tile in
+  // 1.65 us alone, 2.19 with two CTAs on the SM and 2.72 with three (README,
+  // "Block size"); 1.75 placed the DESIGN and peer trees' block sizes best
+  // among 1.25, 1.5, 1.75 and 2.
+  double solo_speedup = 1.75;
   std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this
-  // PlanOptions::block_tokens = kAutoBlockTokens plans the tree at
-  // auto_block_min, twice that, and so on up to auto_block_max, and keeps the
-  // plan this model predicts fastest. Measured on the H100 (README, "Block size"): adding 128
-  // gained 1 % on the peer shapes and lost up to 0.92x on the DESIGN trees.
+  // PlanOptions::block_tokens = kAutoBlockTokens plans the tree at each of
+  // auto_block_candidates() and keeps the plan this model predicts fastest.
   std::int32_t auto_block_min = 256;
-  std::int32_t auto_block_max = 1024;
+  std::int32_t auto_block_max = 2048;
   // `greedy` keeps DeFT-Flatten's layout unless its own is predicted this many
   // times faster. Measured on the H100 over the 57 peer configurations with the
   // guard off: greedy's own layouts ran 0.98-3.3x flatten's, and every one
@@ -59,6 +64,13 @@ struct CostModel {
 // Measured coefficients for a device by name. Only "h100" has been measured;
 // any other name gets the H100's, which a backend adjusts to its device's slots.
 CostModel cost_model_for(const std::string& device);
+
+// The block sizes PlanOptions::block_tokens = kAutoBlockTokens tries, in
+// increasing order: auto_block_min and up by quarter octaves (x 2^(1/4)), each
+// rounded to whole 64-token KV tiles, to auto_block_max. The steps between the
+// powers of two matter where a tree's CTAs come close to filling the SMs: a
+// few more CTAs than the SMs hold two each leave most SMs idle at the end.
+std::vector<std::int32_t> auto_block_candidates(const CostModel& model);
 
 // The cheaper tile for an item of `rows` query rows over a block of
 // `block_tokens` tokens: its passes and their cost, per KV head.
@@ -106,6 +118,12 @@ struct CostEstimate {
 };
 // The model's step time for a total cost and a longest pass, in microseconds.
 double step_time_us(const CostModel& model, double work_ns, double max_pass_ns);
+// When the last of CTAs costing `cta_ns` each (in launch order) finishes, in
+// nanoseconds: the hardware hands each SM one CTA per round until every SM has
+// slots / sms of them, then gives each freed slot the next CTA; an SM's n
+// resident CTAs each run at solo_speedup times their full-SM pace when n is 1,
+// at that pace when the SM is full, linearly between.
+double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_ns);
 CostEstimate estimate_cost(const Plan& plan, const CostModel& model);
 
 }  // namespace treeattn

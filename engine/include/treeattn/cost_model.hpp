@@ -114,7 +114,7 @@ struct CostEstimate {
   double max_pass_ns = 0.0;
   std::int64_t longest_pass_tiles = 0;  // the longest pass: its KV tiles and whether it has 64 rows
   bool longest_pass_large = false;
-  double time_us = 0.0;  // max(the work spread over `slots`, the longest pass alone)
+  double time_us = 0.0;  // the CTAs placed on the SMs (simulate_step_ns), plus the partials over `slots`
 };
 // The model's step time for a total cost and a longest pass, in microseconds.
 double step_time_us(const CostModel& model, double work_ns, double max_pass_ns);

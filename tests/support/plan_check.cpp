@@ -60,7 +60,7 @@ void check_invariants(const Tree& tree, const PlanOptions& options) {
   // Greedy's blocks are as long as its model leaves them; the plan records the longest.
   std::int32_t longest = 0;
   for (std::int32_t b = 0; b < plan.num_blocks(); ++b) longest = std::max(longest, plan.block_token_count(b));
-  // auto: one of the model's candidates, each a power of two from auto_block_min.
+  // auto: one of the model's candidates, from auto_block_min to auto_block_max.
   const bool automatic = options.block_tokens == kAutoBlockTokens;
   const std::int32_t limit = automatic ? options.cost.auto_block_max : options.block_tokens;
   if (options.strategy != Strategy::greedy) {

@@ -34,11 +34,13 @@ __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared, or zeros when `valid` is false (no NaN can leak
-// from rows past the block's end into P V).
+// 16 bytes global -> shared, or zeros when `src_bytes` is 0 (`valid` false):
+// no NaN can leak from rows past the block's end into P V.
+__device__ __forceinline__ void cp_async_16(std::uint32_t smem, const void* gmem, std::uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
+  cp_async_16(smem_address(smem), gmem, valid ? 16u : 0u);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -144,7 +146,6 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 
   const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(c.kv_head) * D;
   const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(c.kv_head) * D;
-  const std::int64_t slot_stride = std::int64_t(p.heads_kv) * D;  // elements between consecutive slots
   // Tile m's token map into its ring entry, a 16-byte piece per thread.
   constexpr int kMapChunks = int(sizeof(TileMap)) / 16;
   static_assert(kMapChunks <= Traits::kThreads, "one map piece per thread");
@@ -153,20 +154,41 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       cp_async_16(reinterpret_cast<uint4*>(Smem::map(m)) + tid, reinterpret_cast<const uint4*>(p.tile_map + c.tile0 + m) + tid, true);
     }
   };
-  // Tile t's K and V rows through its map (which has landed), zeros past the end.
+  // Tile t's K and V rows through its map (which has landed), zeros past the
+  // end. The thread copies one chunk column: chunk `chunk` of rows row0, row0 +
+  // kRowsPerStep, ... Rows 8 apart share their swizzle, so a row costs a slot
+  // load, two 32 x 32 -> 64-bit address multiply-adds and two copies: ten
+  // instructions in the sm_90a SASS where a 64-bit slot stride and a swizzle
+  // per row took 29.
+  constexpr int kRowsPerStep = Traits::kThreads / Traits::kChunksPerRow;
+  const int chunk = tid % Traits::kChunksPerRow, row0 = tid / Traits::kChunksPerRow;
+  const char* k_column = reinterpret_cast<const char*>(k_head + chunk * 8);
+  const char* v_column = reinterpret_cast<const char*>(v_head + chunk * 8);
+  const std::uint32_t slot_bytes = std::uint32_t(p.heads_kv) * D * 2;
+  const std::uint32_t column_bytes = 2 * Traits::swizzle(row0, chunk);
+  // Rows unrolled: eight with wgmma (a whole tile at head_dim 128; sixteen at
+  // 256 would spill); two on the mma.sync build, whose registers are shorter
+  // (its spill loads at head_dim 128: 60 bytes with the previous gather, 136
+  // with eight, 68 with two).
+#if defined(TREEATTN_WGMMA)
+  constexpr int kGatherUnroll = 8;
+#else
+  constexpr int kGatherUnroll = 2;
+#endif
   auto load_tile = [&](int t, int stage) {
-    Element* ks = Smem::k() + stage * kTile * D;
-    Element* vs = Smem::v() + stage * kTile * D;
+    const std::uint32_t k_tile = smem_address(Smem::k() + stage * kTile * D);
+    const std::uint32_t v_tile = smem_address(Smem::v() + stage * kTile * D);
     const std::int32_t* slots = Smem::map(t)->slot;
-    // The thread copies one chunk column: chunk `chunk` of every kRowsPerStep-th row.
-    constexpr int kRowsPerStep = Traits::kThreads / Traits::kChunksPerRow;
-    const int chunk = tid % Traits::kChunksPerRow;
-#pragma unroll 2
-    for (int row = tid / Traits::kChunksPerRow; row < kTile; row += kRowsPerStep) {
+#pragma unroll kGatherUnroll
+    for (int i = 0; i < kTile / kRowsPerStep; ++i) {
+      const int row = row0 + i * kRowsPerStep;
+      const std::uint32_t at = kRowsPerStep % 8 == 0 ? column_bytes + i * kRowsPerStep * Traits::kPanel * 2
+                                                      : 2 * Traits::swizzle(row, chunk);
       const int slot = slots[row];
-      const std::int64_t offset = std::int64_t(max(slot, 0)) * slot_stride + chunk * 8;
-      cp_async_16(ks + Traits::swizzle(row, chunk), k_head + offset, slot >= 0);
-      cp_async_16(vs + Traits::swizzle(row, chunk), v_head + offset, slot >= 0);
+      const std::uint64_t from = std::uint64_t(std::uint32_t(max(slot, 0))) * slot_bytes;
+      const std::uint32_t bytes = slot >= 0 ? 16 : 0;
+      cp_async_16(k_tile + at, k_column + from, bytes);
+      cp_async_16(v_tile + at, v_column + from, bytes);
     }
   };
 

@@ -530,7 +530,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
 // One warp per (query, query head), kMergeWarps to a CTA, each lane owning
 // head_dim / 32 adjacent channels (one 16-byte load per partial at head_dim
-// 128). The warp reads 32 partials' slots and LSEs at a time, one per lane,
+// 128). The warp reads 32 partials' slots (merge_begin's range itself when
+// the planner numbered them in order) and LSEs at a time, one per lane,
 // takes their maximum with shuffles, and then every lane folds the partials in
 // CSR order with a running max, so the merge is one pass and deterministic; the
 // loads of eight partials are in flight together (the merge is latency-bound).
@@ -555,7 +556,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const
     int my_slot = 0;
     float my_lse = TREEATTN_NEG_INF;
     if (lane < n) {
-      my_slot = p.merge_partial[c0 + lane];
+      my_slot = p.merge_in_order ? c0 + lane : p.merge_partial[c0 + lane];
       my_lse = p.partial_lse[std::int64_t(my_slot) * p.heads_q + head];
     }
     float chunk_max = my_lse;

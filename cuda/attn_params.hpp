@@ -59,6 +59,9 @@ struct KernelParams {
   std::int32_t group;       // heads_q / heads_kv
   OutType out_type;
   float scale_log2;         // softmax scale * log2(e): logits in base 2
+  // merge_partial is 0, 1, 2, ... (as the planner numbers partials): the merge
+  // takes a query's slots from merge_begin alone, one dependent load fewer.
+  std::int32_t merge_in_order;
 };
 
 }  // namespace treeattn::cuda

@@ -1,6 +1,7 @@
 #include "plan_builder.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 namespace treeattn {
 
@@ -114,20 +115,18 @@ void PlanBuilder::finish() {
   for (std::size_t q = 0; q < nq; ++q) {
     plan_.merge_begin[q + 1] = plan_.merge_begin[q] + (contributions[q] > 1 ? contributions[q] : 0);
   }
-  plan_.merge_partial.resize(std::size_t(plan_.merge_begin[nq]));
+  // Partial slots are numbered query by query, each query's in item order: a
+  // query's partials are then adjacent and merge_partial is 0, 1, 2, ..., so a
+  // merge can address them from merge_begin alone (one dependent load fewer).
+  plan_.num_partials = plan_.merge_begin[nq];
+  plan_.merge_partial.resize(std::size_t(plan_.num_partials));
+  std::iota(plan_.merge_partial.begin(), plan_.merge_partial.end(), 0);
   std::vector<std::int32_t> fill(plan_.merge_begin.begin(), plan_.merge_begin.end() - 1);
   plan_.tile_partial.resize(plan_.tile_query.size());
-  std::int32_t next = 0;
   for (std::size_t k = 0; k < plan_.tile_query.size(); ++k) {
     const std::size_t q = std::size_t(plan_.tile_query[k]);
-    if (contributions[q] == 1) {
-      plan_.tile_partial[k] = kDirect;
-    } else {
-      plan_.tile_partial[k] = next;
-      plan_.merge_partial[std::size_t(fill[q]++)] = next++;
-    }
+    plan_.tile_partial[k] = contributions[q] == 1 ? kDirect : fill[q]++;
   }
-  plan_.num_partials = next;
 }
 
 }  // namespace treeattn

@@ -262,6 +262,35 @@ TEST_CASE("a query's only contribution is written directly, never through a part
   CHECK(std::count(p.tile_partial.begin(), p.tile_partial.end(), kDirect) == 1);
 }
 
+TEST_CASE("partials are numbered query by query, each query's in item order") {
+  // merge_partial is then 0, 1, 2, ...: the CUDA merge addresses a query's
+  // partials from merge_begin alone. The merge order (item order) is unchanged.
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    RandomForestOptions o;
+    o.seed = seed;
+    o.nodes = std::int32_t(5 + seed * 3);
+    o.queries = std::int32_t(seed % 4 == 0 ? 90 : 12);
+    const Tree tree = random_forest(o);
+    for (Strategy strategy : all_strategies()) {
+      CAPTURE(seed);
+      CAPTURE(to_string(strategy));
+      PlanOptions options;
+      options.strategy = strategy;
+      options.block_tokens = 64;
+      const Plan p = plan(tree, options);
+      REQUIRE(p.num_partials == std::int32_t(p.merge_partial.size()));
+      for (std::size_t m = 0; m < p.merge_partial.size(); ++m) CHECK(p.merge_partial[m] == std::int32_t(m));
+      // Each query's partial slots, walked in tile-entry (item) order, count up
+      // from its merge_begin.
+      std::vector<std::int32_t> next(p.merge_begin.begin(), p.merge_begin.end() - 1);
+      for (std::size_t k = 0; k < p.tile_partial.size(); ++k) {
+        if (p.tile_partial[k] == kDirect) continue;
+        CHECK(p.tile_partial[k] == next[std::size_t(p.tile_query[k])]++);
+      }
+    }
+  }
+}
+
 TEST_CASE("tokens no query can see are left out of the plan") {
   Tree tree({4, 2, 64});
   tree.add_node_range(0, kNoParent, 0, 8);

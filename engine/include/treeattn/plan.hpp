@@ -95,7 +95,8 @@ struct Plan {
   // Reduction.
   std::int32_t num_partials = 0;
   std::vector<std::int32_t> merge_begin;    // [num_queries + 1] CSR into merge_partial
-  std::vector<std::int32_t> merge_partial;  // partial slots, ascending per query
+  std::vector<std::int32_t> merge_partial;  // partial slots, ascending per query (the planner
+                                            // numbers them query by query: 0, 1, 2, ...)
 
   std::int32_t num_tokens() const noexcept { return std::int32_t(token_slot.size()); }
   std::int32_t num_segments() const noexcept { return std::int32_t(segment_token_begin.size()); }

@@ -559,6 +559,24 @@ __global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const
       my_slot = p.merge_in_order ? c0 + lane : p.merge_partial[c0 + lane];
       my_lse = p.partial_lse[std::int64_t(my_slot) * p.heads_q + head];
     }
+    // kMergeBatch partials' loads go out before any of them is summed: one
+    // dependent round trip per batch instead of one per partial. The first
+    // batch leaves beside the LSEs, before their maximum is known.
+    float v[kMergeBatch][kChannels];
+    auto load_batch = [&](int i0) {
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        const int slot = __shfl_sync(0xffffffffu, my_slot, (i0 + j) % 32);
+        const float* src = p.partial_o + (std::int64_t(slot) * p.heads_q + head) * HeadDim + lane * kChannels;
+#pragma unroll
+        for (int c = 0; c < kChannels; c += 2) {
+          const float2 two = i0 + j < n ? *reinterpret_cast<const float2*>(src + c) : make_float2(0.0f, 0.0f);
+          v[j][c] = two.x;
+          v[j][c + 1] = two.y;
+        }
+      }
+    };
+    load_batch(0);
     float chunk_max = my_lse;
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, o));
@@ -569,28 +587,15 @@ __global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const
     for (int c = 0; c < kChannels; ++c) acc[c] *= rescale;
     max_lse = new_max;
     const float my_weight = __expf(my_lse - max_lse);
-    // kMergeBatch partials' loads go out before any of them is summed: one
-    // dependent round trip per batch instead of one per partial.
     for (int i0 = 0; i0 < n; i0 += kMergeBatch) {
-      float w[kMergeBatch], v[kMergeBatch][kChannels];
+      if (i0 > 0) load_batch(i0);
 #pragma unroll
       for (int j = 0; j < kMergeBatch; ++j) {
-        w[j] = __shfl_sync(0xffffffffu, my_weight, (i0 + j) % 32);
-        const int slot = __shfl_sync(0xffffffffu, my_slot, (i0 + j) % 32);
-        const float* src = p.partial_o + (std::int64_t(slot) * p.heads_q + head) * HeadDim + lane * kChannels;
-#pragma unroll
-        for (int c = 0; c < kChannels; c += 2) {
-          const float2 two = i0 + j < n ? *reinterpret_cast<const float2*>(src + c) : make_float2(0.0f, 0.0f);
-          v[j][c] = two.x;
-          v[j][c + 1] = two.y;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
+        const float w = __shfl_sync(0xffffffffu, my_weight, (i0 + j) % 32);
         if (i0 + j >= n) break;
-        sum += w[j];
+        sum += w;
 #pragma unroll
-        for (int c = 0; c < kChannels; ++c) acc[c] += w[j] * v[j][c];
+        for (int c = 0; c < kChannels; ++c) acc[c] += w * v[j][c];
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 #include "support/conformance.hpp"
 #include "treeattn/error.hpp"
@@ -203,6 +204,42 @@ TEST_CASE("conformance: the same inputs give bitwise the same output, run after 
       CHECK(again.lse.bytes == first.lse.bytes);
     }
   }
+}
+
+TEST_CASE("conformance: a plan whose partials are numbered in another valid order gives bitwise the same output") {
+  // The planner numbers partials query by query (merge_partial 0, 1, 2, ...),
+  // which the CUDA merge exploits; a plan numbered otherwise (here the queries'
+  // ranges in reverse) must take the general path to the same bits.
+  auto backend = make_test_backend();
+  const Tree tree = determinism_forest();
+  Inputs in = make_inputs(tree, DType::f16, 4);
+  const Plan planned = treeattn::plan(tree, PlanOptions{Strategy::flatten, 32, kMaxQueryTile, 0});
+  REQUIRE(planned.num_partials > 1);
+  Plan renumbered = planned;
+  std::vector<std::int32_t> new_slot(std::size_t(planned.num_partials));
+  std::int32_t next = 0;
+  for (std::int32_t q = planned.num_queries - 1; q >= 0; --q) {
+    for (std::int32_t m = planned.merge_begin[std::size_t(q)]; m < planned.merge_begin[std::size_t(q) + 1]; ++m) {
+      new_slot[std::size_t(planned.merge_partial[std::size_t(m)])] = next++;
+    }
+  }
+  for (std::int32_t& slot : renumbered.merge_partial) slot = new_slot[std::size_t(slot)];
+  for (std::int32_t& slot : renumbered.tile_partial) {
+    if (slot != kDirect) slot = new_slot[std::size_t(slot)];
+  }
+  validate(renumbered);
+  REQUIRE(renumbered.merge_partial != planned.merge_partial);
+  auto run_plan = [&](const Plan& plan) {
+    const std::int64_t nq = plan.num_queries;
+    Outputs out{HostArray(DType::f32, {nq, tree.heads.heads_q, tree.heads.head_dim}),
+                HostArray(DType::f32, {nq, tree.heads.heads_q})};
+    backend->run(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), out.o.view(), out.lse.view()});
+    return out;
+  };
+  const Outputs expected = run_plan(planned);
+  const Outputs got = run_plan(renumbered);
+  CHECK(got.o.bytes == expected.o.bytes);
+  CHECK(got.lse.bytes == expected.lse.bytes);
 }
 
 TEST_CASE("conformance: tensors that do not match the plan are rejected by name") {

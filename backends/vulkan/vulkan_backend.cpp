@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
@@ -378,7 +379,14 @@ std::vector<double> VulkanBackend::time_layers(const Plan& plan, const Attention
   sequence.copy(staged_->o, staged_->readback, a.o.bytes());
   sequence.end();
   std::vector<double> us;
-  sequence.submit_and_wait();  // warm-up
+  // Warm-up: 200 ms of replays before any is timed. After a single one, some
+  // processes timed some trees up to 1.7x slower, often for every replay, so a
+  // tree's median moved between runs of one binary (H100: 1x1024/4x256/... 173
+  // to 296 us); after 200 ms, three runs agree within 0.5 % on every tree.
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  do {
+    sequence.submit_and_wait();
+  } while (std::chrono::steady_clock::now() < warm_until);
   for (int r = 0; r < repeats; ++r) {
     sequence.submit_and_wait();
     us.push_back(sequence.elapsed_ns(0, 1) / 1e3);

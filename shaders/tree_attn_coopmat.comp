@@ -9,7 +9,7 @@
 // computes S = Q K^T, runs the masked online softmax on it in shared memory in
 // base 2 (two lanes per row), and accumulates O += P V in accumulator
 // matrices. The per-row rescale of O is a component-wise product with a matrix
-// whose row r holds row r's factor, skipped when no row's maximum moved.
+// whose row r holds row r's factor, skipped when no row's reference moved.
 //
 // Visibility is turned from per-token segment masks (bit = tile query) into
 // per-row words (bit = chunk column) by subgroup ballots, each subgroup for
@@ -44,6 +44,7 @@ const uint LOADS = CHUNK * QUADS / THREADS;      // 16-byte K (and V) loads per 
 const uint TOKEN_STEP = THREADS / QUADS;         // tokens between one thread's successive loads
 const uint S_STRIDE = TILE + 4u;                 // floats per column of S / the factor matrix
 const uint P_STRIDE = TILE + 8u;                 // halves per column of P (48 bytes: 16-byte aligned)
+const float kSlack = 8.0;                        // log2 of how far P may exceed 1 before O is rescaled
 const uint COLUMNS = CHUNK / 2u;                 // softmax columns per lane
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
@@ -238,7 +239,11 @@ void main() {
       chunk_max = max(chunk_max, x[j]);
     }
     chunk_max = max(chunk_max, subgroupShuffleXor(chunk_max, 1u));
-    const float new_max = max(running_max, chunk_max);
+    // The row's reference moves only when a logit passes it by more than
+    // kSlack, so P stays below 2^kSlack (well inside f16) and O, whose rescale
+    // goes through shared memory and two subgroup barriers, is rescaled about
+    // once per row instead of on most of a block's first chunks.
+    const float new_max = running_max == -1.0 / 0.0 || chunk_max > running_max + kSlack ? chunk_max : running_max;
     // alpha = 1 while the row has seen nothing (O is still zero) or its maximum stayed.
     const float alpha = new_max == running_max || running_max == -1.0 / 0.0 ? 1.0 : exp2(running_max - new_max);
     float sum = 0.0;

@@ -55,15 +55,19 @@ constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 }  // namespace
 
 std::shared_ptr<Instance> Instance::get() {
+  // One instance per process, created on first use and never destroyed:
+  //  * destroying the last instance makes the loader unload the driver, and
+  //    loading NVIDIA's again takes static TLS that glibc does not give back:
+  //    on the H100 a process built without CUDA (which keeps the driver loaded)
+  //    found "no driver" at about its 26th backend;
+  //  * destroying it at exit instead crashed: NVIDIA's driver has torn itself
+  //    down by then.
+  // Devices, buffers and pipelines still go with their backends.
   static std::mutex mutex;
-  static std::weak_ptr<Instance> shared;
+  static std::shared_ptr<Instance> shared;
   std::lock_guard<std::mutex> lock(mutex);
-  std::shared_ptr<Instance> instance = shared.lock();
-  if (!instance) {
-    instance.reset(new Instance());
-    shared = instance;
-  }
-  return instance;
+  if (!shared) shared = std::shared_ptr<Instance>(new Instance(), [](Instance*) {});
+  return shared;
 }
 
 Instance::Instance() {
@@ -109,11 +113,6 @@ Instance::Instance() {
   TREEATTN_VK_CHECK(created);
   volkLoadInstanceOnly(instance_);
   if (validation) TREEATTN_VK_CHECK(vkCreateDebugUtilsMessengerEXT(instance_, &messenger, nullptr, &messenger_));
-}
-
-Instance::~Instance() {
-  if (messenger_ != VK_NULL_HANDLE) vkDestroyDebugUtilsMessengerEXT(instance_, messenger_, nullptr);
-  vkDestroyInstance(instance_, nullptr);
 }
 
 int Instance::validation_messages() noexcept { return g_validation_messages.load(); }

@@ -17,9 +17,10 @@ namespace treeattn::vulkan {
 // validation layer; its messages go to stderr and are counted.
 class Instance {
  public:
-  // Throws Backend when no Vulkan loader or no Vulkan 1.2 implementation exists.
+  // The process's instance, created on first use and never destroyed (the
+  // .cpp says why). Throws Backend when no Vulkan loader or no Vulkan 1.2
+  // implementation exists; the next call then tries again.
   static std::shared_ptr<Instance> get();
-  ~Instance();
   Instance(const Instance&) = delete;
   Instance& operator=(const Instance&) = delete;
 

@@ -148,6 +148,23 @@ TEST_CASE("a pipeline cache file carries compiled pipelines to the next backend,
   std::filesystem::remove(path);
 }
 
+TEST_CASE("backends created and destroyed one after another keep working: the instance outlives them") {
+  // Destroying the last instance unloads the driver, and reloading NVIDIA's
+  // failed after about 26 cycles in a process built without CUDA ("no driver").
+  Tree tree({8, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 40);
+  tree.add_query(0);
+  Inputs in = make_inputs(tree, DType::f16, 9);
+  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view());
+  for (int i = 0; i < 40; ++i) {
+    CAPTURE(i);
+    auto backend = make_test_backend();
+    Outputs out = run_backend(*backend, tree, in, PlanOptions{});
+    REQUIRE(max_abs_error(out.o.view(), expected.o) <= tolerance(DType::f16));
+  }
+  CHECK(vulkan::Instance::get().use_count() >= 2);  // held beyond this caller's reference, for the process
+}
+
 TEST_CASE("the timed layers compute what run() computes") {
   auto backend = make_test_backend();
   check_timed_layers_match_run(*backend);

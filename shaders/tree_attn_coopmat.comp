@@ -244,7 +244,7 @@ void main() {
     // goes through shared memory and two subgroup barriers, is rescaled about
     // once per row instead of on most of a block's first chunks.
     const float new_max = running_max == -1.0 / 0.0 || chunk_max > running_max + kSlack ? chunk_max : running_max;
-    // alpha = 1 while the row has seen nothing (O is still zero) or its maximum stayed.
+    // alpha = 1 while the row has seen nothing (O is still zero) or its reference stayed.
     const float alpha = new_max == running_max || running_max == -1.0 / 0.0 ? 1.0 : exp2(running_max - new_max);
     float sum = 0.0;
     [[unroll]] for (uint j = 0u; j < COLUMNS; ++j) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "fail.hpp"
+#include "plan_shape.hpp"
 #include "treeattn/plan.hpp"
 
 namespace treeattn {
@@ -178,15 +179,14 @@ bool prefer_concatenation(const CostModel& model, const EdgeShape& e, std::int32
   return double(heads_kv) * (joined - apart) < double(partials_saved) * double(heads_q) * model.partial_ns;
 }
 
-CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
+CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model) {
   CostEstimate e;
-  const std::int64_t group = plan.heads.group_size(), heads_kv = plan.heads.heads_kv;
+  const std::int64_t group = heads.group_size(), heads_kv = heads.heads_kv;
   std::vector<double> cta_ns;  // launch order: item-major, an item's passes in row order, each over the KV heads
-  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
-    const std::int64_t rows =
-        std::int64_t(plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)]) * group;
-    const std::int64_t tiles = ceil_div(plan.block_token_count(plan.item_block[std::size_t(i)]), kKvTileTokens);
-    const PassSplit split = split_passes(rows, plan.item_tile_rows[std::size_t(i)]);
+  for (const ItemShape& item : shape.items) {
+    const std::int64_t rows = std::int64_t(item.queries) * group;
+    const std::int64_t tiles = ceil_div(item.block_tokens, kKvTileTokens);
+    const PassSplit split = split_passes(rows, item.tile_rows);
     e.small_passes += split.small * heads_kv;
     e.large_passes += split.large * heads_kv;
     e.small_tiles += split.small * tiles * heads_kv;
@@ -202,9 +202,21 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
       e.longest_pass_large = split.large > 0;
     }
   }
-  e.partial_rows = std::int64_t(plan.num_partials) * plan.heads.heads_q;
+  e.partial_rows = shape.partials * heads.heads_q;
   e.time_us = (simulate_step_ns(model, cta_ns) + double(e.partial_rows) * model.partial_ns / model.slots) / 1000.0;
   return e;
+}
+
+CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
+  PlanShape shape;
+  shape.items.reserve(std::size_t(plan.num_items()));
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    shape.items.push_back(ItemShape{plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)],
+                                    plan.block_token_count(plan.item_block[std::size_t(i)]),
+                                    plan.item_tile_rows[std::size_t(i)]});
+  }
+  shape.partials = plan.num_partials;
+  return estimate_shape(shape, plan.heads, model);
 }
 
 double step_time_us(const CostModel& model, double work_ns, double max_pass_ns) {

@@ -11,6 +11,13 @@ PlanBuilder::PlanBuilder(Plan& plan, const Visibility& vis, const CostModel& mod
   plan_.item_query_begin.assign(1, 0);
 }
 
+PlanBuilder::PlanBuilder(Plan& plan, const Visibility& vis, const CostModel& model, PlanShape& shape)
+    : plan_(plan), vis_(vis), model_(model), shape_(&shape) {
+  shape.items.clear();
+  shape.partials = 0;
+  coverage_.assign(vis.query_at.size() + 1, 0);
+}
+
 void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::int64_t min_blocks) {
   std::int64_t length = 0;
   for (const Piece* p = first; p != last; ++p) length += p->token_end - p->token_begin;
@@ -27,9 +34,11 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::
     while (begin < p->token_end) {
       const std::int32_t end =
           std::int32_t(std::min<std::int64_t>(p->token_end, begin + (block_end - run_offset)));
-      plan_.segment_token_begin.push_back(begin);
-      plan_.segment_token_end.push_back(end);
-      plan_.segment_node.push_back(p->node);
+      if (shape_ == nullptr) {
+        plan_.segment_token_begin.push_back(begin);
+        plan_.segment_token_end.push_back(end);
+        plan_.segment_node.push_back(p->node);
+      }
       lo_.push_back(p->viewer_lo);
       hi_.push_back(p->viewer_hi);
       run_offset += end - begin;
@@ -45,10 +54,7 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::
 }
 
 void PlanBuilder::close_block() {
-  const std::int32_t block = plan_.num_blocks();
-  const std::int32_t seg_begin = plan_.block_segment_begin.back();
-  const std::int32_t seg_count = plan_.num_segments() - seg_begin;
-  plan_.block_segment_begin.push_back(plan_.num_segments());
+  const std::int32_t seg_count = std::int32_t(lo_.size());  // the open block's segments
 
   // The block's viewers: the union of its segments' position ranges, as
   // disjoint intervals in ascending order, each with its offset in the list.
@@ -69,6 +75,12 @@ void PlanBuilder::close_block() {
       viewers += hi - lo;
     }
   }
+  if (shape_ != nullptr) {
+    close_block_shape(viewers);
+    return;
+  }
+  const std::int32_t block = plan_.num_blocks();
+  plan_.block_segment_begin.push_back(plan_.num_segments());
   // Each segment's viewers, as a range of indices into that list.
   first_viewer_.resize(std::size_t(seg_count));
   for (std::int32_t s = 0; s < seg_count; ++s) {
@@ -106,7 +118,33 @@ void PlanBuilder::close_block() {
   hi_.clear();
 }
 
+// The items close_block() would emit, and which query positions the block reads.
+void PlanBuilder::close_block_shape(std::int32_t viewers) {
+  const std::int32_t tile = plan_.query_tile;
+  for (std::int32_t t0 = 0; t0 < viewers; t0 += tile) {
+    const std::int32_t queries = std::min(viewers, t0 + tile) - t0;
+    shape_->items.push_back(ItemShape{
+        queries, block_tokens_,
+        choose_tile(model_, std::int64_t(queries) * plan_.heads.group_size(), block_tokens_).rows});
+  }
+  for (const Interval& i : intervals_) {
+    ++coverage_[std::size_t(i.begin)];
+    --coverage_[std::size_t(i.end)];
+  }
+  lo_.clear();
+  hi_.clear();
+}
+
 void PlanBuilder::finish() {
+  if (shape_ != nullptr) {
+    // A query read by one block is written directly; one read by n > 1 blocks has n partials.
+    std::int32_t blocks = 0;
+    for (std::size_t position = 0; position + 1 < coverage_.size(); ++position) {
+      blocks += coverage_[position];
+      if (blocks > 1) shape_->partials += blocks;
+    }
+    return;
+  }
   const std::size_t nq = std::size_t(plan_.num_queries);
   std::vector<std::int32_t> contributions(nq, 0);
   for (std::int32_t q : plan_.tile_query) ++contributions[std::size_t(q)];

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "plan_shape.hpp"
 #include "treeattn/plan.hpp"
 #include "visibility.hpp"
 
@@ -21,6 +22,9 @@ class PlanBuilder {
   // `plan` has its shape fields set and token_slot filled; `model` picks each
   // item's tile rows.
   PlanBuilder(Plan& plan, const Visibility& vis, const CostModel& model);
+  // Shape mode: records only `shape` (items and partial count) of the plan
+  // that `plan`'s shape fields describe; `plan`'s arrays are left untouched.
+  PlanBuilder(Plan& plan, const Visibility& vis, const CostModel& model, PlanShape& shape);
 
   // Cuts the pieces [first, last), taken as one run of tokens, into KV blocks
   // (ceil(length / block_tokens) of them, or `min_blocks` when that is larger) and
@@ -33,10 +37,15 @@ class PlanBuilder {
 
  private:
   void close_block();
+  void close_block_shape(std::int32_t viewers);
 
   Plan& plan_;
   const Visibility& vis_;
   const CostModel& model_;
+  PlanShape* shape_ = nullptr;
+  // Shape mode: at each query position, +1 where a block's viewer interval
+  // starts and -1 where it ends (a position's prefix sum: the blocks it reads).
+  std::vector<std::int32_t> coverage_;
   std::int32_t block_tokens_ = 0;  // of the open block
   struct Interval {
     std::int32_t begin, end;  // query positions [begin, end)

@@ -6,6 +6,7 @@
 #include "fail.hpp"
 #include "greedy.hpp"
 #include "plan_builder.hpp"
+#include "plan_shape.hpp"
 #include "topology.hpp"
 #include "visibility.hpp"
 
@@ -105,10 +106,9 @@ struct GreedyChoice {
   GreedyLayout layout;
 };
 
-// A strategy's plan from an analysed tree and its visibility; `greedy` is
-// greedy's choice (and `topo` its order), null for the other strategies.
-Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
-              const GreedyChoice* greedy) {
+// The plan's scalar fields: what it is planned for. `greedy` is greedy's
+// choice, null for the other strategies.
+Plan plan_header(const Tree& tree, const Visibility& vis, const PlanOptions& options, const GreedyChoice* greedy) {
   Plan result;
   result.heads = tree.heads;
   result.heads.scale = tree.heads.effective_scale();
@@ -119,10 +119,12 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
   result.block_tokens = greedy != nullptr ? kMaxBlockTokens : options.block_tokens;
   result.query_tile = options.query_tile;
   result.min_kv_slots = vis.max_slot + 1;
-  result.token_slot = std::move(vis.token_slot);
+  return result;
+}
 
-  PlanBuilder builder(result, vis, options.cost);
-  switch (options.strategy) {
+void emit_strategy(PlanBuilder& builder, const Topology& topo, const Visibility& vis, Strategy strategy,
+                   const GreedyChoice* greedy) {
+  switch (strategy) {
     case Strategy::flatten: plan_flatten(builder, vis); break;
     case Strategy::node: plan_per_node(builder, vis, topo, Cut::fixed); break;
     case Strategy::node_chunk: plan_per_node(builder, vis, topo, Cut::even); break;
@@ -131,6 +133,16 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
     case Strategy::greedy: emit_greedy(builder, vis, topo, greedy->groups, greedy->layout); break;
   }
   builder.finish();
+}
+
+// A strategy's plan from an analysed tree and its visibility; `greedy` is
+// greedy's choice (and `topo` its order), null for the other strategies.
+Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
+              const GreedyChoice* greedy) {
+  Plan result = plan_header(tree, vis, options, greedy);
+  result.token_slot = std::move(vis.token_slot);
+  PlanBuilder builder(result, vis, options.cost);
+  emit_strategy(builder, topo, vis, options.strategy, greedy);
   if (greedy != nullptr) {
     result.block_tokens = 1;
     for (std::int32_t b = 0; b < result.num_blocks(); ++b) {
@@ -140,6 +152,41 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
   return result;
 }
 
+// The model's time for the plan assemble() would build, from its shape alone
+// (no segments, masks or reduction map): how candidates are compared.
+double predicted_us(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
+                    const GreedyChoice* greedy) {
+  Plan header = plan_header(tree, vis, options, greedy);
+  PlanShape shape;
+  PlanBuilder builder(header, vis, options.cost, shape);
+  emit_strategy(builder, topo, vis, options.strategy, greedy);
+  return estimate_shape(shape, header.heads, options.cost).time_us;
+}
+
+// The visibility of the last children order greedy asked for: the block-size
+// candidates often reorder a tree the same way, and then it is not recomputed.
+class VisibilityCache {
+ public:
+  const Visibility& get(const Tree& tree, const Topology& order) {
+    if (!vis_ || order.children != children_) {
+      vis_ = compute_visibility(tree, order);
+      children_ = order.children;
+    }
+    return *vis_;
+  }
+
+ private:
+  std::vector<std::int32_t> children_;
+  std::optional<Visibility> vis_;
+};
+
+// Greedy at one block size: its own layout, or flatten's where that is kept
+// (own is then empty), and the model's time for the one kept.
+struct GreedyDecision {
+  std::optional<GreedyChoice> own;
+  double time_us = 0.0;
+};
+
 // The greedy strategy. Its groups are decided edge by edge, each edge seeing
 // only its own partials: a tree of many short levels gains from concatenating
 // all the way down only once most edges do, so a second pass weighs partials
@@ -147,7 +194,8 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
 // whole-tree layout the local decisions can also miss (tiny groups under shared
 // ancestors, read once with masks): flatten's is kept unless the model
 // predicts a clear gain (switch_gain covers its error).
-Plan plan_greedy_or_flatten(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options) {
+GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
+                             VisibilityCache& reordered) {
   std::optional<GreedyChoice> best;
   for (double partial_weight : {1.0, 4.0}) {
     PlanOptions decide = options;
@@ -158,42 +206,50 @@ Plan plan_greedy_or_flatten(const Tree& tree, const Topology& topo, Visibility v
     choice.layout = layout_greedy(choice.order, choice.groups, options, tree.heads);
     if (!best || choice.layout.time_us < best->layout.time_us) best = std::move(choice);
   }
-  Plan greedy = assemble(tree, best->order, compute_visibility(tree, best->order), options, &*best);
+  const double greedy_us = predicted_us(tree, best->order, reordered.get(tree, best->order), options, &*best);
   PlanOptions flat = options;
   flat.strategy = Strategy::flatten;
-  Plan flatten = assemble(tree, topo, std::move(vis), flat, nullptr);  // its last use: no copy
-  if (estimate_cost(flatten, options.cost).time_us <
-      estimate_cost(greedy, options.cost).time_us * options.cost.switch_gain) {
-    flatten.strategy = Strategy::greedy;
-    return flatten;
-  }
-  return greedy;
+  const double flatten_us = predicted_us(tree, topo, vis, flat, nullptr);
+  if (flatten_us < greedy_us * options.cost.switch_gain) return {std::nullopt, flatten_us};
+  return {std::move(best), greedy_us};
 }
 
-Plan plan_block_size(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options) {
-  if (options.strategy == Strategy::greedy) return plan_greedy_or_flatten(tree, topo, std::move(vis), options);
-  return assemble(tree, topo, std::move(vis), options, nullptr);
+Plan build_greedy(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
+                  const GreedyDecision& decision) {
+  if (decision.own) {
+    return assemble(tree, decision.own->order, compute_visibility(tree, decision.own->order), options, &*decision.own);
+  }
+  PlanOptions flat = options;
+  flat.strategy = Strategy::flatten;
+  Plan flatten = assemble(tree, topo, std::move(vis), flat, nullptr);
+  flatten.strategy = Strategy::greedy;
+  return flatten;
 }
 
 // kAutoBlockTokens: the plan at each candidate block size, the one the model
 // predicts fastest kept (on a tie the shorter blocks: more CTAs for the same
-// predicted time). Every candidate is a complete plan, so the choice sees
-// everything the block size changes: passes, tiles, partials and how the
-// CTAs fill the SMs.
-Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options) {
-  std::optional<Plan> best;
-  double best_us = 0.0;
+// predicted time). Every candidate is timed as the complete plan it would be
+// (its shape), so the choice sees everything the block size changes: passes,
+// tiles, partials and how the CTAs fill the SMs; only the kept one is built.
+Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options) {
+  PlanOptions best = options;
+  GreedyDecision best_decision;
+  bool first = true;
+  VisibilityCache reordered;
   for (std::int32_t block_tokens : auto_block_candidates(options.cost)) {
     PlanOptions fixed = options;
     fixed.block_tokens = block_tokens;
-    Plan candidate = plan_block_size(tree, topo, vis, fixed);
-    const double us = estimate_cost(candidate, options.cost).time_us;
-    if (!best || us < best_us) {
-      best = std::move(candidate);
-      best_us = us;
+    GreedyDecision decision;
+    if (options.strategy == Strategy::greedy) decision = decide_greedy(tree, topo, vis, fixed, reordered);
+    else decision.time_us = predicted_us(tree, topo, vis, fixed, nullptr);
+    if (first || decision.time_us < best_decision.time_us) {
+      best = fixed;
+      best_decision = std::move(decision);
+      first = false;
     }
   }
-  return std::move(*best);
+  if (options.strategy == Strategy::greedy) return build_greedy(tree, topo, std::move(vis), best, best_decision);
+  return assemble(tree, topo, std::move(vis), best, nullptr);
 }
 
 }  // namespace
@@ -202,8 +258,13 @@ Plan plan(const Tree& tree, const PlanOptions& options) {
   check_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
   Visibility vis = compute_visibility(tree, topo);
-  if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, vis, options);
-  return plan_block_size(tree, topo, std::move(vis), options);
+  if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, std::move(vis), options);
+  if (options.strategy == Strategy::greedy) {
+    VisibilityCache reordered;
+    const GreedyDecision decision = decide_greedy(tree, topo, vis, options, reordered);
+    return build_greedy(tree, topo, std::move(vis), options, decision);
+  }
+  return assemble(tree, topo, std::move(vis), options, nullptr);
 }
 
 }  // namespace treeattn

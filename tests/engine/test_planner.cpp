@@ -58,18 +58,35 @@ TEST_CASE("every strategy covers seeded random forests exactly") {
 }
 
 TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fastest") {
-  const std::vector<std::pair<const char*, Tree>> trees = {
+  // The planner times each candidate from its shape (PlanBuilder's shape mode)
+  // and builds only the one it keeps; this re-plans every candidate in full.
+  std::vector<std::pair<std::string, Tree>> trees = {
       {"few-shot b=50", few_shot_tree({32, 8, 128}, 4000, 50, 200)},
       {"speculative 32-token tree on 1161 tokens", level_tree({32, 8, 128}, {1, 4, 8}, {1161, 4, 2})},
       {"deep levels", level_tree({16, 1, 128}, {1, 4, 16, 64}, {256, 64, 32, 16})},
       {"star", star(40, 3000, 20)},
   };
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    RandomForestOptions o;
+    o.seed = seed;
+    o.nodes = 200;
+    o.roots = int(seed % 3) + 1;
+    o.queries = 100;
+    o.max_tokens = 400;
+    o.heads = {8, 2, 64};
+    trees.emplace_back("random forest " + std::to_string(seed), random_forest(o));
+  }
+  CostModel one_sm;  // a device the SM placement matters most on
+  one_sm.set("sms=1,slots=2");
   for (const auto& [name, tree] : trees) {
+    for (const auto& [model_name, model] : {std::pair{"defaults", CostModel{}}, std::pair{"one SM", one_sm}}) {
     for (Strategy s : {Strategy::flatten, Strategy::greedy, Strategy::node, Strategy::sequence}) {
       CAPTURE(name);
+      CAPTURE(model_name);
       CAPTURE(to_string(s));
       PlanOptions options;
       options.strategy = s;
+      options.cost = model;
       REQUIRE(options.block_tokens == kAutoBlockTokens);  // the default
       const Plan chosen = plan(tree, options);
       // The fastest prediction among the candidates, the shortest on a tie.
@@ -87,6 +104,7 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
       }
       CHECK(test::plan_difference(chosen, *expected) == "");
       check_invariants(tree, options);
+    }
     }
   }
   // What the choice is for: a long prompt under many branches merges fewer

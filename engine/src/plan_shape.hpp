@@ -1,0 +1,29 @@
+#pragma once
+// Internal: what the cost model reads of a plan, without the plan. Choosing
+// among candidate plans (block sizes, greedy's layout or flatten's) needs only
+// each work item's size and the partial count; PlanBuilder records them in its
+// shape mode, so only the chosen candidate is built in full.
+
+#include <cstdint>
+#include <vector>
+
+#include "treeattn/cost_model.hpp"
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+struct ItemShape {
+  std::int32_t queries;       // the item's queries (rows: queries x the group's query heads)
+  std::int32_t block_tokens;  // tokens of the KV block it reads
+  std::int32_t tile_rows;     // kLargeTileRows or kSmallTileRows
+};
+
+struct PlanShape {
+  std::vector<ItemShape> items;  // in launch order (the plan's item order)
+  std::int64_t partials = 0;
+};
+
+// estimate_cost() of any plan with this shape: the same arithmetic, the same result.
+CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model);
+
+}  // namespace treeattn

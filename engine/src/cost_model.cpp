@@ -131,25 +131,42 @@ std::vector<std::int32_t> auto_block_candidates(const CostModel& model) {
   return sizes;
 }
 
-TileChoice choose_tile(const CostModel& model, std::int64_t rows, std::int64_t block_tokens) {
+namespace {
+
+// What one pass over a block costs on each path: its tiles are the block's
+// tokens in 64-token KV tiles.
+struct PassPrices {
+  double small, large;
+};
+PassPrices pass_prices(const CostModel& model, std::int64_t block_tokens) {
   const double tiles = double(ceil_div(std::max<std::int64_t>(block_tokens, 1), kKvTileTokens));
-  const double small_pass = model.pass_ns + tiles * model.tile_ns_small;
-  const double large_pass = model.pass_ns + tiles * model.tile_ns_large;
+  return {model.pass_ns + tiles * model.tile_ns_small, model.pass_ns + tiles * model.tile_ns_large};
+}
+
+// choose_tile() with the pass prices known: the planner's innermost step
+// (greedy prices every edge at every candidate block size), so it is inline.
+inline TileChoice cheaper_tile(const PassPrices& pass, std::int64_t rows) {
   auto price = [&](std::int32_t tile_rows) {
     const PassSplit split = split_passes(rows, tile_rows);
     return TileChoice{tile_rows, split.large + split.small,
-                      double(split.large) * large_pass + double(split.small) * small_pass,
-                      split.large > 0 ? large_pass : small_pass};
+                      double(split.large) * pass.large + double(split.small) * pass.small,
+                      split.large > 0 ? pass.large : pass.small};
   };
   const TileChoice large = price(kLargeTileRows), small = price(kSmallTileRows);
   return small.cost_ns <= large.cost_ns ? small : large;  // a tie runs the small path anyway
+}
+
+}  // namespace
+
+TileChoice choose_tile(const CostModel& model, std::int64_t rows, std::int64_t block_tokens) {
+  return cheaper_tile(pass_prices(model, block_tokens), rows);
 }
 
 GroupCost group_cost(const CostModel& model, std::int64_t tokens, std::int64_t blocks, std::int64_t queries,
                      std::int32_t group, std::int32_t query_tile) {
   if (tokens <= 0 || queries <= 0) return {};
   blocks = std::clamp<std::int64_t>(blocks, 1, tokens);
-  const std::int64_t block_tokens = ceil_div(tokens, blocks);
+  const PassPrices pass = pass_prices(model, ceil_div(tokens, blocks));
   const std::int64_t full_items = queries / query_tile, rest = queries % query_tile;
   GroupCost block;
   auto add = [&](const TileChoice& t, std::int64_t count) {
@@ -157,8 +174,8 @@ GroupCost group_cost(const CostModel& model, std::int64_t tokens, std::int64_t b
     block.cost_ns += t.cost_ns * double(count);
     block.max_pass_ns = std::max(block.max_pass_ns, t.max_pass_ns);
   };
-  if (full_items > 0) add(choose_tile(model, std::int64_t(query_tile) * group, block_tokens), full_items);
-  if (rest > 0) add(choose_tile(model, rest * group, block_tokens), 1);
+  if (full_items > 0) add(cheaper_tile(pass, std::int64_t(query_tile) * group), full_items);
+  if (rest > 0) add(cheaper_tile(pass, rest * group), 1);
   return {block.passes * blocks, block.cost_ns * double(blocks), block.max_pass_ns};
 }
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <functional>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -259,36 +259,40 @@ double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_n
   for (std::size_t round = 0; round < stride && next < cta_ns.size(); ++round) {
     for (std::size_t s = 0; s < sms && next < cta_ns.size(); ++s) left[s * stride + count[s]++] = cta_ns[next++];
   }
-  // Each SM with residents has one pending event: its next CTA to finish.
-  using Event = std::pair<double, std::size_t>;
-  std::vector<Event> heap;
-  heap.reserve(sms);
+  // Each SM with residents has one pending event, `due[s]`: when its next CTA
+  // finishes (never, once it is idle). A tournament tree over the SMs keeps the
+  // earliest, ties to the lower SM: one walk to the root per event.
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  std::size_t leaves = 1;
+  while (leaves < sms) leaves *= 2;
+  std::vector<double> due(leaves, kNever);
+  std::vector<std::uint32_t> winner(2 * leaves);
+  auto earlier = [&](std::uint32_t a, std::uint32_t b) { return due[a] < due[b] || (due[a] == due[b] && a < b) ? a : b; };
   auto first_to_finish = [&](std::size_t s) {
     double* w = left.data() + s * stride;
     return std::size_t(std::min_element(w, w + count[s]) - w);
   };
   auto schedule = [&](std::size_t s) {
-    if (count[s] == 0) return;
-    heap.push_back({clock[s] + left[s * stride + first_to_finish(s)] / pace(count[s]), s});
-    std::push_heap(heap.begin(), heap.end(), std::greater<Event>());
+    due[s] = count[s] == 0 ? kNever : clock[s] + left[s * stride + first_to_finish(s)] / pace(count[s]);
   };
   for (std::size_t s = 0; s < sms; ++s) schedule(s);
+  for (std::size_t s = 0; s < leaves; ++s) winner[leaves + s] = std::uint32_t(s);
+  for (std::size_t k = leaves - 1; k >= 1; --k) winner[k] = earlier(winner[2 * k], winner[2 * k + 1]);
   double end = 0.0;
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), std::greater<Event>());
-    const auto [time, s] = heap.back();
-    heap.pop_back();
+  while (due[winner[1]] != kNever) {
+    const std::size_t s = winner[1];
     double* w = left.data() + s * stride;
     const std::size_t first = first_to_finish(s);
-    const double done = w[first];  // the work every resident did until `time`
+    const double done = w[first];  // the work every resident did until due[s]
     std::size_t kept = 0;
     for (std::size_t i = 0; i < count[s]; ++i) {
       if (i != first && w[i] - done > 0.0) w[kept++] = w[i] - done;
     }
     count[s] = kept;
-    clock[s] = end = time;
+    clock[s] = end = due[s];
     while (count[s] < stride && next < cta_ns.size()) w[count[s]++] = cta_ns[next++];
     schedule(s);
+    for (std::size_t k = (leaves + s) / 2; k >= 1; k /= 2) winner[k] = earlier(winner[2 * k], winner[2 * k + 1]);
   }
   return end;
 }

@@ -179,9 +179,8 @@ GroupCost group_cost(const CostModel& model, std::int64_t tokens, std::int64_t b
   return {block.passes * blocks, block.cost_ns * double(blocks), block.max_pass_ns};
 }
 
-bool prefer_concatenation(const CostModel& model, const EdgeShape& e, std::int32_t heads_q, std::int32_t heads_kv,
-                          std::int32_t block_tokens, std::int32_t query_tile) {
-  const std::int32_t group = heads_q / std::max(heads_kv, 1);
+EdgeTrade edge_trade(const CostModel& model, const EdgeShape& e, std::int32_t group, std::int32_t block_tokens,
+                     std::int32_t query_tile) {
   auto blocks = [&](std::int64_t tokens) { return ceil_div(tokens, block_tokens); };
   auto cost = [&](std::int64_t tokens, std::int64_t queries) {
     return group_cost(model, tokens, blocks(tokens), queries, group, query_tile).cost_ns;
@@ -191,9 +190,14 @@ bool prefer_concatenation(const CostModel& model, const EdgeShape& e, std::int32
                         cost(e.parent_tokens + e.child_tokens, e.child_queries);
   // Each of the child's queries reads the parent's blocks and its own in one
   // run instead of two: that many fewer partial rows per query head.
-  const std::int64_t partials_saved =
-      e.child_queries * (blocks(e.parent_tokens) + blocks(e.child_tokens) - blocks(e.parent_tokens + e.child_tokens));
-  return double(heads_kv) * (joined - apart) < double(partials_saved) * double(heads_q) * model.partial_ns;
+  return {joined - apart,
+          e.child_queries * (blocks(e.parent_tokens) + blocks(e.child_tokens) - blocks(e.parent_tokens + e.child_tokens))};
+}
+
+bool prefer_concatenation(const CostModel& model, const EdgeShape& e, std::int32_t heads_q, std::int32_t heads_kv,
+                          std::int32_t block_tokens, std::int32_t query_tile) {
+  const std::int32_t group = heads_q / std::max(heads_kv, 1);
+  return edge_trade(model, e, group, block_tokens, query_tile).worth_it(model, heads_q, heads_kv);
 }
 
 CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model) {

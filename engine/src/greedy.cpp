@@ -148,8 +148,24 @@ void split_long_units(std::vector<Unit>& units, const UnitCost& cost) {
 
 }  // namespace
 
+EdgeTrade EdgeTrades::get(std::int32_t child, const EdgeShape& edge, const CostModel& model, std::int32_t group,
+                          std::int32_t block_tokens, std::int32_t query_tile) {
+  const std::int64_t blocks[3] = {ceil_div(edge.parent_tokens, block_tokens), ceil_div(edge.child_tokens, block_tokens),
+                                  ceil_div(edge.parent_tokens + edge.child_tokens, block_tokens)};
+  Entry& e = entries_[std::size_t(child)];
+  if (!e.valid || e.edge.parent_tokens != edge.parent_tokens || e.edge.parent_queries != edge.parent_queries ||
+      e.edge.child_tokens != edge.child_tokens || e.edge.child_queries != edge.child_queries ||
+      !std::equal(blocks, blocks + 3, e.blocks)) {
+    e.edge = edge;
+    std::copy(blocks, blocks + 3, e.blocks);
+    e.trade = edge_trade(model, edge, group, block_tokens, query_tile);
+    e.valid = true;
+  }
+  return e.trade;
+}
+
 GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const PlanOptions& options,
-                                  const HeadConfig& heads) {
+                                  const HeadConfig& heads, EdgeTrades& trades) {
   const std::size_t n = topo.parent.size();
   // Visible tokens and subtree queries of every node.
   std::vector<std::int64_t> tokens(n, 0);
@@ -181,8 +197,8 @@ GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const P
       const std::int32_t below = subtree_queries[std::size_t(c)];
       if (below == 0 || g.tokens[p] == 0) continue;
       const EdgeShape edge{g.tokens[p], g.queries[p], tokens[std::size_t(c)], below};
-      if (prefer_concatenation(options.cost, edge, heads.heads_q, heads.heads_kv, options.block_tokens,
-                               options.query_tile)) {
+      const EdgeTrade trade = trades.get(c, edge, options.cost, heads.group_size(), options.block_tokens, options.query_tile);
+      if (trade.worth_it(options.cost, heads.heads_q, heads.heads_kv)) {
         g.joined[std::size_t(c)] = 1;
         g.queries[p] -= below;
         g.tokens[std::size_t(c)] += g.tokens[p];

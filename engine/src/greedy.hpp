@@ -25,11 +25,32 @@ struct GreedyGroups {
   std::vector<std::int64_t> tokens;   // [nodes] KV tokens of the node's group (its chain)
 };
 
+// Edge trades (cost_model.hpp) remembered per child node across greedy's
+// passes over one tree and cost model: two partial weights at every candidate
+// block size. Most edges price the same shape at the same block counts again
+// (a short child under the same parent group), so a hit is a comparison
+// instead of four group prices.
+class EdgeTrades {
+ public:
+  explicit EdgeTrades(std::size_t nodes) : entries_(nodes) {}
+  EdgeTrade get(std::int32_t child, const EdgeShape& edge, const CostModel& model, std::int32_t group,
+                std::int32_t block_tokens, std::int32_t query_tile);
+
+ private:
+  struct Entry {
+    EdgeShape edge{};
+    std::int64_t blocks[3] = {0, 0, 0};  // of the parent's chain, the child's KV and both: all edge_trade reads of block_tokens
+    EdgeTrade trade;
+    bool valid = false;
+  };
+  std::vector<Entry> entries_;
+};
+
 // Decides the groups from token and query counts (a first visibility pass),
 // then moves each node's joined children behind the others in `topo`, so that
 // every group's queries take consecutive positions in the next pass.
 GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const PlanOptions& options,
-                                  const HeadConfig& heads);
+                                  const HeadConfig& heads, EdgeTrades& trades);
 
 // A group: the queries at positions [lo, hi) read the KV chain ending at `node`.
 struct GreedyGroup {

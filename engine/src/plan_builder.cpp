@@ -60,7 +60,11 @@ void PlanBuilder::close_block() {
   // disjoint intervals in ascending order, each with its offset in the list.
   ranges_.clear();
   for (std::int32_t s = 0; s < seg_count; ++s) ranges_.emplace_back(lo_[std::size_t(s)], hi_[std::size_t(s)]);
-  std::sort(ranges_.begin(), ranges_.end());
+  // The sweep below needs the ranges by lo only, the order depth-first runs
+  // mostly emit them in: sorting is left to the blocks that need it.
+  if (!std::is_sorted(ranges_.begin(), ranges_.end(), [](const auto& a, const auto& b) { return a.first < b.first; })) {
+    std::sort(ranges_.begin(), ranges_.end());
+  }
   intervals_.clear();
   std::int32_t viewers = 0;
   for (const auto& [lo, hi] : ranges_) {

@@ -180,6 +180,13 @@ class VisibilityCache {
   std::optional<Visibility> vis_;
 };
 
+// What greedy keeps between its passes over one tree.
+struct GreedyMemo {
+  explicit GreedyMemo(const Topology& topo) : trades(topo.parent.size()) {}
+  EdgeTrades trades;
+  VisibilityCache reordered;
+};
+
 // Greedy at one block size: its own layout, or flatten's where that is kept
 // (own is then empty), and the model's time for the one kept.
 struct GreedyDecision {
@@ -195,18 +202,18 @@ struct GreedyDecision {
 // ancestors, read once with masks): flatten's is kept unless the model
 // predicts a clear gain (switch_gain covers its error).
 GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-                             VisibilityCache& reordered) {
+                             GreedyMemo& memo) {
   std::optional<GreedyChoice> best;
   for (double partial_weight : {1.0, 4.0}) {
     PlanOptions decide = options;
     decide.cost.partial_ns *= partial_weight;
     GreedyChoice choice{topo, {}, {}};
-    choice.groups = choose_greedy_groups(choice.order, vis, decide, tree.heads);  // reorders the children
+    choice.groups = choose_greedy_groups(choice.order, vis, decide, tree.heads, memo.trades);  // reorders the children
     if (best && choice.groups.joined == best->groups.joined) continue;  // the same layout again
     choice.layout = layout_greedy(choice.order, choice.groups, options, tree.heads);
     if (!best || choice.layout.time_us < best->layout.time_us) best = std::move(choice);
   }
-  const double greedy_us = predicted_us(tree, best->order, reordered.get(tree, best->order), options, &*best);
+  const double greedy_us = predicted_us(tree, best->order, memo.reordered.get(tree, best->order), options, &*best);
   PlanOptions flat = options;
   flat.strategy = Strategy::flatten;
   const double flatten_us = predicted_us(tree, topo, vis, flat, nullptr);
@@ -235,12 +242,12 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis
   PlanOptions best = options;
   GreedyDecision best_decision;
   bool first = true;
-  VisibilityCache reordered;
+  GreedyMemo memo(topo);
   for (std::int32_t block_tokens : auto_block_candidates(options.cost)) {
     PlanOptions fixed = options;
     fixed.block_tokens = block_tokens;
     GreedyDecision decision;
-    if (options.strategy == Strategy::greedy) decision = decide_greedy(tree, topo, vis, fixed, reordered);
+    if (options.strategy == Strategy::greedy) decision = decide_greedy(tree, topo, vis, fixed, memo);
     else decision.time_us = predicted_us(tree, topo, vis, fixed, nullptr);
     if (first || decision.time_us < best_decision.time_us) {
       best = fixed;
@@ -260,8 +267,8 @@ Plan plan(const Tree& tree, const PlanOptions& options) {
   Visibility vis = compute_visibility(tree, topo);
   if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, std::move(vis), options);
   if (options.strategy == Strategy::greedy) {
-    VisibilityCache reordered;
-    const GreedyDecision decision = decide_greedy(tree, topo, vis, options, reordered);
+    GreedyMemo memo(topo);
+    const GreedyDecision decision = decide_greedy(tree, topo, vis, options, memo);
     return build_greedy(tree, topo, std::move(vis), options, decision);
   }
   return assemble(tree, topo, std::move(vis), options, nullptr);

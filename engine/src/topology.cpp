@@ -239,9 +239,18 @@ Topology analyze(const Tree& tree, std::int64_t kv_slots) {
 }
 
 void move_children_last(Topology& topo, const std::vector<std::uint8_t>& last) {
+  // A stable partition of each child list, written out so the planner's
+  // repeated calls allocate nothing (std::stable_partition takes a buffer per call).
+  std::vector<std::int32_t> moved;
   for (std::size_t v = 0; v + 1 < topo.child_begin.size(); ++v) {
-    std::stable_partition(topo.children.begin() + topo.child_begin[v], topo.children.begin() + topo.child_begin[v + 1],
-                          [&](std::int32_t c) { return !last[std::size_t(c)]; });
+    const auto first = topo.children.begin() + topo.child_begin[v], end = topo.children.begin() + topo.child_begin[v + 1];
+    auto kept = first;
+    moved.clear();
+    for (auto c = first; c != end; ++c) {
+      if (last[std::size_t(*c)]) moved.push_back(*c);
+      else *kept++ = *c;
+    }
+    std::copy(moved.begin(), moved.end(), kept);
   }
   fill_preorder(topo);
 }

@@ -106,6 +106,20 @@ struct EdgeShape {
 bool prefer_concatenation(const CostModel& model, const EdgeShape& edge, std::int32_t heads_q,
                           std::int32_t heads_kv, std::int32_t block_tokens, std::int32_t query_tile);
 
+// The two sides of that rule: the KV work concatenating adds per KV head (ns;
+// negative when one run over the chain is cheaper) and the partial rows per
+// query head it saves. Neither depends on partial_ns, so greedy prices an edge
+// once for all its partial weights.
+struct EdgeTrade {
+  double extra_work_ns = 0.0;
+  std::int64_t partials_saved = 0;
+  bool worth_it(const CostModel& model, std::int32_t heads_q, std::int32_t heads_kv) const {
+    return double(heads_kv) * extra_work_ns < double(partials_saved) * double(heads_q) * model.partial_ns;
+  }
+};
+EdgeTrade edge_trade(const CostModel& model, const EdgeShape& edge, std::int32_t group, std::int32_t block_tokens,
+                     std::int32_t query_tile);
+
 // What the model predicts for a whole plan, with the counts it predicts from
 // (bench reports them, so the coefficients can be fitted to measured times).
 struct CostEstimate {

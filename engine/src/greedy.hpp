@@ -63,6 +63,9 @@ struct GreedyUnit {
   std::int64_t tokens;
   std::int64_t viewers;  // distinct queries of its groups
   std::int64_t blocks;
+  bool operator==(const GreedyUnit& o) const {
+    return first == o.first && last == o.last && tokens == o.tokens && viewers == o.viewers && blocks == o.blocks;
+  }
 };
 // The groups packed and split, and the model's step time for them: known from
 // the reordered topology alone, so candidates are compared before any is built.

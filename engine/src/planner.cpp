@@ -181,10 +181,30 @@ class VisibilityCache {
 };
 
 // What greedy keeps between its passes over one tree.
-struct GreedyMemo {
+class GreedyMemo {
+ public:
   explicit GreedyMemo(const Topology& topo) : trades(topo.parent.size()) {}
   EdgeTrades trades;
-  VisibilityCache reordered;
+
+  // The model's time for greedy's own plan. The block-size candidates often
+  // arrive at the same layout (the same edges joined, the same units: the
+  // same plan), which is then not timed again.
+  double own_us(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options) {
+    if (!timed_ || choice.groups.joined != joined_ || choice.layout.units != units_) {
+      us_ = predicted_us(tree, choice.order, reordered_.get(tree, choice.order), options, &choice);
+      joined_ = choice.groups.joined;
+      units_ = choice.layout.units;
+      timed_ = true;
+    }
+    return us_;
+  }
+
+ private:
+  VisibilityCache reordered_;
+  bool timed_ = false;
+  std::vector<std::uint8_t> joined_;
+  std::vector<GreedyUnit> units_;
+  double us_ = 0.0;
 };
 
 // Greedy at one block size: its own layout, or flatten's where that is kept
@@ -213,7 +233,7 @@ GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visib
     choice.layout = layout_greedy(choice.order, choice.groups, options, tree.heads);
     if (!best || choice.layout.time_us < best->layout.time_us) best = std::move(choice);
   }
-  const double greedy_us = predicted_us(tree, best->order, memo.reordered.get(tree, best->order), options, &*best);
+  const double greedy_us = memo.own_us(tree, *best, options);
   PlanOptions flat = options;
   flat.strategy = Strategy::flatten;
   const double flatten_us = predicted_us(tree, topo, vis, flat, nullptr);

@@ -200,7 +200,7 @@ bool prefer_concatenation(const CostModel& model, const EdgeShape& e, std::int32
   return edge_trade(model, e, group, block_tokens, query_tile).worth_it(model, heads_q, heads_kv);
 }
 
-CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model) {
+CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model, double to_beat_us) {
   CostEstimate e;
   const std::int64_t group = heads.group_size(), heads_kv = heads.heads_kv;
   std::vector<double> cta_ns;  // launch order: item-major, an item's passes in row order, each over the KV heads
@@ -224,7 +224,17 @@ CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, con
     }
   }
   e.partial_rows = shape.partials * heads.heads_q;
-  e.time_us = (simulate_step_ns(model, cta_ns) + double(e.partial_rows) * model.partial_ns / model.slots) / 1000.0;
+  const double partials_ns = double(e.partial_rows) * model.partial_ns / model.slots;
+  if (to_beat_us < std::numeric_limits<double>::infinity()) {
+    // The margin keeps the placement's rounding from ever making a plan
+    // skipped here the fastest: it would have lost by a billionth at least.
+    const double bound_us = (step_lower_bound_ns(model, cta_ns) + partials_ns) / 1000.0;
+    if (bound_us * (1.0 - 1e-9) >= to_beat_us) {
+      e.time_us = bound_us;
+      return e;
+    }
+  }
+  e.time_us = (simulate_step_ns(model, cta_ns) + partials_ns) / 1000.0;
   return e;
 }
 
@@ -244,19 +254,55 @@ double step_time_us(const CostModel& model, double work_ns, double max_pass_ns) 
   return std::max(work_ns / model.slots, max_pass_ns / model.solo_speedup) / 1000.0;
 }
 
+namespace {
+
+// How the placement sees the device for `ctas` CTAs: the busy SMs, the
+// residents each may hold, and how fast a resident runs beside others.
+struct Residency {
+  std::size_t per_sm;  // slots / sms
+  std::size_t sms;     // the busy ones
+  std::size_t stride;  // residents an SM holds at most: no SM takes more than its share
+  double solo_speedup;
+  double pace(std::size_t resident) const {
+    if (per_sm == 1) return solo_speedup;
+    return 1.0 + (solo_speedup - 1.0) * double(per_sm - resident) / double(per_sm - 1);
+  }
+};
+Residency residency(const CostModel& model, std::size_t ctas) {
+  const double sms_model = std::max(1.0, std::round(model.sms));
+  Residency r;
+  r.per_sm = std::size_t(std::max(1.0, std::round(model.slots / sms_model)));
+  r.sms = std::size_t(std::min(sms_model, double(ctas)));
+  r.stride = std::min(r.per_sm, (ctas + r.sms - 1) / r.sms);
+  r.solo_speedup = model.solo_speedup;
+  return r;
+}
+
+}  // namespace
+
+double step_lower_bound_ns(const CostModel& model, const std::vector<double>& cta_ns) {
+  if (cta_ns.empty()) return 0.0;
+  const Residency r = residency(model, cta_ns.size());
+  double sm_rate = 0.0, cta_rate = 0.0;  // the most work an SM, and one CTA, does per ns
+  for (std::size_t n = 1; n <= r.stride; ++n) {
+    sm_rate = std::max(sm_rate, double(n) * r.pace(n));
+    cta_rate = std::max(cta_rate, r.pace(n));
+  }
+  double total = 0.0, longest = 0.0;
+  for (double ns : cta_ns) {
+    total += ns;
+    longest = std::max(longest, ns);
+  }
+  return std::max(total / (double(r.sms) * sm_rate), longest / cta_rate);
+}
+
 double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_ns) {
   if (cta_ns.empty()) return 0.0;
-  const double sms_model = std::max(1.0, std::round(model.sms));
-  const std::size_t per_sm = std::size_t(std::max(1.0, std::round(model.slots / sms_model)));
-  const std::size_t sms = std::size_t(std::min(sms_model, double(cta_ns.size())));  // the busy ones
-  auto pace = [&](std::size_t resident) {
-    if (per_sm == 1) return model.solo_speedup;
-    return 1.0 + (model.solo_speedup - 1.0) * double(per_sm - resident) / double(per_sm - 1);
-  };
+  const Residency r = residency(model, cta_ns.size());
+  const std::size_t sms = r.sms, stride = r.stride;
+  auto pace = [&](std::size_t resident) { return r.pace(resident); };
   // SM s: `count[s]` resident CTAs whose remaining work (at full-SM pace) is
-  // left[s * stride ...], brought up to date at clock[s]. No SM ever holds
-  // more than its share of the CTAs, however many slots the model gives it.
-  const std::size_t stride = std::min(per_sm, (cta_ns.size() + sms - 1) / sms);
+  // left[s * stride ...], brought up to date at clock[s].
   std::vector<double> left(sms * stride), clock(sms, 0.0);
   std::vector<std::size_t> count(sms, 0);
   std::size_t next = 0;

@@ -5,6 +5,7 @@
 // shape mode, so only the chosen candidate is built in full.
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "treeattn/cost_model.hpp"
@@ -23,7 +24,10 @@ struct PlanShape {
   std::int64_t partials = 0;
 };
 
-// estimate_cost() of any plan with this shape: the same arithmetic, the same result.
-CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model);
+// estimate_cost() of any plan with this shape: the same arithmetic, the same
+// result. A plan that cannot run faster than `to_beat_us` (step_lower_bound_ns)
+// is not placed on the SMs: its time_us is then that bound, above to_beat_us.
+CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model,
+                            double to_beat_us = std::numeric_limits<double>::infinity());
 
 }  // namespace treeattn

@@ -1,6 +1,7 @@
 #include "treeattn/planner.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "fail.hpp"
@@ -12,6 +13,8 @@
 
 namespace treeattn {
 namespace {
+
+constexpr double kNoBound = std::numeric_limits<double>::infinity();  // predicted_us: time it exactly
 
 void check_options(const PlanOptions& o) {
   if (o.block_tokens != kAutoBlockTokens && (o.block_tokens < 1 || o.block_tokens > kMaxBlockTokens)) {
@@ -154,13 +157,14 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
 
 // The model's time for the plan assemble() would build, from its shape alone
 // (no segments, masks or reduction map): how candidates are compared.
+// With `to_beat_us`, a plan no faster than that may get a bound above it instead.
 double predicted_us(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-                    const GreedyChoice* greedy) {
+                    const GreedyChoice* greedy, double to_beat_us = kNoBound) {
   Plan header = plan_header(tree, vis, options, greedy);
   PlanShape shape;
   PlanBuilder builder(header, vis, options.cost, shape);
   emit_strategy(builder, topo, vis, options.strategy, greedy);
-  return estimate_shape(shape, header.heads, options.cost).time_us;
+  return estimate_shape(shape, header.heads, options.cost, to_beat_us).time_us;
 }
 
 // The visibility of the last children order greedy asked for: the block-size
@@ -221,8 +225,9 @@ struct GreedyDecision {
 // whole-tree layout the local decisions can also miss (tiny groups under shared
 // ancestors, read once with masks): flatten's is kept unless the model
 // predicts a clear gain (switch_gain covers its error).
+// `best_us`: the fastest candidate so far (auto), whose rivals need not be timed exactly.
 GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-                             GreedyMemo& memo) {
+                             GreedyMemo& memo, double best_us = kNoBound) {
   std::optional<GreedyChoice> best;
   for (double partial_weight : {1.0, 4.0}) {
     PlanOptions decide = options;
@@ -236,8 +241,13 @@ GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visib
   const double greedy_us = memo.own_us(tree, *best, options);
   PlanOptions flat = options;
   flat.strategy = Strategy::flatten;
-  const double flatten_us = predicted_us(tree, topo, vis, flat, nullptr);
-  if (flatten_us < greedy_us * options.cost.switch_gain) return {std::nullopt, flatten_us};
+  // Flatten's time matters below greedy_us * switch_gain (it is then kept)
+  // and, unless greedy's own layout beats best_us, below best_us too: a bound
+  // above that still makes the decision below, and the candidate lose.
+  const double switch_us = greedy_us * options.cost.switch_gain;
+  const double flatten_us =
+      predicted_us(tree, topo, vis, flat, nullptr, greedy_us < best_us ? switch_us : std::min(switch_us, best_us));
+  if (flatten_us < switch_us) return {std::nullopt, flatten_us};
   return {std::move(best), greedy_us};
 }
 
@@ -267,8 +277,9 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis
     PlanOptions fixed = options;
     fixed.block_tokens = block_tokens;
     GreedyDecision decision;
-    if (options.strategy == Strategy::greedy) decision = decide_greedy(tree, topo, vis, fixed, memo);
-    else decision.time_us = predicted_us(tree, topo, vis, fixed, nullptr);
+    const double best_us = first ? kNoBound : best_decision.time_us;
+    if (options.strategy == Strategy::greedy) decision = decide_greedy(tree, topo, vis, fixed, memo, best_us);
+    else decision.time_us = predicted_us(tree, topo, vis, fixed, nullptr, best_us);
     if (first || decision.time_us < best_decision.time_us) {
       best = fixed;
       best_decision = std::move(decision);

@@ -213,3 +213,27 @@ TEST_CASE("the step time places CTAs on the SMs in launch order, as the hardware
   CHECK(e.time_us > partials_us);
   CHECK(e.time_us >= (e.max_pass_ns / o.cost.solo_speedup) / 1000.0 + partials_us - 1e-9);
 }
+
+TEST_CASE("no placement beats the step's lower bound, and the bound is tight where it should be") {
+  // The planner skips placing candidates whose bound already loses, so the
+  // bound must hold for every CTA list: random lists under several devices.
+  Rng rng(7);
+  for (const char* device : {"sms=132,slots=396,solo_speedup=1.75", "sms=4,slots=12,solo_speedup=2",
+                             "sms=4,slots=12,solo_speedup=3", "sms=1,slots=2,solo_speedup=1.5",
+                             "sms=8,slots=8,solo_speedup=1.2", "sms=3,slots=9,solo_speedup=0.8"}) {
+    CostModel m;
+    m.set(device);
+    CAPTURE(device);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<double> ctas(std::size_t(rng.uniform(1, 900)));
+      const bool equal = trial % 4 == 0;
+      for (double& ns : ctas) ns = equal ? 3000.0 : double(rng.uniform(100, 20000));
+      CHECK(step_lower_bound_ns(m, ctas) <= simulate_step_ns(m, ctas) * (1.0 + 1e-12));
+    }
+  }
+  CostModel m;
+  m.set("sms=4,slots=12,solo_speedup=2");
+  CHECK(step_lower_bound_ns(m, {}) == 0.0);
+  CHECK(step_lower_bound_ns(m, {100}) == doctest::Approx(simulate_step_ns(m, {100})));  // alone: its best pace
+  CHECK(step_lower_bound_ns(m, std::vector<double>(24, 100)) == doctest::Approx(200));  // full waves: the SMs' throughput
+}

@@ -139,6 +139,10 @@ double step_time_us(const CostModel& model, double work_ns, double max_pass_ns);
 // resident CTAs each run at solo_speedup times their full-SM pace when n is 1,
 // at that pace when the SM is full, linearly between.
 double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_ns);
+// A time simulate_step_ns never beats: all the work at the busy SMs' best
+// throughput, or the longest CTA at a resident's best pace. The planner skips
+// placing candidates this already shows slower than the best so far.
+double step_lower_bound_ns(const CostModel& model, const std::vector<double>& cta_ns);
 CostEstimate estimate_cost(const Plan& plan, const CostModel& model);
 
 }  // namespace treeattn

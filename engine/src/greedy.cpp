@@ -148,8 +148,22 @@ void split_long_units(std::vector<Unit>& units, const UnitCost& cost) {
 
 }  // namespace
 
-EdgeTrade EdgeTrades::get(std::int32_t child, const EdgeShape& edge, const CostModel& model, std::int32_t group,
-                          std::int32_t block_tokens, std::int32_t query_tile) {
+GreedyEdges::GreedyEdges(const Topology& topo, const Visibility& vis)
+    : tokens_(topo.parent.size(), 0), subtree_queries_(topo.parent.size(), 0), entries_(topo.parent.size()) {
+  for (std::size_t v = 0; v < tokens_.size(); ++v) {
+    for (std::int32_t p = vis.node_piece_begin[v]; p < vis.node_piece_end[v]; ++p) {
+      tokens_[v] += vis.pieces[std::size_t(p)].token_end - vis.pieces[std::size_t(p)].token_begin;
+    }
+  }
+  for (std::int32_t v : topo.query_node) ++subtree_queries_[std::size_t(v)];
+  for (auto it = topo.preorder.rbegin(); it != topo.preorder.rend(); ++it) {
+    const std::int32_t p = topo.parent[std::size_t(*it)];
+    if (p >= 0) subtree_queries_[std::size_t(p)] += subtree_queries_[std::size_t(*it)];
+  }
+}
+
+EdgeTrade GreedyEdges::trade(std::int32_t child, const EdgeShape& edge, const CostModel& model, std::int32_t group,
+                             std::int32_t block_tokens, std::int32_t query_tile) {
   const std::int64_t blocks[3] = {ceil_div(edge.parent_tokens, block_tokens), ceil_div(edge.child_tokens, block_tokens),
                                   ceil_div(edge.parent_tokens + edge.child_tokens, block_tokens)};
   Entry& e = entries_[std::size_t(child)];
@@ -164,41 +178,37 @@ EdgeTrade EdgeTrades::get(std::int32_t child, const EdgeShape& edge, const CostM
   return e.trade;
 }
 
-GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const PlanOptions& options,
-                                  const HeadConfig& heads, EdgeTrades& trades) {
+GreedyGroups choose_greedy_groups(Topology& topo, const PlanOptions& options, const HeadConfig& heads,
+                                  GreedyEdges& edges, double probe_weight) {
   const std::size_t n = topo.parent.size();
-  // Visible tokens and subtree queries of every node.
-  std::vector<std::int64_t> tokens(n, 0);
-  for (std::size_t v = 0; v < n; ++v) {
-    for (std::int32_t p = vis.node_piece_begin[v]; p < vis.node_piece_end[v]; ++p) {
-      tokens[v] += vis.pieces[std::size_t(p)].token_end - vis.pieces[std::size_t(p)].token_begin;
-    }
-  }
-  std::vector<std::int32_t> subtree_queries(n, 0);
-  for (std::int32_t v : topo.query_node) ++subtree_queries[std::size_t(v)];
-  for (auto it = topo.preorder.rbegin(); it != topo.preorder.rend(); ++it) {
-    const std::int32_t p = topo.parent[std::size_t(*it)];
-    if (p >= 0) subtree_queries[std::size_t(p)] += subtree_queries[std::size_t(*it)];
-  }
+  CostModel probe = options.cost;
+  probe.partial_ns *= probe_weight;
 
   // Edges in breadth-first order, parents decided before their children: an
   // edge compares the parent's group as it stands (its chain, its queries so
   // far) with the child's subtree.
   GreedyGroups g;
   g.joined.assign(n, 0);
-  g.queries = subtree_queries;
-  g.tokens = tokens;
+  g.queries.resize(n);
+  g.tokens.resize(n);
+  for (std::size_t v = 0; v < n; ++v) {
+    g.queries[v] = edges.queries_below(std::int32_t(v));
+    g.tokens[v] = edges.tokens(std::int32_t(v));
+  }
+  g.probe_agrees = probe_weight > 0.0;
   std::vector<std::int32_t> order(topo.roots);
   for (std::size_t i = 0; i < order.size(); ++i) {
     const std::size_t p = std::size_t(order[i]);
     for (std::int32_t k = topo.child_begin[p]; k < topo.child_begin[p + 1]; ++k) {
       const std::int32_t c = topo.children[std::size_t(k)];
       order.push_back(c);
-      const std::int32_t below = subtree_queries[std::size_t(c)];
+      const std::int32_t below = edges.queries_below(c);
       if (below == 0 || g.tokens[p] == 0) continue;
-      const EdgeShape edge{g.tokens[p], g.queries[p], tokens[std::size_t(c)], below};
-      const EdgeTrade trade = trades.get(c, edge, options.cost, heads.group_size(), options.block_tokens, options.query_tile);
-      if (trade.worth_it(options.cost, heads.heads_q, heads.heads_kv)) {
+      const EdgeShape edge{g.tokens[p], g.queries[p], edges.tokens(c), below};
+      const EdgeTrade trade = edges.trade(c, edge, options.cost, heads.group_size(), options.block_tokens, options.query_tile);
+      const bool join = trade.worth_it(options.cost, heads.heads_q, heads.heads_kv);
+      if (g.probe_agrees && trade.worth_it(probe, heads.heads_q, heads.heads_kv) != join) g.probe_agrees = false;
+      if (join) {
         g.joined[std::size_t(c)] = 1;
         g.queries[p] -= below;
         g.tokens[std::size_t(c)] += g.tokens[p];

@@ -23,20 +23,27 @@ struct GreedyGroups {
   std::vector<std::uint8_t> joined;   // [nodes] the edge parent -> node is concatenated
   std::vector<std::int32_t> queries;  // [nodes] queries of the node's group
   std::vector<std::int64_t> tokens;   // [nodes] KV tokens of the node's group (its chain)
+  bool probe_agrees = false;          // choose_greedy_groups' probe_weight decided every edge alike
 };
 
-// Edge trades (cost_model.hpp) remembered per child node across greedy's
-// passes over one tree and cost model: two partial weights at every candidate
-// block size. Most edges price the same shape at the same block counts again
-// (a short child under the same parent group), so a hit is a comparison
-// instead of four group prices.
-class EdgeTrades {
+// What greedy's passes over one tree share (two partial weights at every
+// candidate block size): each node's visible tokens and the queries below it,
+// and each edge's last trade (cost_model.hpp). Most edges price the same
+// shape at the same block counts again (a short child under the same parent
+// group), so a hit is a comparison instead of four group prices.
+class GreedyEdges {
  public:
-  explicit EdgeTrades(std::size_t nodes) : entries_(nodes) {}
-  EdgeTrade get(std::int32_t child, const EdgeShape& edge, const CostModel& model, std::int32_t group,
-                std::int32_t block_tokens, std::int32_t query_tile);
+  GreedyEdges(const Topology& topo, const Visibility& vis);
+  std::int64_t tokens(std::int32_t node) const { return tokens_[std::size_t(node)]; }
+  std::int32_t queries_below(std::int32_t node) const { return subtree_queries_[std::size_t(node)]; }
+  // The trade of the edge into `child` for this shape, priced for `model` (its
+  // partial_ns aside: the trade does not read it).
+  EdgeTrade trade(std::int32_t child, const EdgeShape& edge, const CostModel& model, std::int32_t group,
+                  std::int32_t block_tokens, std::int32_t query_tile);
 
  private:
+  std::vector<std::int64_t> tokens_;
+  std::vector<std::int32_t> subtree_queries_;
   struct Entry {
     EdgeShape edge{};
     std::int64_t blocks[3] = {0, 0, 0};  // of the parent's chain, the child's KV and both: all edge_trade reads of block_tokens
@@ -46,11 +53,14 @@ class EdgeTrades {
   std::vector<Entry> entries_;
 };
 
-// Decides the groups from token and query counts (a first visibility pass),
-// then moves each node's joined children behind the others in `topo`, so that
-// every group's queries take consecutive positions in the next pass.
-GreedyGroups choose_greedy_groups(Topology& topo, const Visibility& vis, const PlanOptions& options,
-                                  const HeadConfig& heads, EdgeTrades& trades);
+// Decides the groups from token and query counts, then moves each node's
+// joined children behind the others in `topo`, so that every group's queries
+// take consecutive positions in the next visibility pass. `probe_weight` > 0
+// also asks whether partial_ns x probe_weight would have decided every edge
+// the same way (GreedyGroups::probe_agrees): that pass would then give these
+// very groups, and need not run.
+GreedyGroups choose_greedy_groups(Topology& topo, const PlanOptions& options, const HeadConfig& heads,
+                                  GreedyEdges& edges, double probe_weight = 0.0);
 
 // A group: the queries at positions [lo, hi) read the KV chain ending at `node`.
 struct GreedyGroup {

@@ -187,8 +187,8 @@ class VisibilityCache {
 // What greedy keeps between its passes over one tree.
 class GreedyMemo {
  public:
-  explicit GreedyMemo(const Topology& topo) : trades(topo.parent.size()) {}
-  EdgeTrades trades;
+  GreedyMemo(const Topology& topo, const Visibility& vis) : edges(topo, vis) {}
+  GreedyEdges edges;
 
   // The model's time for greedy's own plan. The block-size candidates often
   // arrive at the same layout (the same edges joined, the same units: the
@@ -229,11 +229,14 @@ struct GreedyDecision {
 GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
                              GreedyMemo& memo, double best_us = kNoBound) {
   std::optional<GreedyChoice> best;
-  for (double partial_weight : {1.0, 4.0}) {
+  constexpr double kWeights[] = {1.0, 4.0};
+  for (double partial_weight : kWeights) {
+    if (best && best->groups.probe_agrees) break;  // the second weight decides every edge alike
     PlanOptions decide = options;
     decide.cost.partial_ns *= partial_weight;
     GreedyChoice choice{topo, {}, {}};
-    choice.groups = choose_greedy_groups(choice.order, vis, decide, tree.heads, memo.trades);  // reorders the children
+    choice.groups = choose_greedy_groups(choice.order, decide, tree.heads, memo.edges,  // reorders the children
+                                         best ? 0.0 : kWeights[1] / kWeights[0]);
     if (best && choice.groups.joined == best->groups.joined) continue;  // the same layout again
     choice.layout = layout_greedy(choice.order, choice.groups, options, tree.heads);
     if (!best || choice.layout.time_us < best->layout.time_us) best = std::move(choice);
@@ -272,7 +275,7 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis
   PlanOptions best = options;
   GreedyDecision best_decision;
   bool first = true;
-  GreedyMemo memo(topo);
+  GreedyMemo memo(topo, vis);
   for (std::int32_t block_tokens : auto_block_candidates(options.cost)) {
     PlanOptions fixed = options;
     fixed.block_tokens = block_tokens;
@@ -298,7 +301,7 @@ Plan plan(const Tree& tree, const PlanOptions& options) {
   Visibility vis = compute_visibility(tree, topo);
   if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, std::move(vis), options);
   if (options.strategy == Strategy::greedy) {
-    GreedyMemo memo(topo);
+    GreedyMemo memo(topo, vis);
     const GreedyDecision decision = decide_greedy(tree, topo, vis, options, memo);
     return build_greedy(tree, topo, std::move(vis), options, decision);
   }

@@ -1,6 +1,7 @@
 #include "greedy.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <queue>
 #include <utility>
 
@@ -69,25 +70,30 @@ std::vector<Unit> pack_groups(const std::vector<Group>& groups, const UnitCost& 
   std::vector<Unit> units;
   Viewers pack_viewers;
   bool open = false;
+  std::optional<double> pack_ns;  // the open pack's work, once priced (a join prices the pack it makes)
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const Group& g = groups[k];
     const std::int64_t own_viewers = g.hi - g.lo;
+    std::optional<double> own_ns;
     if (open && g.tokens < block_tokens && units.back().tokens + g.tokens <= block_tokens) {
       Unit& pack = units.back();
       const std::int64_t joined_viewers = pack_viewers.count_with(g.lo, g.hi);
       const double joined = cost.work_ns(pack.tokens + g.tokens, 1, joined_viewers);
-      const double apart = cost.work_ns(pack.tokens, 1, pack.viewers) + cost.work_ns(g.tokens, 1, own_viewers);
-      if (joined <= apart) {
+      if (!pack_ns) pack_ns = cost.work_ns(pack.tokens, 1, pack.viewers);
+      own_ns = cost.work_ns(g.tokens, 1, own_viewers);
+      if (joined <= *pack_ns + *own_ns) {
         pack.last = k + 1;
         pack.tokens += g.tokens;
         pack.viewers = joined_viewers;
         pack_viewers.add(g.lo, g.hi);
+        pack_ns = joined;
         continue;
       }
     }
     units.push_back(Unit{k, k + 1, g.tokens, own_viewers, 1});
     open = g.tokens < block_tokens;
     pack_viewers.reset(g.lo, g.hi);
+    pack_ns = own_ns;
   }
   return units;
 }

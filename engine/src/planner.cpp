@@ -8,6 +8,7 @@
 #include "greedy.hpp"
 #include "plan_builder.hpp"
 #include "plan_shape.hpp"
+#include "thread_pool.hpp"
 #include "topology.hpp"
 #include "visibility.hpp"
 
@@ -266,40 +267,73 @@ Plan build_greedy(const Tree& tree, const Topology& topo, Visibility vis, const 
   return flatten;
 }
 
+// The fastest of the block-size candidates one thread has timed, and what it
+// keeps between them (greedy's memo; its best so far bounds the next ones).
+class CandidateSearch {
+ public:
+  struct Best {
+    std::size_t index = 0;  // in auto_block_candidates(): ties go to the shorter blocks
+    PlanOptions options;
+    GreedyDecision decision;
+  };
+
+  void consider(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
+                std::int32_t block_tokens, std::size_t index) {
+    PlanOptions fixed = options;
+    fixed.block_tokens = block_tokens;
+    const double best_us = best_ ? best_->decision.time_us : kNoBound;
+    GreedyDecision decision;
+    if (options.strategy == Strategy::greedy) {
+      if (!memo_) memo_.emplace(topo, vis);
+      decision = decide_greedy(tree, topo, vis, fixed, *memo_, best_us);
+    } else {
+      decision.time_us = predicted_us(tree, topo, vis, fixed, nullptr, best_us);
+    }
+    if (!best_ || better(decision.time_us, index, *best_)) best_ = Best{index, fixed, std::move(decision)};
+  }
+  const std::optional<Best>& best() const { return best_; }
+  static bool better(double time_us, std::size_t index, const Best& than) {
+    return time_us < than.decision.time_us || (time_us == than.decision.time_us && index < than.index);
+  }
+
+ private:
+  std::optional<GreedyMemo> memo_;
+  std::optional<Best> best_;
+};
+
 // kAutoBlockTokens: the plan at each candidate block size, the one the model
 // predicts fastest kept (on a tie the shorter blocks: more CTAs for the same
 // predicted time). Every candidate is timed as the complete plan it would be
 // (its shape), so the choice sees everything the block size changes: passes,
 // tiles, partials and how the CTAs fill the SMs; only the kept one is built.
-Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options) {
-  PlanOptions best = options;
-  GreedyDecision best_decision;
-  bool first = true;
-  GreedyMemo memo(topo, vis);
-  for (std::int32_t block_tokens : auto_block_candidates(options.cost)) {
-    PlanOptions fixed = options;
-    fixed.block_tokens = block_tokens;
-    GreedyDecision decision;
-    const double best_us = first ? kNoBound : best_decision.time_us;
-    if (options.strategy == Strategy::greedy) decision = decide_greedy(tree, topo, vis, fixed, memo, best_us);
-    else decision.time_us = predicted_us(tree, topo, vis, fixed, nullptr, best_us);
-    if (first || decision.time_us < best_decision.time_us) {
-      best = fixed;
-      best_decision = std::move(decision);
-      first = false;
-    }
+// On a pool, each worker searches the candidates it is handed; a candidate a
+// worker skips as slower than its own best is slower than the overall best
+// too, so the choice is the one a single thread makes.
+Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
+                          ThreadPool* pool) {
+  const std::vector<std::int32_t> sizes = auto_block_candidates(options.cost);
+  std::vector<CandidateSearch> searches(pool != nullptr ? std::size_t(pool->size()) : 1);
+  if (searches.size() == 1) {
+    for (std::size_t i = 0; i < sizes.size(); ++i) searches[0].consider(tree, topo, vis, options, sizes[i], i);
+  } else {
+    pool->parallel_for(std::int64_t(sizes.size()), [&](std::int64_t i, int worker) {
+      searches[std::size_t(worker)].consider(tree, topo, vis, options, sizes[std::size_t(i)], std::size_t(i));
+    });
   }
-  if (options.strategy == Strategy::greedy) return build_greedy(tree, topo, std::move(vis), best, best_decision);
-  return assemble(tree, topo, std::move(vis), best, nullptr);
+  const CandidateSearch::Best* best = nullptr;
+  for (const CandidateSearch& search : searches) {
+    const auto& b = search.best();
+    if (b && (best == nullptr || CandidateSearch::better(b->decision.time_us, b->index, *best))) best = &*b;
+  }
+  if (options.strategy == Strategy::greedy) return build_greedy(tree, topo, std::move(vis), best->options, best->decision);
+  return assemble(tree, topo, std::move(vis), best->options, nullptr);
 }
 
-}  // namespace
-
-Plan plan(const Tree& tree, const PlanOptions& options) {
+Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
   check_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
   Visibility vis = compute_visibility(tree, topo);
-  if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, std::move(vis), options);
+  if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, std::move(vis), options, pool);
   if (options.strategy == Strategy::greedy) {
     GreedyMemo memo(topo, vis);
     const GreedyDecision decision = decide_greedy(tree, topo, vis, options, memo);
@@ -307,5 +341,20 @@ Plan plan(const Tree& tree, const PlanOptions& options) {
   }
   return assemble(tree, topo, std::move(vis), options, nullptr);
 }
+
+}  // namespace
+
+Plan plan(const Tree& tree, const PlanOptions& options) { return plan_on(tree, options, nullptr); }
+
+Planner::Planner(int threads) {
+  if (threads < 0) fail(ErrorCategory::InvalidArgument, "Planner: threads = {} is negative (0: one per hardware thread)", threads);
+  if (threads != 1) pool_ = std::make_unique<ThreadPool>(threads);
+}
+
+Planner::~Planner() = default;
+
+int Planner::threads() const noexcept { return pool_ ? pool_->size() : 1; }
+
+Plan Planner::plan(const Tree& tree, const PlanOptions& options) { return plan_on(tree, options, pool_.get()); }
 
 }  // namespace treeattn

@@ -90,6 +90,7 @@ void PlanFlags::add_to(CLI::App& sub) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   sub.add_option("--cost", cost, kCostHelp);
+  sub.add_option("--plan-threads", plan_threads, kPlanThreadsHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
 }
 
 std::int32_t parse_block_tokens(const std::string& text) {
@@ -134,6 +135,10 @@ const char* const kCostHelp =
     "solo_speedup (a pass alone on an SM against its share of a full one), switch_gain (greedy keeps flatten's "
     "layout unless its own is predicted this many times faster), min_split_tokens, auto_block_min and "
     "auto_block_max (the range --block-tokens auto tries). They choose each item's tile rows and the greedy strategy's groups";
+
+const char* const kPlanThreadsHelp =
+    "Threads that time the block-size candidates of --block-tokens auto in parallel (0: one per hardware thread); "
+    "the plan is the same on any number, only the planning time changes";
 
 PlanOptions PlanFlags::options(std::int64_t kv_slots, const CostModel& base) const {
   PlanOptions o;

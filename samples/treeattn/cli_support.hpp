@@ -37,11 +37,14 @@ std::vector<std::string> backend_names();
 std::vector<std::string> model_names();
 
 // --strategy, --block-tokens and --query-tile, shared by the commands that plan.
+extern const char* const kPlanThreadsHelp;
+
 struct PlanFlags {
   std::string strategy = "flatten";
   std::string block_tokens = "auto";  // a count or "auto" (parse_block_tokens)
   int query_tile = kMaxQueryTile;
   std::string cost;  // cost-model coefficients, KEY=VALUE,...
+  int plan_threads = 1;  // the Planner's threads (0: one per hardware thread)
 
   void add_to(CLI::App& sub);
   // `base`: the device's cost model, which --cost adjusts.

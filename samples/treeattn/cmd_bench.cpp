@@ -29,6 +29,7 @@ struct BenchOptions {
   std::vector<std::string> block_tokens = {"auto"};  // each a count or "auto"
   std::vector<std::string> costs = {""};  // cost-model variants, each KEY=VALUE,...
   int repeat = 20;
+  int plan_threads = 1;
   int run_repeat = 3;
   int layers = 1;
   BackendFlags backend_flags;
@@ -58,6 +59,7 @@ void run_bench(const BenchOptions& o) {
     std::unique_ptr<Backend> backend;
     double peak_gbps;
   };
+  Planner planner(o.plan_threads);
   std::vector<Timed> backends;
   for (const std::string& name : o.backends) {
     if (name == "none") continue;
@@ -135,7 +137,7 @@ void run_bench(const BenchOptions& o) {
       options.block_tokens = parse_block_tokens(block_tokens);
       options.cost = cost;
       Plan plan;
-      const Timing plan_time = time_it(o.repeat, [&] { plan = treeattn::plan(tree, options); });
+      const Timing plan_time = time_it(o.repeat, [&] { plan = planner.plan(tree, options); });
       const PlanStats st = compute_stats(plan);
       const CostEstimate est = estimate_cost(plan, cost);
       const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
@@ -238,6 +240,7 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--cost", o->costs,
                   std::string(kCostHelp) + ". Give --cost several times to sweep: every strategy runs once per model");
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
+  sub->add_option("--plan-threads", o->plan_threads, kPlanThreadsHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--run-repeat", o->run_repeat, "Run repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--layers", o->layers, "Back-to-back calls per run (a model's layers)")->check(CLI::Range(1, 1000))->capture_default_str();
   o->backend_flags.add_to(*sub);

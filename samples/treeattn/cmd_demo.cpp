@@ -111,6 +111,7 @@ void run_demo(const DemoOptions& o) {
   std::map<std::int64_t, std::int64_t> written;  // node -> tokens whose K/V rows are filled
   std::vector<TreeQuery> queries;
   const PlanOptions options = o.plan.options(cache.slots(), backend->cost_model());
+  Planner planner(o.plan.plan_threads);  // one for the whole replay, as a serving loop keeps one
   ProgressBar progress(steps);
   std::int64_t generated = 0, unique_bytes = 0, sequence_bytes = 0, max_nodes = 0, max_queries = 0;
   double plan_us = 0.0, run_us = 0.0;
@@ -134,7 +135,7 @@ void run_demo(const DemoOptions& o) {
     written = std::move(now);
 
     const auto t0 = std::chrono::steady_clock::now();
-    const Plan plan = treeattn::plan(tree, options);
+    const Plan plan = planner.plan(tree, options);
     const auto t1 = std::chrono::steady_clock::now();
     const std::int64_t nq = plan.num_queries;
     HostArray q = random_array(DType::f16, {nq, heads.heads_q, heads.head_dim}, std::uint64_t(step));

@@ -128,7 +128,7 @@ void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, const C
 void run_plan(const PlanCommandOptions& o) {
   const Tree tree = load_tree_json(o.tree);
   const PlanOptions options = o.plan.options();
-  const Plan plan = treeattn::plan(tree, options);
+  const Plan plan = Planner(o.plan.plan_threads).plan(tree, options);
   const PlanStats st = compute_stats(plan);
   const CostEstimate est = estimate_cost(plan, options.cost);
   if (o.json) fmt::print("{}\n", plan_json(tree, plan, st, est).dump(2));

@@ -32,7 +32,7 @@ void run(const RunOptions& o) {
   BackendKind kind = parse_backend(o.backend);
   if (kind == BackendKind::automatic && q.dtype == DType::f32) kind = BackendKind::cpu;  // GPU kernels take f16/bf16
   std::unique_ptr<Backend> backend = make_backend(kind, backend_options);
-  const Plan plan = treeattn::plan(tree, o.plan.options(k.shape[0], backend->cost_model()));
+  const Plan plan = Planner(o.plan.plan_threads).plan(tree, o.plan.options(k.shape[0], backend->cost_model()));
 
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, d = plan.heads.head_dim;
   HostArray out(DType::f32, {nq, hq, d});

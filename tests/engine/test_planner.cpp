@@ -78,6 +78,11 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
   }
   CostModel one_sm;  // a device the SM placement matters most on
   one_sm.set("sms=1,slots=2");
+  // Planners reused across trees, as a serving loop keeps one: the candidates
+  // timed in parallel (each worker its own memo and bound) choose the same plan.
+  Planner three(3), all(0), single(1);
+  CHECK(three.threads() == 3);
+  CHECK(single.threads() == 1);
   for (const auto& [name, tree] : trees) {
     for (const auto& [model_name, model] : {std::pair{"defaults", CostModel{}}, std::pair{"one SM", one_sm}}) {
     for (Strategy s : {Strategy::flatten, Strategy::greedy, Strategy::node, Strategy::sequence}) {
@@ -103,6 +108,7 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
         }
       }
       CHECK(test::plan_difference(chosen, *expected) == "");
+      for (Planner* planner : {&three, &all, &single}) CHECK(test::plan_difference(planner->plan(tree, options), chosen) == "");
       check_invariants(tree, options);
     }
     }

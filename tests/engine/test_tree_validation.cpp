@@ -167,4 +167,13 @@ TEST_CASE("plan options") {
     }
   }
   CHECK_THROWS_WITH_AS(parse_strategy("deft"), doctest::Contains("unknown strategy 'deft'"), Error);
+  CHECK_THROWS_WITH_AS(Planner(-1), doctest::Contains("threads = -1 is negative"), Error);
+  // A Planner refuses what plan() refuses, from whichever thread found it.
+  Planner planner(3);
+  CHECK_THROWS_WITH_AS(planner.plan(base(), PlanOptions{Strategy::flatten, 70000, 64, 0}),
+                       doctest::Contains("block_tokens = 70000"), Error);
+  Tree unknown_node = base();
+  unknown_node.add_query(999, 0);
+  CHECK_THROWS_WITH_AS(planner.plan(unknown_node), doctest::Contains("999"), Error);
+  CHECK_NOTHROW(planner.plan(base()));  // and plans again after an error
 }

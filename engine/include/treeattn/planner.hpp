@@ -5,6 +5,7 @@
 // token_slot and checking listed slots.
 
 #include <cstdint>
+#include <memory>
 
 #include "treeattn/cost_model.hpp"
 #include "treeattn/plan.hpp"
@@ -32,6 +33,30 @@ struct PlanOptions {
 };
 
 Plan plan(const Tree& tree, const PlanOptions& options = {});
+
+class ThreadPool;
+
+// plan() on a pool of threads that lives as long as the Planner: with
+// block_tokens = kAutoBlockTokens, the block-size candidates are timed in
+// parallel. The plans are plan()'s, bit for bit, on any number of threads.
+// Keep one for a serving loop and call it every decode step (starting
+// threads per call costs more than small trees take to plan); one plan() at
+// a time.
+class Planner {
+ public:
+  // Threads in all, the calling one included: 0 means one per hardware
+  // thread, 1 plans on the calling thread alone. Throws InvalidArgument below 0.
+  explicit Planner(int threads = 0);
+  ~Planner();
+  Planner(const Planner&) = delete;
+  Planner& operator=(const Planner&) = delete;
+
+  Plan plan(const Tree& tree, const PlanOptions& options = {});
+  int threads() const noexcept;
+
+ private:
+  std::unique_ptr<ThreadPool> pool_;
+};
 
 // Validates the tree alone (plan() does this first); throws InvalidTree.
 void validate(const Tree& tree, std::int64_t kv_slots = 0);

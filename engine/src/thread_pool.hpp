@@ -1,5 +1,6 @@
 #pragma once
-// A fixed set of worker threads that run one parallel loop at a time. Which
+// Internal: a fixed set of worker threads that run one parallel loop at a
+// time (the CPU backend's stages, the Planner's block-size candidates). Which
 // worker runs which task never changes a result: callers give every task its
 // own output and a fixed order of arithmetic.
 
@@ -12,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-namespace treeattn::cpu {
+namespace treeattn {
 
 class ThreadPool {
  public:
@@ -44,4 +45,4 @@ class ThreadPool {
   std::exception_ptr error_;
 };
 
-}  // namespace treeattn::cpu
+}  // namespace treeattn

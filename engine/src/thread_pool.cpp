@@ -1,6 +1,6 @@
 #include "thread_pool.hpp"
 
-namespace treeattn::cpu {
+namespace treeattn {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -62,4 +62,4 @@ void ThreadPool::parallel_for(std::int64_t count, const std::function<void(std::
   if (error_) std::rethrow_exception(error_);
 }
 
-}  // namespace treeattn::cpu
+}  // namespace treeattn

@@ -187,6 +187,16 @@ TEST_CASE("plan prints the split, the load balance and the IO model; --json is c
   std::size_t tile_entries = 0;
   for (const auto& item : doc["items"]) tile_entries += item["queries"].size();
   CHECK(tile_entries == doc["items"].size());
+
+  // --plan-threads changes how long planning takes, never the plan.
+  for (const char* strategy : {"flatten", "greedy"}) {
+    const std::string command = "plan --tree " + kExample + " --strategy " + strategy + " --json";
+    const Result one = cli(command, false), three = cli(command + " --plan-threads 3", false);
+    REQUIRE_MESSAGE(three.status == 0, three.output);
+    CHECK(three.output == one.output);
+  }
+  r = cli("plan --tree " + kExample + " --plan-threads -2");
+  CHECK(r.status != 0);
 }
 
 TEST_CASE("help teaches the commands and exits 0") {

@@ -355,6 +355,9 @@ Planner::~Planner() = default;
 
 int Planner::threads() const noexcept { return pool_ ? pool_->size() : 1; }
 
-Plan Planner::plan(const Tree& tree, const PlanOptions& options) { return plan_on(tree, options, pool_.get()); }
+Plan Planner::plan(const Tree& tree, const PlanOptions& options) {
+  const std::lock_guard<std::mutex> lock(busy_);
+  return plan_on(tree, options, pool_.get());
+}
 
 }  // namespace treeattn

@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <optional>
 #include <set>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "support/plan_check.hpp"
 #include "treeattn/error.hpp"
@@ -55,6 +58,33 @@ TEST_CASE("every strategy covers seeded random forests exactly") {
       }
     }
   }
+}
+
+TEST_CASE("one Planner called from several threads at once gives plan()'s plans") {
+  Planner shared(3);
+  std::vector<Tree> trees;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    RandomForestOptions o;
+    o.seed = seed;
+    o.nodes = 150;
+    o.queries = 60;
+    o.max_tokens = 300;
+    trees.push_back(random_forest(o));
+  }
+  std::vector<std::string> differences(trees.size() * 2);
+  std::vector<std::thread> callers;
+  for (std::size_t c = 0; c < 4; ++c) {
+    callers.emplace_back([&, c] {
+      for (std::size_t i = c; i < differences.size(); i += 4) {
+        PlanOptions options;
+        options.strategy = i % 2 == 0 ? Strategy::flatten : Strategy::greedy;
+        const Tree& tree = trees[i / 2];
+        differences[i] = test::plan_difference(shared.plan(tree, options), plan(tree, options));
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (const std::string& d : differences) CHECK(d == "");
 }
 
 TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fastest") {

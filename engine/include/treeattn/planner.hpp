@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "treeattn/cost_model.hpp"
 #include "treeattn/plan.hpp"
@@ -40,8 +41,8 @@ class ThreadPool;
 // block_tokens = kAutoBlockTokens, the block-size candidates are timed in
 // parallel. The plans are plan()'s, bit for bit, on any number of threads.
 // Keep one for a serving loop and call it every decode step (starting
-// threads per call costs more than small trees take to plan); one plan() at
-// a time.
+// threads per call costs more than small trees take to plan). Calls from
+// several threads are safe: they take turns.
 class Planner {
  public:
   // Threads in all, the calling one included: 0 means one per hardware
@@ -56,6 +57,7 @@ class Planner {
 
  private:
   std::unique_ptr<ThreadPool> pool_;
+  std::mutex busy_;  // the pool runs one parallel loop at a time
 };
 
 // Validates the tree alone (plan() does this first); throws InvalidTree.

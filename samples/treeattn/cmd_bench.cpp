@@ -155,7 +155,8 @@ void run_bench(const BenchOptions& o) {
                             {"longest_pass_tiles", est.longest_pass_tiles}, {"longest_pass_large", est.longest_pass_large},
                             {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
                             {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},
-                            {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us}};
+                            {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us},
+                            {"plan_threads", planner.threads()}};
       // The block size the plan runs, and that auto chose it; greedy's is its longest block.
       const std::string block_cell = options.block_tokens == kAutoBlockTokens
                                          ? fmt::format("auto:{}", plan.block_tokens)

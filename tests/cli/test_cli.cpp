@@ -220,6 +220,13 @@ TEST_CASE("bench writes JSON rows per strategy") {
   CHECK(rows[1]["run_median_us"].get<double>() > 0.0);
   CHECK(rows[0]["unique_kv_bytes"] == rows[1]["unique_kv_bytes"]);
   CHECK(rows[0]["roofline_fraction"].get<double>() > 0.0);
+  CHECK(rows[0]["plan_threads"] == 1);
+  // Planned on a Planner of three threads: the same plan, the count recorded.
+  const nlohmann::json threaded = bench("--workload random --nodes 300 --queries 50 --trees 3 --max-tokens 16 "
+                                        "--strategy flatten,sequence --repeat 3 --backend none --plan-threads 3").rows;
+  REQUIRE(threaded.size() == 2);
+  CHECK(threaded[0]["plan_threads"] == 3);
+  for (const char* field : {"block_tokens", "items", "partials", "model_us"}) CHECK(threaded[0][field] == rows[0][field]);
 }
 
 TEST_CASE("bench sweeps cost models: one row per strategy and model, with the model's counts") {

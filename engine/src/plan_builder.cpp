@@ -102,8 +102,7 @@ void PlanBuilder::close_block() {
     const std::int32_t t1 = std::min(viewers, t0 + tile);
     plan_.item_block.push_back(block);
     plan_.item_mask_begin.push_back(std::int32_t(plan_.segment_mask.size()));
-    plan_.item_tile_rows.push_back(
-        choose_tile(model_, std::int64_t(t1 - t0) * plan_.heads.group_size(), block_tokens_).rows);
+    plan_.item_tile_rows.push_back(item_tile_rows(t1 - t0));
     for (std::int32_t t = t0; t < t1; ++t) {
       while (t >= intervals_[interval].offset + (intervals_[interval].end - intervals_[interval].begin)) ++interval;
       const std::int32_t position = intervals_[interval].begin + (t - intervals_[interval].offset);
@@ -122,14 +121,17 @@ void PlanBuilder::close_block() {
   hi_.clear();
 }
 
+// The one place both modes choose an item's tile rows, so a shape is the plan's.
+std::int32_t PlanBuilder::item_tile_rows(std::int32_t queries) const {
+  return choose_tile(model_, std::int64_t(queries) * plan_.heads.group_size(), block_tokens_).rows;
+}
+
 // The items close_block() would emit, and which query positions the block reads.
 void PlanBuilder::close_block_shape(std::int32_t viewers) {
   const std::int32_t tile = plan_.query_tile;
   for (std::int32_t t0 = 0; t0 < viewers; t0 += tile) {
     const std::int32_t queries = std::min(viewers, t0 + tile) - t0;
-    shape_->items.push_back(ItemShape{
-        queries, block_tokens_,
-        choose_tile(model_, std::int64_t(queries) * plan_.heads.group_size(), block_tokens_).rows});
+    shape_->items.push_back(ItemShape{queries, block_tokens_, item_tile_rows(queries)});
   }
   for (const Interval& i : intervals_) {
     ++coverage_[std::size_t(i.begin)];

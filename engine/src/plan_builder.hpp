@@ -38,6 +38,7 @@ class PlanBuilder {
  private:
   void close_block();
   void close_block_shape(std::int32_t viewers);
+  std::int32_t item_tile_rows(std::int32_t queries) const;  // of an item of the open block
 
   Plan& plan_;
   const Visibility& vis_;

@@ -36,9 +36,7 @@ std::vector<std::string> strategy_names();
 std::vector<std::string> backend_names();
 std::vector<std::string> model_names();
 
-// --strategy, --block-tokens and --query-tile, shared by the commands that plan.
-extern const char* const kPlanThreadsHelp;
-
+// --strategy, --block-tokens, --query-tile, --cost and --plan-threads, shared by the commands that plan.
 struct PlanFlags {
   std::string strategy = "flatten";
   std::string block_tokens = "auto";  // a count or "auto" (parse_block_tokens)
@@ -64,9 +62,10 @@ struct BackendFlags {
 std::int32_t parse_block_tokens(const std::string& text);
 CLI::Validator block_tokens_validator();
 
-// The help texts of --block-tokens and --cost (plan, run, demo, bench).
+// The help texts of --block-tokens, --cost and --plan-threads (plan, run, demo, bench).
 extern const char* const kBlockTokensHelp;
 extern const char* const kCostHelp;
+extern const char* const kPlanThreadsHelp;
 
 // "16.6 MB", "512 B": decimal units, as bandwidths are quoted.
 std::string format_bytes(double bytes);

@@ -21,6 +21,11 @@
 // different banks; S, P and the factor matrix are column-major with padded
 // columns so the lanes of a softmax step (16 rows of one column) hit 16
 // different banks.
+//
+// bf16 inputs run this same SPIR-V with its 16-bit float type declared bfloat16
+// (backends/vulkan/spirv_bf16.hpp), which only works while 16-bit floats are
+// bitcast, converted, stored, loaded and multiplied as matrices here, never
+// computed with (test_vulkan retypes the embedded module to check).
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require

@@ -1,8 +1,9 @@
 #pragma once
 // The Vulkan API as treeattn sees it: volk's function pointers (no link-time
 // libvulkan; the loader is opened at run time), plus the few declarations of
-// VK_KHR_cooperative_matrix that headers older than 1.3.255 (Debian 12 has
-// 1.3.239) lack. Values from the Vulkan registry.
+// VK_KHR_cooperative_matrix (1.3.255) and VK_KHR_shader_bfloat16 (1.4.311)
+// that older headers (Debian 12 has 1.3.239) lack. Values from the Vulkan
+// registry.
 
 #include <volk.h>
 
@@ -47,4 +48,18 @@ typedef struct VkPhysicalDeviceCooperativeMatrixFeaturesKHR {
 
 typedef VkResult(VKAPI_PTR* PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)(
     VkPhysicalDevice physicalDevice, uint32_t* pPropertyCount, VkCooperativeMatrixPropertiesKHR* pProperties);
+#endif
+
+#ifndef VK_KHR_shader_bfloat16
+#define VK_KHR_shader_bfloat16 1
+#define VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME "VK_KHR_shader_bfloat16"
+constexpr VkStructureType VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR = VkStructureType(1000141000);
+
+typedef struct VkPhysicalDeviceShaderBfloat16FeaturesKHR {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 shaderBFloat16Type;
+  VkBool32 shaderBFloat16DotProduct;
+  VkBool32 shaderBFloat16CooperativeMatrix;
+} VkPhysicalDeviceShaderBfloat16FeaturesKHR;
 #endif

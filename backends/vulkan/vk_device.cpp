@@ -150,6 +150,7 @@ std::string DeviceCaps::coopmat_unsupported(bool bf16_inputs) const {
   if (!has_coopmat_shape(16, 16, 16, a, VK_COMPONENT_TYPE_FLOAT32_KHR)) {
     return bf16_inputs ? "no 16x16x16 bf16 x bf16 -> f32 cooperative matrix" : "no 16x16x16 f16 x f16 -> f32 cooperative matrix";
   }
+  if (bf16_inputs && !bfloat16_coopmat) return "no VK_KHR_shader_bfloat16 with bfloat16 cooperative matrices";
   if (!shader_float16 || !storage_16bit) return "needs shaderFloat16 and storageBuffer16BitAccess";
   if (!vulkan_memory_model || !memory_model_device_scope) return "needs the Vulkan memory model (device scope)";
   if (!subgroup_size_control || !compute_full_subgroups || min_subgroup_size > 32 || max_subgroup_size < 32) {
@@ -237,6 +238,7 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
     VkPhysicalDeviceCooperativeMatrixFeaturesKHR fcm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
     VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fexec{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+    VkPhysicalDeviceShaderBfloat16FeaturesKHR fbf16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR};
     features.pNext = &f11;
     f11.pNext = &f12;
     if (v13) f12.pNext = &f13;
@@ -247,7 +249,12 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
       chain_end = &fcm.pNext;
     }
     const bool executable_extension = has_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
-    if (executable_extension) *chain_end = &fexec;
+    if (executable_extension) {
+      *chain_end = &fexec;
+      chain_end = &fexec.pNext;
+    }
+    const bool bfloat16_extension = has_extension(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
+    if (bfloat16_extension) *chain_end = &fbf16;
     vkGetPhysicalDeviceFeatures2(c.physical, &features);
     c.shader_int64 = features.features.shaderInt64;
     c.storage_16bit = f11.storageBuffer16BitAccess;
@@ -259,7 +266,7 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
     c.compute_full_subgroups = v13 && f13.computeFullSubgroups;
     c.maintenance4 = v13 && f13.maintenance4;
     c.coopmat = coopmat_extension && fcm.cooperativeMatrix;
-    c.bfloat16 = has_extension("VK_KHR_shader_bfloat16");
+    c.bfloat16_coopmat = bfloat16_extension && fbf16.shaderBFloat16Type && fbf16.shaderBFloat16CooperativeMatrix;
     c.pipeline_statistics = executable_extension && fexec.pipelineExecutableInfo;
 
     if (c.coopmat) {
@@ -359,6 +366,9 @@ Device::Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps) : ins
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fexec{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
   fexec.pipelineExecutableInfo = VK_TRUE;
+  VkPhysicalDeviceShaderBfloat16FeaturesKHR fbf16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR};
+  fbf16.shaderBFloat16Type = VK_TRUE;
+  fbf16.shaderBFloat16CooperativeMatrix = VK_TRUE;
   std::vector<const char*> extensions;
   void** chain_end = caps.api_version >= VK_API_VERSION_1_3 ? &f13.pNext : &f12.pNext;
   if (coopmat) {
@@ -368,7 +378,12 @@ Device::Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps) : ins
   }
   if (caps.pipeline_statistics) {
     *chain_end = &fexec;
+    chain_end = &fexec.pNext;
     extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+  }
+  if (coopmat && caps.coopmat_unsupported(true).empty()) {
+    *chain_end = &fbf16;
+    extensions.push_back(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
   }
 
   const float priority = 1.0f;

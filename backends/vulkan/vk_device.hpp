@@ -61,7 +61,9 @@ struct DeviceCaps {
   bool timestamps = false;
   float timestamp_period_ns = 1.0f;
   bool coopmat = false;  // VK_KHR_cooperative_matrix with the cooperativeMatrix feature
-  bool bfloat16 = false; // VK_KHR_shader_bfloat16
+  // VK_KHR_shader_bfloat16 with bfloat16 types and cooperative matrices (the bf16
+  // build of the coopmat shader).
+  bool bfloat16_coopmat = false;
   bool pipeline_statistics = false;  // VK_KHR_pipeline_executable_properties: the compiler's per-pipeline figures
   std::vector<CoopmatShape> coopmat_shapes;
 

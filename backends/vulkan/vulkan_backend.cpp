@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include "shaders.hpp"
+#include "spirv_bf16.hpp"
 #include "vk_check.hpp"
 #include "vk_sequence.hpp"
 
@@ -145,9 +146,6 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
   std::string why_not_coopmat;
 #ifdef TREEATTN_HAVE_VK_COOPMAT
   why_not_coopmat = caps.coopmat_unsupported(bf16);
-  if (why_not_coopmat.empty() && bf16) {
-    why_not_coopmat = "bf16 cooperative-matrix shaders need GL_EXT_bfloat16, which the glslang of this build lacks";
-  }
 #else
   why_not_coopmat = "this build's glslang cannot compile cooperative-matrix shaders (scripts/setup_glslang.sh provides one)";
 #endif
@@ -159,8 +157,8 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
     return Variant::scalar;
   }
   if (forced == "coopmat") {
-    if (bf16 && caps.coopmat_unsupported(false).empty()) {
-      // The device runs the f16 coopmat shader; only this build lacks a bf16 one.
+    if (bf16 && !why_not_coopmat.empty() && caps.coopmat_unsupported(false).empty()) {
+      // The device runs the coopmat shader on f16 only.
       say("scalar for bf16 inputs (coopmat forced, but " + why_not_coopmat + ")");
       return Variant::scalar;
     }
@@ -176,7 +174,8 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
                 fmt::format("unknown Vulkan variant '{}' (choose auto, scalar or coopmat)", forced));
   }
   if (why_not_coopmat.empty()) {
-    say("coopmat (VK_KHR_cooperative_matrix 16x16x16 f16 -> f32)");
+    say(bf16 ? "coopmat (VK_KHR_cooperative_matrix 16x16x16 bf16 -> f32, VK_KHR_shader_bfloat16)"
+             : "coopmat (VK_KHR_cooperative_matrix 16x16x16 f16 -> f32)");
     return Variant::coopmat;
   }
   say("scalar (coopmat: " + why_not_coopmat + ")");
@@ -207,11 +206,18 @@ const ComputePipeline& VulkanBackend::stage1_pipeline(Variant variant, int head_
       log_statistics(fmt::format("tree_attn_scalar (head_dim {}, {}-token stages)", head_dim, chunk), *slot);
     } else {
 #ifdef TREEATTN_HAVE_VK_COOPMAT
+      // bf16 inputs: the same shader with its 16-bit float type declared bfloat16.
+      const std::vector<std::uint32_t> bf16_words =
+          bf16 ? retype_f16_as_bf16(spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words) : std::vector<std::uint32_t>{};
+      const SpirvModule module = bf16 ? SpirvModule{bf16_words.data(), bf16_words.size()}
+                                      : SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words};
       const std::uint32_t chunk = coopmat_chunk_tokens(device_->caps(), head_dim);
-      slot = std::make_unique<ComputePipeline>(
-          *device_, cache_, SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words},
-          std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk}, std::uint32_t(sizeof(PushConstants)), 32, capture);
-      log_statistics(fmt::format("tree_attn_coopmat (head_dim {}, {}-token stages)", head_dim, chunk), *slot);
+      slot = std::make_unique<ComputePipeline>(*device_, cache_, module,
+                                               std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk},
+                                               std::uint32_t(sizeof(PushConstants)), 32, capture);
+      log_statistics(fmt::format("tree_attn_coopmat ({}, head_dim {}, {}-token stages)", bf16 ? "bf16" : "f16", head_dim,
+                                 chunk),
+                     *slot);
 #endif
     }
   }

@@ -17,6 +17,8 @@
 
 #include <unistd.h>
 
+#include "../backends/vulkan/shaders.hpp"
+#include "../backends/vulkan/spirv_bf16.hpp"
 #include "../backends/vulkan/vk_device.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
@@ -163,6 +165,59 @@ TEST_CASE("backends created and destroyed one after another keep working: the in
     REQUIRE(max_abs_error(out.o.view(), expected.o) <= tolerance(DType::f16));
   }
   CHECK(vulkan::Instance::get().use_count() >= 2);  // held beyond this caller's reference, for the process
+}
+
+TEST_CASE("the bf16 coopmat shader: the f16 build with its 16-bit float type declared bfloat16") {
+  // Hand-assembled modules (only what the retyping reads): header, then instructions.
+  auto op = [](std::uint32_t code, std::vector<std::uint32_t> operands) {
+    operands.insert(operands.begin(), std::uint32_t(operands.size() + 1) << 16 | code);
+    return operands;
+  };
+  auto module = [](std::vector<std::vector<std::uint32_t>> list) {
+    std::vector<std::uint32_t> words = {0x07230203u, 0x00010600u, 0u, 20u, 0u};
+    for (const auto& i : list) words.insert(words.end(), i.begin(), i.end());
+    return words;
+  };
+  const std::vector<std::uint32_t> memory_model = {(3u << 16) | 14u, 0u, 1u};  // OpMemoryModel Logical GLSL450
+  const std::vector<std::uint32_t> f16 = {(3u << 16) | 22u, 1u, 16u};           // %1 = OpTypeFloat 16
+  const std::vector<std::uint32_t> in = module({op(17, {1}), op(17, {9}), memory_model, f16, op(22, {2, 32})});
+  const std::vector<std::uint32_t> out = vulkan::retype_f16_as_bf16(in.data(), in.size());
+  const std::vector<std::uint32_t> extension = op(10, {0x5f565053u, 0x5f52484bu, 0x6f6c6662u, 0x36317461u, 0u});
+  const std::vector<std::uint32_t> expected = module({op(17, {1}), op(17, {9}), op(17, {5116}), op(17, {5118}), extension,
+                                                     memory_model, op(22, {1, 16, 0}), op(22, {2, 32})});
+  CHECK(out == expected);  // "SPV_KHR_bfloat16", nul-terminated, in little-endian words
+
+  // What a bfloat16 value cannot be or meet: a constant (its bits would mean
+  // another number), arithmetic (OpFAdd), a comparison (OpFOrdEqual).
+  const std::vector<std::uint32_t> function_head[] = {op(19, {3}), op(33, {4, 3}), op(54, {3, 5, 0, 4}), op(248, {6}),
+                                                     op(1, {1, 7})};
+  auto in_function = [&](std::vector<std::uint32_t> body) {
+    std::vector<std::vector<std::uint32_t>> list = {op(17, {1}), memory_model, f16, op(20, {9})};
+    list.insert(list.end(), std::begin(function_head), std::end(function_head));
+    list.push_back(std::move(body));
+    list.push_back(op(56, {}));
+    return module(list);
+  };
+  const std::vector<std::uint32_t> constant = module({op(17, {1}), memory_model, f16, op(43, {1, 2, 0x3c00})});
+  const std::vector<std::uint32_t> add = in_function(op(129, {1, 8, 7, 7}));
+  const std::vector<std::uint32_t> compare = in_function(op(180, {9, 8, 7, 7}));
+  const std::vector<std::uint32_t> no_f16 = module({op(17, {1}), memory_model, op(22, {2, 32})});
+  CHECK_THROWS_WITH_AS(vulkan::retype_f16_as_bf16(constant.data(), constant.size()), doctest::Contains("opcode 43 makes"), Error);
+  CHECK_THROWS_WITH_AS(vulkan::retype_f16_as_bf16(add.data(), add.size()), doctest::Contains("opcode 129 makes"), Error);
+  CHECK_THROWS_WITH_AS(vulkan::retype_f16_as_bf16(compare.data(), compare.size()), doctest::Contains("opcode 180 takes"), Error);
+  CHECK_THROWS_WITH_AS(vulkan::retype_f16_as_bf16(no_f16.data(), no_f16.size()), doctest::Contains("0 16-bit float types"), Error);
+  const std::vector<std::uint32_t> select = in_function(op(169, {1, 8, 10, 7, 7}));  // OpSelect is allowed
+  CHECK_NOTHROW(vulkan::retype_f16_as_bf16(select.data(), select.size()));
+  const std::vector<std::uint32_t> truncated(in.begin(), in.end() - 1);
+  CHECK_THROWS_WITH_AS(vulkan::retype_f16_as_bf16(truncated.data(), truncated.size()), doctest::Contains("malformed"), Error);
+#ifdef TREEATTN_HAVE_VK_COOPMAT
+  // The embedded coopmat shader keeps its 16-bit floats out of arithmetic, so
+  // it retypes (checked here, where no device runs it): two capabilities, the
+  // extension (five words of name) and the encoding operand added.
+  const std::vector<std::uint32_t> shader =
+      vulkan::retype_f16_as_bf16(vulkan::spirv::tree_attn_coopmat, vulkan::spirv::tree_attn_coopmat_words);
+  CHECK(shader.size() == vulkan::spirv::tree_attn_coopmat_words + 2 * 2 + 6 + 1);
+#endif
 }
 
 TEST_CASE("the timed layers compute what run() computes") {

@@ -32,6 +32,7 @@ struct BenchOptions {
   int plan_threads = 1;
   int run_repeat = 3;
   int layers = 1;
+  std::string dtype = "f16";  // of the timed runs' Q, K, V and O: f16 or bf16
   BackendFlags backend_flags;
   bool verbose = false;
   double peak_gbps = 0.0;
@@ -118,13 +119,14 @@ void run_bench(const BenchOptions& o) {
     const Tree& tree = trees[w].tree;
     const HeadConfig& h = tree.heads;
     HostArray q, k, v, out;
+    const DType dtype = o.dtype == "bf16" ? DType::bf16 : DType::f16;
     if (!backends.empty()) {  // synthetic data, shared by the strategies and backends of this workload
       const std::int64_t slots = std::max<std::int64_t>(1, treeattn::plan(tree).min_kv_slots);
       const std::int64_t nq = std::int64_t(tree.query_count());
-      q = random_array(DType::f16, {nq, h.heads_q, h.head_dim}, 1);
-      k = random_array(DType::f16, {slots, h.heads_kv, h.head_dim}, 2);
-      v = random_array(DType::f16, {slots, h.heads_kv, h.head_dim}, 3);
-      out = HostArray(DType::f16, {nq, h.heads_q, h.head_dim});
+      q = random_array(dtype, {nq, h.heads_q, h.head_dim}, 1);
+      k = random_array(dtype, {slots, h.heads_kv, h.head_dim}, 2);
+      v = random_array(dtype, {slots, h.heads_kv, h.head_dim}, 3);
+      out = HostArray(dtype, {nq, h.heads_q, h.head_dim});
     }
     for (const std::string& strategy : o.strategies) for (const std::string& block_tokens : o.block_tokens)
     for (const std::string& assignments : o.costs) for (Timed* timed : planners) {
@@ -181,6 +183,7 @@ void run_bench(const BenchOptions& o) {
       const double per_layer = run_time.median_us / o.layers;
       const double gbps = double(unique) / (per_layer * 1e3);
       row["backend"] = backend.name();
+      row["dtype"] = o.dtype;
       row["layers"] = o.layers;
       row["run_median_us"] = per_layer;
       row["run_min_us"] = run_time.min_us / o.layers;
@@ -244,6 +247,11 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--plan-threads", o->plan_threads, kPlanThreadsHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--run-repeat", o->run_repeat, "Run repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--layers", o->layers, "Back-to-back calls per run (a model's layers)")->check(CLI::Range(1, 1000))->capture_default_str();
+  sub->add_option("--dtype", o->dtype,
+                  "Element type of the timed runs' Q, K, V and O: f16 or bf16 (2 bytes either way, so the KV bytes "
+                  "and the roofline are the same)")
+      ->check(CLI::IsMember({"f16", "bf16"}))
+      ->capture_default_str();
   o->backend_flags.add_to(*sub);
   sub->add_flag("--verbose", o->verbose, "Say on stderr which device and shader variant each backend runs");
   sub->add_option("--peak-gbps", o->peak_gbps,

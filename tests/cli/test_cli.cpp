@@ -221,6 +221,16 @@ TEST_CASE("bench writes JSON rows per strategy") {
   CHECK(rows[0]["unique_kv_bytes"] == rows[1]["unique_kv_bytes"]);
   CHECK(rows[0]["roofline_fraction"].get<double>() > 0.0);
   CHECK(rows[0]["plan_threads"] == 1);
+  CHECK(rows[0]["dtype"] == "f16");
+  // bf16 inputs: the row says so; f32 is refused (the GPU backends take 16-bit inputs).
+  const nlohmann::json bf16 = bench("--workload random --nodes 300 --queries 50 --trees 3 --max-tokens 16 "
+                                    "--strategy flatten --repeat 1 --backend cpu --dtype bf16").rows;
+  REQUIRE(bf16.size() == 1);
+  CHECK(bf16[0]["dtype"] == "bf16");
+  CHECK(bf16[0]["run_median_us"].get<double>() > 0.0);
+  const Result f32 = cli("bench --workload random --nodes 30 --backend cpu --dtype f32", true);
+  CHECK(f32.status != 0);
+  CHECK(f32.output.find("--dtype: f32 not in {f16,bf16}") != std::string::npos);
   // Planned on a Planner of three threads: the same plan, the count recorded.
   const nlohmann::json threaded = bench("--workload random --nodes 300 --queries 50 --trees 3 --max-tokens 16 "
                                         "--strategy flatten,sequence --repeat 3 --backend none --plan-threads 3").rows;

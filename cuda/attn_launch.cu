@@ -18,7 +18,7 @@ cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
     kernel<<<ctas, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  if (p.num_queries > 0) {
+  if (p.num_partials > 0) {  // else stage 1 wrote every query: the merge would only return
     const std::int64_t pairs = std::int64_t(p.num_queries) * p.heads_q;
     const unsigned ctas = unsigned((pairs + kMergeWarps - 1) / kMergeWarps);
     tree_attn_merge_kernel<HeadDim><<<ctas, kMergeWarps * 32, 0, stream>>>(p);

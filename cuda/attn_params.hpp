@@ -54,6 +54,7 @@ struct KernelParams {
 
   std::int32_t num_passes;
   std::int32_t num_queries;
+  std::int32_t num_partials;  // 0: every query is written by stage 1, and no merge runs
   std::int32_t heads_q;
   std::int32_t heads_kv;
   std::int32_t group;       // heads_q / heads_kv

@@ -67,6 +67,7 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   p.partial_o = partials_.as<float>();
   p.partial_lse = partials_.as<float>() + partial_rows * std::size_t(plan.heads.head_dim);
   p.num_queries = plan.num_queries;
+  p.num_partials = plan.num_partials;
   p.heads_q = plan.heads.heads_q;
   p.heads_kv = plan.heads.heads_kv;
   p.group = plan.heads.group_size();

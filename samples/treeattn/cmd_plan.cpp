@@ -17,6 +17,8 @@ namespace {
 struct PlanCommandOptions {
   std::string tree;
   PlanFlags plan;
+  std::string backend = "none";  // whose device model plans: none (the H100 defaults) or a backend
+  BackendFlags backend_flags;
   bool json = false;
   int items = 24;
   std::string svg;
@@ -127,7 +129,11 @@ void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, const C
 
 void run_plan(const PlanCommandOptions& o) {
   const Tree tree = load_tree_json(o.tree);
-  const PlanOptions options = o.plan.options();
+  // With --backend, the device model `run --backend` plans with (its SMs, its
+  // block sizes), so the plan shown is the one that would run there.
+  const CostModel base = o.backend == "none" ? cost_model_for("h100")
+                                             : make_backend(parse_backend(o.backend), o.backend_flags.options)->cost_model();
+  const PlanOptions options = o.plan.options(0, base);
   const Plan plan = Planner(o.plan.plan_threads).plan(tree, options);
   const PlanStats st = compute_stats(plan);
   const CostEstimate est = estimate_cost(plan, options.cost);
@@ -151,6 +157,12 @@ Command add_plan_command(CLI::App& app) {
       "Example: treeattn plan --tree examples/fewshot.json --strategy sequence");
   sub->add_option("--tree", o->tree, "Tree JSON")->required();
   o->plan.add_to(*sub);
+  sub->add_option("--backend", o->backend,
+                  "Plan with this backend's device model, as `run --backend` does (cuda: the GPU's SMs; vulkan: "
+                  "256-token blocks for auto); none: the H100 defaults, no device needed")
+      ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
+      ->capture_default_str();
+  o->backend_flags.add_to(*sub);
   sub->add_flag("--json", o->json, "Print the whole plan as JSON instead of the summary");
   sub->add_option("--svg", o->svg, "Also draw the plan over the tree as SVG (KV coloured by the block that reads it)");
   sub->add_option("--items", o->items, "Work items listed in the summary")->check(CLI::NonNegativeNumber)->capture_default_str();

@@ -39,7 +39,7 @@ constexpr Coefficient kCoefficients[] = {
     {"tile_ns_small", &CostModel::tile_ns_small}, {"partial_ns", &CostModel::partial_ns},
     {"slots", &CostModel::slots},           {"sms", &CostModel::sms},
     {"solo_speedup", &CostModel::solo_speedup},
-    {"switch_gain", &CostModel::switch_gain},
+    {"switch_gain", &CostModel::switch_gain}, {"merge_ns", &CostModel::merge_ns},
 };
 
 // The token counts among the coefficients.
@@ -90,7 +90,7 @@ void CostModel::set(const std::string& assignments) {
     if (c == std::end(kCoefficients)) {
       fail(ErrorCategory::InvalidArgument,
            "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
-           "sms, solo_speedup, switch_gain, min_split_tokens, auto_block_min or auto_block_max)",
+           "sms, solo_speedup, switch_gain, merge_ns, min_split_tokens, auto_block_min or auto_block_max)",
            key);
     }
     if ((c->field == &CostModel::slots || c->field == &CostModel::sms || c->field == &CostModel::solo_speedup) &&

@@ -15,7 +15,7 @@
 namespace treeattn {
 namespace {
 
-constexpr double kNoBound = std::numeric_limits<double>::infinity();  // predicted_us: time it exactly
+constexpr double kNoBound = std::numeric_limits<double>::infinity();  // predict(): time it exactly
 
 void check_options(const PlanOptions& o) {
   if (o.block_tokens != kAutoBlockTokens && (o.block_tokens < 1 || o.block_tokens > kMaxBlockTokens)) {
@@ -156,16 +156,16 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
   return result;
 }
 
-// The model's time for the plan assemble() would build, from its shape alone
-// (no segments, masks or reduction map): how candidates are compared.
-// With `to_beat_us`, a plan no faster than that may get a bound above it instead.
-double predicted_us(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-                    const GreedyChoice* greedy, double to_beat_us = kNoBound) {
+// The model's estimate of the plan assemble() would build, from its shape
+// alone (no segments, masks or reduction map): how candidates are compared.
+// With `to_beat_us`, a plan no faster than that may get a bound above it as its time.
+CostEstimate predict(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
+                     const GreedyChoice* greedy, double to_beat_us = kNoBound) {
   Plan header = plan_header(tree, vis, options, greedy);
   PlanShape shape;
   PlanBuilder builder(header, vis, options.cost, shape);
   emit_strategy(builder, topo, vis, options.strategy, greedy);
-  return estimate_shape(shape, header.heads, options.cost, to_beat_us).time_us;
+  return estimate_shape(shape, header.heads, options.cost, to_beat_us);
 }
 
 // The visibility of the last children order greedy asked for: the block-size
@@ -194,14 +194,14 @@ class GreedyMemo {
   // The model's time for greedy's own plan. The block-size candidates often
   // arrive at the same layout (the same edges joined, the same units: the
   // same plan), which is then not timed again.
-  double own_us(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options) {
+  const CostEstimate& own(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options) {
     if (!timed_ || choice.groups.joined != joined_ || choice.layout.units != units_) {
-      us_ = predicted_us(tree, choice.order, reordered_.get(tree, choice.order), options, &choice);
+      estimate_ = predict(tree, choice.order, reordered_.get(tree, choice.order), options, &choice);
       joined_ = choice.groups.joined;
       units_ = choice.layout.units;
       timed_ = true;
     }
-    return us_;
+    return estimate_;
   }
 
  private:
@@ -209,14 +209,17 @@ class GreedyMemo {
   bool timed_ = false;
   std::vector<std::uint8_t> joined_;
   std::vector<GreedyUnit> units_;
-  double us_ = 0.0;
+  CostEstimate estimate_;
 };
 
-// Greedy at one block size: its own layout, or flatten's where that is kept
-// (own is then empty), and the model's time for the one kept.
+// Greedy's layout: its own, flatten's (own empty), or one item per query
+// (one_item_block > 0: the sequence layout in blocks that long), and the
+// model's time for it.
 struct GreedyDecision {
   std::optional<GreedyChoice> own;
   double time_us = 0.0;
+  bool partials = true;  // whether the layout has partials (a merge runs)
+  std::int32_t one_item_block = 0;
 };
 
 // The greedy strategy. Its groups are decided edge by edge, each edge seeing
@@ -242,17 +245,56 @@ GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visib
     choice.layout = layout_greedy(choice.order, choice.groups, options, tree.heads);
     if (!best || choice.layout.time_us < best->layout.time_us) best = std::move(choice);
   }
-  const double greedy_us = memo.own_us(tree, *best, options);
+  const CostEstimate& own = memo.own(tree, *best, options);
+  const double greedy_us = own.time_us;
   PlanOptions flat = options;
   flat.strategy = Strategy::flatten;
   // Flatten's time matters below greedy_us * switch_gain (it is then kept)
   // and, unless greedy's own layout beats best_us, below best_us too: a bound
   // above that still makes the decision below, and the candidate lose.
   const double switch_us = greedy_us * options.cost.switch_gain;
-  const double flatten_us =
-      predicted_us(tree, topo, vis, flat, nullptr, greedy_us < best_us ? switch_us : std::min(switch_us, best_us));
-  if (flatten_us < switch_us) return {std::nullopt, flatten_us};
-  return {std::move(best), greedy_us};
+  const CostEstimate flatten =
+      predict(tree, topo, vis, flat, nullptr, greedy_us < best_us ? switch_us : std::min(switch_us, best_us));
+  if (flatten.time_us < switch_us) return {std::nullopt, flatten.time_us, flatten.partial_rows > 0, 0};
+  return {std::move(best), greedy_us, own.partial_rows > 0, 0};
+}
+
+// The most KV tokens one query sees.
+std::int64_t longest_query_path(const Topology& topo, const Visibility& vis) {
+  std::int64_t longest = 0;
+  for (std::size_t q = 0; q < topo.query_node.size(); ++q) {
+    const std::int32_t position = vis.query_position[q];
+    std::int64_t tokens = 0;
+    for (std::int32_t v = topo.query_node[q]; v >= 0; v = topo.parent[std::size_t(v)]) {
+      for (std::int32_t p = vis.node_piece_begin[std::size_t(v)]; p < vis.node_piece_end[std::size_t(v)]; ++p) {
+        const Piece& piece = vis.pieces[std::size_t(p)];
+        if (position >= piece.viewer_lo && position < piece.viewer_hi) tokens += piece.token_end - piece.token_begin;
+      }
+    }
+    longest = std::max(longest, tokens);
+  }
+  return longest;
+}
+
+// Greedy's last, whole-tree candidate: every query one item over its whole
+// path (the sequence layout, unsplit). It has no partials, so no merge kernel
+// runs, which the model's coefficients charge every plan a share of: it
+// replaces a layout with partials when predicted faster than that layout's
+// time plus merge_ns. It wins where a tree's KV is small and the merge is a
+// large part of the step (the one-KV-head peer shapes; README, "greedy").
+void consider_one_item_per_query(const Tree& tree, const Topology& topo, const Visibility& vis,
+                                 const PlanOptions& options, GreedyDecision& decision) {
+  if (!decision.partials || options.cost.switch_gain == 0.0) return;  // 0: greedy's own layout, always
+  const std::int64_t longest = longest_query_path(topo, vis);
+  if (longest > kMaxBlockTokens) return;
+  PlanOptions one = options;
+  one.strategy = Strategy::sequence;
+  one.block_tokens = std::int32_t(longest);
+  const double to_beat_us = decision.time_us + options.cost.merge_ns * 1e-3;
+  const CostEstimate estimate = predict(tree, topo, vis, one, nullptr, to_beat_us);
+  if (estimate.partial_rows == 0 && estimate.time_us < to_beat_us) {
+    decision = {std::nullopt, estimate.time_us, false, one.block_tokens};
+  }
 }
 
 Plan build_greedy(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
@@ -260,11 +302,12 @@ Plan build_greedy(const Tree& tree, const Topology& topo, Visibility vis, const 
   if (decision.own) {
     return assemble(tree, decision.own->order, compute_visibility(tree, decision.own->order), options, &*decision.own);
   }
-  PlanOptions flat = options;
-  flat.strategy = Strategy::flatten;
-  Plan flatten = assemble(tree, topo, std::move(vis), flat, nullptr);
-  flatten.strategy = Strategy::greedy;
-  return flatten;
+  PlanOptions layout = options;  // flatten's, or one item per query
+  layout.strategy = decision.one_item_block > 0 ? Strategy::sequence : Strategy::flatten;
+  if (decision.one_item_block > 0) layout.block_tokens = decision.one_item_block;
+  Plan plan = assemble(tree, topo, std::move(vis), layout, nullptr);
+  plan.strategy = Strategy::greedy;
+  return plan;
 }
 
 // The fastest of the block-size candidates one thread has timed, and what it
@@ -287,7 +330,7 @@ class CandidateSearch {
       if (!memo_) memo_.emplace(topo, vis);
       decision = decide_greedy(tree, topo, vis, fixed, *memo_, best_us);
     } else {
-      decision.time_us = predicted_us(tree, topo, vis, fixed, nullptr, best_us);
+      decision.time_us = predict(tree, topo, vis, fixed, nullptr, best_us).time_us;
     }
     if (!best_ || better(decision.time_us, index, *best_)) best_ = Best{index, fixed, std::move(decision)};
   }
@@ -325,7 +368,11 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis
     const auto& b = search.best();
     if (b && (best == nullptr || CandidateSearch::better(b->decision.time_us, b->index, *best))) best = &*b;
   }
-  if (options.strategy == Strategy::greedy) return build_greedy(tree, topo, std::move(vis), best->options, best->decision);
+  if (options.strategy == Strategy::greedy) {
+    GreedyDecision decision = best->decision;
+    consider_one_item_per_query(tree, topo, vis, best->options, decision);
+    return build_greedy(tree, topo, std::move(vis), best->options, decision);
+  }
   return assemble(tree, topo, std::move(vis), best->options, nullptr);
 }
 
@@ -336,7 +383,8 @@ Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
   if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, std::move(vis), options, pool);
   if (options.strategy == Strategy::greedy) {
     GreedyMemo memo(topo, vis);
-    const GreedyDecision decision = decide_greedy(tree, topo, vis, options, memo);
+    GreedyDecision decision = decide_greedy(tree, topo, vis, options, memo);
+    consider_one_item_per_query(tree, topo, vis, options, decision);
     return build_greedy(tree, topo, std::move(vis), options, decision);
   }
   return assemble(tree, topo, std::move(vis), options, nullptr);

@@ -136,6 +136,44 @@ TEST_CASE("long-context splitting fills the device, and only while it pays") {
   CHECK(compute_stats(floor).block_tokens_min >= 200);
 }
 
+TEST_CASE("one item per query, without partials, where the merge it saves decides") {
+  // A peer shape with one KV head: 256 leaves of 32 tokens under four 256-token
+  // nodes and an 8-token root. Its KV is 150 KB; on the H100 one item per
+  // query (no merge kernel) ran 10.2 us a layer where greedy's own layout, with
+  // 764 partials, ran 14.4. The model puts that layout 1.1 us ahead before the
+  // merge it saves (merge_ns) is counted.
+  const Tree tree = level_tree({16, 1, 128}, {1, 4, 256}, {8, 256, 32});
+  PlanOptions greedy;
+  greedy.strategy = Strategy::greedy;
+  const Plan chosen = plan(tree, greedy);
+  CHECK(chosen.strategy == Strategy::greedy);
+  CHECK(chosen.num_partials == 0);
+  CHECK(chosen.num_items() == 256);
+  // Exactly the sequence layout in blocks as long as the longest path (296 tokens).
+  PlanOptions sequence;
+  sequence.strategy = Strategy::sequence;
+  sequence.block_tokens = 8 + 256 + 32;
+  Plan expected = plan(tree, sequence);
+  expected.strategy = Strategy::greedy;
+  CHECK(test::plan_difference(chosen, expected) == "");
+  for (std::int32_t block_tokens : {256, 512}) {  // a fixed block size decides the same
+    PlanOptions fixed = greedy;
+    fixed.block_tokens = block_tokens;
+    CHECK(test::plan_difference(plan(tree, fixed), expected) == "");
+  }
+
+  // Without the merge's cost the layout with partials stays; with switch_gain 0
+  // greedy's own layout always does.
+  for (const char* coefficients : {"merge_ns=0", "switch_gain=0"}) {
+    CAPTURE(coefficients);
+    PlanOptions o = greedy;
+    o.cost.set(coefficients);
+    CHECK(plan(tree, o).num_partials > 0);
+  }
+  // A tree whose KV is large keeps its partials: few-shot's prompt is read once.
+  CHECK(plan(few_shot_tree({32, 8, 128}, 4000, 50, 200), greedy).num_partials > 0);
+}
+
 TEST_CASE("greedy keeps every invariant under extreme coefficients") {
   const char* extremes[] = {
       "partial_ns=0",                        // never concatenate

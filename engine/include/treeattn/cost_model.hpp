@@ -52,8 +52,16 @@ struct CostModel {
   // times faster. Measured on the H100 over the 57 peer configurations with the
   // guard off: greedy's own layouts ran 0.98-3.3x flatten's, and every one
   // predicted >= 1.2x ran >= 1.03x; the model overstates the deepest trees' gains.
-  // 0 always keeps greedy's own layout (tests, sweeps).
+  // 0 always keeps greedy's own layout, neither flatten's nor one item per
+  // query (tests, sweeps).
   double switch_gain = 1.2;
+  // The merge kernel's cost beyond its partial rows: its launch and its chain
+  // of dependent loads (H100: 2.0-3.2 us on the DESIGN trees, plus 0.8 us of
+  // launch gap; README, "Timelines"). The coefficients above were fitted to
+  // plans that all had partials and carry it spread over their terms, so it is
+  // charged only where a plan without partials competes with one that has
+  // them: greedy's layout of one item per query, which skips the merge.
+  double merge_ns = 3000.0;
 
   // "pass_ns=800,tile_ns_large=650": sets the named coefficients, leaves the
   // rest; throws InvalidArgument naming an unknown key or a bad value (also

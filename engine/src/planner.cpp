@@ -259,21 +259,19 @@ GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visib
   return {std::move(best), greedy_us, own.partial_rows > 0, 0};
 }
 
-// The most KV tokens one query sees.
-std::int64_t longest_query_path(const Topology& topo, const Visibility& vis) {
-  std::int64_t longest = 0;
+// The KV tokens each query sees, in query order.
+std::vector<std::int64_t> query_path_tokens(const Topology& topo, const Visibility& vis) {
+  std::vector<std::int64_t> tokens(topo.query_node.size(), 0);
   for (std::size_t q = 0; q < topo.query_node.size(); ++q) {
     const std::int32_t position = vis.query_position[q];
-    std::int64_t tokens = 0;
     for (std::int32_t v = topo.query_node[q]; v >= 0; v = topo.parent[std::size_t(v)]) {
       for (std::int32_t p = vis.node_piece_begin[std::size_t(v)]; p < vis.node_piece_end[std::size_t(v)]; ++p) {
         const Piece& piece = vis.pieces[std::size_t(p)];
-        if (position >= piece.viewer_lo && position < piece.viewer_hi) tokens += piece.token_end - piece.token_begin;
+        if (position >= piece.viewer_lo && position < piece.viewer_hi) tokens[q] += piece.token_end - piece.token_begin;
       }
     }
-    longest = std::max(longest, tokens);
   }
-  return longest;
+  return tokens;
 }
 
 // Greedy's last, whole-tree candidate: every query one item over its whole
@@ -285,12 +283,21 @@ std::int64_t longest_query_path(const Topology& topo, const Visibility& vis) {
 void consider_one_item_per_query(const Tree& tree, const Topology& topo, const Visibility& vis,
                                  const PlanOptions& options, GreedyDecision& decision) {
   if (!decision.partials || options.cost.switch_gain == 0.0) return;  // 0: greedy's own layout, always
-  const std::int64_t longest = longest_query_path(topo, vis);
+  const std::vector<std::int64_t> paths = query_path_tokens(topo, vis);
+  const std::int64_t longest = *std::max_element(paths.begin(), paths.end());
   if (longest > kMaxBlockTokens) return;
+  const double to_beat_us = decision.time_us + options.cost.merge_ns * 1e-3;
+  // Its CTAs are known without building it (each query's passes, on every KV
+  // head): a layout their lower bound already shows slower is not built.
+  std::vector<double> ctas;
+  for (std::int64_t tokens : paths) {
+    const TileChoice tile = choose_tile(options.cost, tree.heads.group_size(), tokens);
+    for (std::int64_t p = 0; p < tile.passes * tree.heads.heads_kv; ++p) ctas.push_back(tile.cost_ns / double(tile.passes));
+  }
+  if (step_lower_bound_ns(options.cost, ctas) * 1e-3 >= to_beat_us) return;
   PlanOptions one = options;
   one.strategy = Strategy::sequence;
   one.block_tokens = std::int32_t(longest);
-  const double to_beat_us = decision.time_us + options.cost.merge_ns * 1e-3;
   const CostEstimate estimate = predict(tree, topo, vis, one, nullptr, to_beat_us);
   if (estimate.partial_rows == 0 && estimate.time_us < to_beat_us) {
     decision = {std::nullopt, estimate.time_us, false, one.block_tokens};

@@ -284,6 +284,7 @@ void consider_one_item_per_query(const Tree& tree, const Topology& topo, const V
                                  const PlanOptions& options, GreedyDecision& decision) {
   if (!decision.partials || options.cost.switch_gain == 0.0) return;  // 0: greedy's own layout, always
   const std::vector<std::int64_t> paths = query_path_tokens(topo, vis);
+  if (paths.empty()) return;
   const std::int64_t longest = *std::max_element(paths.begin(), paths.end());
   if (longest > kMaxBlockTokens) return;
   const double to_beat_us = decision.time_us + options.cost.merge_ns * 1e-3;

@@ -15,13 +15,12 @@ namespace {
 constexpr std::uint32_t kMagic = 0x07230203;
 constexpr std::uint32_t kHeaderWords = 5;
 enum Op : std::uint32_t {
-  OpUndef = 1, OpExtension = 10, OpCapability = 17, OpTypeFloat = 22, OpTypeCooperativeMatrixKHR = 4456,
-  OpConstantTrue = 41, OpConstantComposite = 44, OpSpecConstantOp = 52, OpFunction = 54, OpFunctionParameter = 55,
-  OpFunctionEnd = 56, OpFunctionCall = 57, OpVariable = 59, OpLoad = 61, OpStore = 62, OpCopyMemory = 63,
-  OpAccessChain = 65, OpInBoundsAccessChain = 66, OpPtrAccessChain = 67, OpVectorExtractDynamic = 77,
-  OpVectorInsertDynamic = 78, OpVectorShuffle = 79, OpCompositeConstruct = 80, OpCompositeExtract = 81,
-  OpCompositeInsert = 82, OpCopyObject = 83, OpConvertFToU = 109, OpConvertUToF = 112, OpFConvert = 115,
-  OpBitcast = 124, OpSelect = 169, OpPhi = 245, OpReturnValue = 254, OpCopyLogical = 400,
+  OpUndef = 1, OpExtension = 10, OpCapability = 17, OpTypeFloat = 22, OpConstantTrue = 41, OpSpecConstantOp = 52,
+  OpFunction = 54, OpFunctionParameter = 55, OpFunctionEnd = 56, OpFunctionCall = 57, OpVariable = 59, OpLoad = 61,
+  OpStore = 62, OpCopyMemory = 63, OpAccessChain = 65, OpInBoundsAccessChain = 66, OpPtrAccessChain = 67,
+  OpVectorExtractDynamic = 77, OpVectorInsertDynamic = 78, OpVectorShuffle = 79, OpCompositeConstruct = 80,
+  OpCompositeExtract = 81, OpCompositeInsert = 82, OpCopyObject = 83, OpConvertFToU = 109, OpBitcast = 124,
+  OpSelect = 169, OpPhi = 245, OpReturnValue = 254, OpCopyLogical = 400, OpTypeCooperativeMatrixKHR = 4456,
   OpCooperativeMatrixLoadKHR = 4457, OpCooperativeMatrixStoreKHR = 4458, OpCooperativeMatrixMulAddKHR = 4459,
   OpCooperativeMatrixLengthKHR = 4460,
 };

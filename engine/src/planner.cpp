@@ -78,6 +78,25 @@ void plan_cascade(PlanBuilder& builder, const Visibility& vis, const Topology& t
   }
 }
 
+// The pieces of query q's root-to-node path that it sees, root first, each
+// narrowed to that query alone. `path` is scratch.
+void query_run(const Topology& topo, const Visibility& vis, std::size_t q, std::vector<std::int32_t>& path,
+               std::vector<Piece>& run) {
+  const std::int32_t position = vis.query_position[q];
+  path.clear();
+  for (std::int32_t v = topo.query_node[q]; v >= 0; v = topo.parent[std::size_t(v)]) path.push_back(v);
+  run.clear();
+  for (auto v = path.rbegin(); v != path.rend(); ++v) {
+    for (std::int32_t p = vis.node_piece_begin[std::size_t(*v)]; p < vis.node_piece_end[std::size_t(*v)]; ++p) {
+      Piece piece = vis.pieces[std::size_t(p)];
+      if (position < piece.viewer_lo || position >= piece.viewer_hi) continue;
+      piece.viewer_lo = position;
+      piece.viewer_hi = position + 1;
+      run.push_back(piece);
+    }
+  }
+}
+
 // Q-guided baseline (Flash-Decoding with split KV): every query reads its own
 // root-to-node path, cut evenly, alone in its tile. Shared prefixes are read
 // once per query: this is what sequence-based serving kernels do.
@@ -85,23 +104,10 @@ void plan_sequence(PlanBuilder& builder, const Visibility& vis, const Topology& 
   std::vector<std::int32_t> path;
   std::vector<Piece> run;
   for (std::size_t q = 0; q < topo.query_node.size(); ++q) {
-    const std::int32_t position = vis.query_position[q];
-    path.clear();
-    for (std::int32_t v = topo.query_node[q]; v >= 0; v = topo.parent[std::size_t(v)]) path.push_back(v);
-    run.clear();
-    for (auto v = path.rbegin(); v != path.rend(); ++v) {
-      for (std::int32_t p = vis.node_piece_begin[std::size_t(*v)]; p < vis.node_piece_end[std::size_t(*v)]; ++p) {
-        Piece piece = vis.pieces[std::size_t(p)];
-        if (position < piece.viewer_lo || position >= piece.viewer_hi) continue;
-        piece.viewer_lo = position;
-        piece.viewer_hi = position + 1;
-        run.push_back(piece);
-      }
-    }
+    query_run(topo, vis, q, path, run);
     builder.emit_run(run.data(), run.data() + run.size(), Cut::even);
   }
 }
-
 
 // Greedy's choice: the children order, the edge decisions and their layout.
 struct GreedyChoice {
@@ -259,17 +265,14 @@ GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visib
   return {std::move(best), greedy_us, own.partial_rows > 0, 0};
 }
 
-// The KV tokens each query sees, in query order.
+// The KV tokens each query sees, in query order: its sequence run's length.
 std::vector<std::int64_t> query_path_tokens(const Topology& topo, const Visibility& vis) {
   std::vector<std::int64_t> tokens(topo.query_node.size(), 0);
+  std::vector<std::int32_t> path;
+  std::vector<Piece> run;
   for (std::size_t q = 0; q < topo.query_node.size(); ++q) {
-    const std::int32_t position = vis.query_position[q];
-    for (std::int32_t v = topo.query_node[q]; v >= 0; v = topo.parent[std::size_t(v)]) {
-      for (std::int32_t p = vis.node_piece_begin[std::size_t(v)]; p < vis.node_piece_end[std::size_t(v)]; ++p) {
-        const Piece& piece = vis.pieces[std::size_t(p)];
-        if (position >= piece.viewer_lo && position < piece.viewer_hi) tokens[q] += piece.token_end - piece.token_begin;
-      }
-    }
+    query_run(topo, vis, q, path, run);
+    for (const Piece& piece : run) tokens[q] += piece.token_end - piece.token_begin;
   }
   return tokens;
 }

@@ -345,7 +345,7 @@ class CandidateSearch {
     }
     if (!best_ || better(decision.time_us, index, *best_)) best_ = Best{index, fixed, std::move(decision)};
   }
-  const std::optional<Best>& best() const { return best_; }
+  std::optional<Best>& best() { return best_; }
   static bool better(double time_us, std::size_t index, const Best& than) {
     return time_us < than.decision.time_us || (time_us == than.decision.time_us && index < than.index);
   }
@@ -374,13 +374,13 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis
       searches[std::size_t(worker)].consider(tree, topo, vis, options, sizes[std::size_t(i)], std::size_t(i));
     });
   }
-  const CandidateSearch::Best* best = nullptr;
-  for (const CandidateSearch& search : searches) {
-    const auto& b = search.best();
+  CandidateSearch::Best* best = nullptr;
+  for (CandidateSearch& search : searches) {
+    auto& b = search.best();
     if (b && (best == nullptr || CandidateSearch::better(b->decision.time_us, b->index, *best))) best = &*b;
   }
   if (options.strategy == Strategy::greedy) {
-    GreedyDecision decision = best->decision;
+    GreedyDecision decision = std::move(best->decision);  // the searches end here
     consider_one_item_per_query(tree, topo, vis, best->options, decision);
     return build_greedy(tree, topo, std::move(vis), best->options, decision);
   }

@@ -8,9 +8,9 @@
 // query heads packed query-major. The passes of one item are adjacent in the
 // grid so they share the block in L2.
 // The CTA streams the item's block through 64-token tiles: each tile's token
-// map (KV-pool slot and the item's mask of every token) arrives with cp.async
-// ahead of the tile, whose K and V rows it gathers (two stages), so a block may
-// be any length. It computes S = Q K^T, applies the token masks, runs the
+// map (each token's KV-pool slot, each query's visible tokens) arrives with
+// cp.async ahead of the tile, whose K and V rows it gathers (two stages), so a
+// block may be any length. It computes S = Q K^T, applies the masks, runs the
 // online softmax, accumulates O = P V, and writes the normalised partial and
 // its log-sum-exp, or O and LSE directly when the item is the query's only one.
 // Stage 2 merges each query's partials in the plan's order (deterministic).
@@ -45,6 +45,15 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// 2^x in one MUFU.EX2: flushing subnormal results to zero drops only terms
+// below 2^-126 of a row whose largest term is 1 (exp2f's subnormal handling
+// costs three more instructions per score).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -252,6 +261,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   float acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  // Row maxima of the raw scores Q K^T (the softmax scale is positive, so it
+  // is applied inside the exponent's FFMA instead of to every score).
   float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
 
   for (int t = 0; t < c.ntiles; ++t) {
@@ -301,29 +312,38 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       }
     }
 
-    // Masks and scale (base 2), then the online softmax per row.
+    // Masks, then the online softmax per row in base 2:
+    // p = 2^(s * scale_log2 - max * scale_log2). The row's word of the tile's
+    // visibility, shifted to the thread's first token, holds every token it
+    // tests at a constant bit: one LOP3 per score.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const std::uint64_t seen = Smem::map(t)->visible[row_query[h]] >> (n_base * 8 + t4 * 2);
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          if (((seen >> (n * 8 + b)) & 1) == 0) s[n][2 * h + b] = TREEATTN_NEG_INF;
+        }
+      }
+    }
     float tile_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF};
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
-      // The thread's two adjacent tokens of this n-tile: one 16-byte load.
-      const ulonglong2 masks = *reinterpret_cast<const ulonglong2*>(Smem::map(t)->mask + (n_base + n) * 8 + t4 * 2);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const bool visible = ((((e & 1) ? masks.y : masks.x) >> row_query[h]) & 1) != 0;
-        s[n][e] = visible ? s[n][e] * p.scale_log2 : TREEATTN_NEG_INF;
-        tile_max[h] = fmaxf(tile_max[h], s[n][e]);
-      }
+      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
     }
-    float correction[2], reference[2];
+    float correction[2], neg_reference[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
       const float new_max = fmaxf(row_max[h], tile_max[h]);
       // A row that has seen nothing yet keeps -inf: shift by 0 instead (no NaN).
-      reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : new_max;
-      correction[h] = exp2f(row_max[h] - reference[h]);
+      neg_reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : -new_max * p.scale_log2;
+      // Exactly 1 while the maximum holds: the FFMA would leave the product's
+      // rounding error, and compounding it over a long block drifts the weights.
+      correction[h] = new_max == row_max[h] ? 1.0f : exp2_ftz(fmaf(row_max[h], p.scale_log2, neg_reference[h]));
       row_max[h] = new_max;
       row_sum[h] *= correction[h];
     }
@@ -338,7 +358,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - reference[e / 2]);
+        s[n][e] = exp2_ftz(fmaf(s[n][e], p.scale_log2, neg_reference[e / 2]));
         row_sum[e / 2] += s[n][e];
       }
     }
@@ -396,6 +416,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   for (int h = 0; h < 2; ++h) {
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    row_max[h] *= p.scale_log2;  // base-2 units from here on (-inf stays -inf)
   }
   // Where row `row` of the pass goes: the query's O and LSE when this item is its
   // only one, else its partial slot (looked up once per row, not per element).
@@ -475,7 +496,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       float f[Traits::kWarps], sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < Traits::kWarps; ++w) {
-        f[w] = exp2f(red_max[w * 16 + tid] - ref);
+        f[w] = exp2_ftz(red_max[w * 16 + tid] - ref);
         sum += red_sum[w * 16 + tid] * f[w];
       }
 #pragma unroll

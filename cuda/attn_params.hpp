@@ -10,12 +10,15 @@ namespace treeattn::cuda {
 enum class OutType : std::int32_t { f16 = 0, bf16 = 1, f32 = 2 };
 
 // The token map of one 64-token KV tile of a work item: each token's KV-pool
-// slot (-1 past the item's end) and the item's mask for it (bit j <=> tile
-// query j sees it; 0 past the end). 768 bytes: a CTA copies it in 48 16-byte pieces.
+// slot (-1 past the item's end), and for each of the item's tile queries the
+// tokens it sees (bit k of visible[j] <=> tile query j sees token k; tokens
+// past the end are seen by none). Query-major, the transpose of the plan's
+// per-token masks: a thread's row needs one word per tile, not one per token.
+// 768 bytes: a CTA copies it in 48 16-byte pieces.
 inline constexpr int kTileTokens = 64;
 struct TileMap {
   std::int32_t slot[kTileTokens];
-  std::uint64_t mask[kTileTokens];
+  std::uint64_t visible[kTileTokens];
 };
 static_assert(sizeof(TileMap) % 16 == 0, "tile maps are copied in 16-byte pieces");
 

@@ -32,6 +32,11 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   std::vector<TileMap> tile_map(map.slot.size() / kTileTokens);
   for (std::size_t t = 0; t < tile_map.size(); ++t) {
     std::copy_n(map.slot.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].slot);
+    // Past the item's end (slot -1, only in its last tile, after a real one):
+    // the last real slot again (TileMap says why).
+    for (int k = 1; k < kTileTokens; ++k) {
+      if (tile_map[t].slot[k] < 0) tile_map[t].slot[k] = tile_map[t].slot[k - 1];
+    }
     std::copy_n(map.mask.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].visible);
     transpose_bits(tile_map[t].visible);
   }

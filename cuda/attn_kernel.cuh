@@ -51,6 +51,22 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// leaf(0) op leaf(1) op ... leaf(N - 1) as a balanced tree (N a power of two):
+// log2(N) dependent steps instead of N - 1.
+template <int N, typename Leaf, typename Op>
+__device__ __forceinline__ float tree_reduce(Leaf leaf, Op op) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
+  float v[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = leaf(i);
+#pragma unroll
+  for (int width = N / 2; width > 0; width /= 2) {
+#pragma unroll
+    for (int i = 0; i < width; ++i) v[i] = op(v[i], v[i + width]);
+  }
+  return v[0];
+}
+
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -322,12 +338,11 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
         }
       }
     }
-    float tile_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF};
+    // The row maxima as trees: S -> max -> exponents -> P V is the tile's
+    // critical path, and a chain of 2 * kNTiles dependent FMNMX was its longest link.
+    float tile_max[2];
 #pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
-    }
+    for (int h = 0; h < 2; ++h) tile_max[h] = tree_reduce<kNTiles>([&](int n) { return fmaxf(s[n][2 * h], s[n][2 * h + 1]); }, [](float a, float b) { return fmaxf(a, b); });
     float correction[2], neg_reference[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -352,11 +367,10 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2_ftz(fmaf(s[n][e], p.scale_log2, neg_reference[e / 2]));
-        row_sum[e / 2] += s[n][e];
-      }
+      for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], p.scale_log2, neg_reference[e / 2]));
     }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_sum[h] += tree_reduce<kNTiles>([&](int n) { return s[n][2 * h] + s[n][2 * h + 1]; }, [](float a, float b) { return a + b; });
 
     // O += P V: P's accumulators become A fragments (16 tokens per k-step).
     std::uint32_t pf[kKSteps][4];

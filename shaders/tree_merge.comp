@@ -27,6 +27,7 @@ void main() {
   if (first == last) return;
 
   Floats partial_lse = Floats(pc.partial_lse), partial_o = Floats(pc.partial_o);
+  Vec4s partial_rows = Vec4s(pc.partial_o);
   float acc[DIMS];
   [[unroll]] for (uint i = 0u; i < DIMS; ++i) acc[i] = 0.0;
   float running_max = -1.0 / 0.0, sum = 0.0;
@@ -54,7 +55,17 @@ void main() {
         const uint k = min(i + u, count - 1u);
         w[u] = i + u < count ? exp2(batch_lse[k] - new_max) : 0.0;
         const uint at = batch_row[k] * HEAD_DIM + d0;
-        [[unroll]] for (uint d = 0u; d < DIMS; ++d) o[u][d] = partial_o.f[at + d];
+        if (DIMS % 4u == 0u) {  // head_dim 128 and 256: 16-byte loads (at is a multiple of 4)
+          [[unroll]] for (uint d = 0u; d < DIMS; d += 4u) {
+            const vec4 four = partial_rows.v[(at + d) / 4u];
+            o[u][d] = four.x;
+            o[u][d + 1u] = four.y;
+            o[u][d + 2u] = four.z;
+            o[u][d + 3u] = four.w;
+          }
+        } else {
+          [[unroll]] for (uint d = 0u; d < DIMS; ++d) o[u][d] = partial_o.f[at + d];
+        }
       }
       [[unroll]] for (uint u = 0u; u < 4u; ++u) {
         sum += w[u];

@@ -178,10 +178,10 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   // Tile t's K and V rows through its map (which has landed). The thread
   // copies one chunk column: chunk `chunk` of rows row0, row0 + kRowsPerStep,
   // ... Rows 8 apart share their swizzle, so a row costs a slot load, two
-  // 32 x 32 -> 64-bit address multiply-adds and two copies. Rows past the
-  // item's end repeat its last slot (TileMap), so no row needs a zero-fill
-  // predicate: 13 instructions a row in the sm_90a SASS with one, 29 with a
-  // 64-bit slot stride and a swizzle per row as well.
+  // 32 x 32 -> 64-bit address multiply-adds and two copies (29 instructions in
+  // the sm_90a SASS with a 64-bit slot stride and a swizzle per row). Rows past
+  // the item's end repeat its last slot (TileMap), so no row needs the four
+  // more a zero-fill predicate took.
   constexpr int kRowsPerStep = Traits::kThreads / Traits::kChunksPerRow;
   const int chunk = tid % Traits::kChunksPerRow, row0 = tid / Traits::kChunksPerRow;
   const char* k_column = reinterpret_cast<const char*>(k_head + chunk * 8);

@@ -11,11 +11,11 @@ enum class OutType : std::int32_t { f16 = 0, bf16 = 1, f32 = 2 };
 
 // The token map of one 64-token KV tile of a work item: each token's KV-pool
 // slot, and for each of the item's tile queries the tokens it sees (bit k of
-// visible[j] <=> tile query j sees token k). Tokens past the item's end are
-// seen by none and repeat its last slot: their scores are masked and their
-// P is exactly 0 against a V row the item reads anyway (finite unless the
-// output is NaN regardless), where another slot of the pool could hold NaN. Query-major, the transpose of the plan's
-// per-token masks: a thread's row needs one word per tile, not one per token.
+// visible[j] <=> tile query j sees token k) -- query-major, the transpose of
+// the plan's per-token masks, so a thread's row needs one word per tile, not
+// one per token. Tokens past the item's end are seen by none and repeat its
+// last slot: their scores are masked and their P is exactly 0 against a V row
+// the item reads anyway, where another slot of the pool could hold NaN.
 // 768 bytes: a CTA copies it in 48 16-byte pieces.
 inline constexpr int kTileTokens = 64;
 struct TileMap {

@@ -12,20 +12,6 @@ static_assert(kRowsPerPass == kLargeTileRows && kSmallTileRows <= 16,
               "a stage-1 CTA takes a large tile's 64 rows; small tiles run its 16-row split-KV path");
 static_assert(kTileTokens == kKvTileTokens, "the kernels' KV tile is the one the cost model prices");
 
-// Bit k of a[j] moves to bit j of a[k]: a 64 x 64 bit matrix transposed in
-// six rounds of block swaps (32 x 32 blocks, then 16 x 16, ... 1 x 1), 192 word
-// operations where a loop over the set bits takes up to 4096 per tile.
-static void transpose_bits(std::uint64_t (&a)[64]) {
-  std::uint64_t low = 0x00000000FFFFFFFFull;  // the low half of each 2j-bit block
-  for (int j = 32; j != 0; j >>= 1, low ^= low << j) {
-    for (int k = 0; k < 64; k = ((k | j) + 1) & ~j) {  // rows k with bit j clear
-      const std::uint64_t swap = ((a[k] >> j) ^ a[k | j]) & low;
-      a[k] ^= swap << j;
-      a[k | j] ^= swap;
-    }
-  }
-}
-
 void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   // Each item's token map as one record per 64-token tile.
   const ItemTokenMap map = item_token_map(plan, kTileTokens);
@@ -37,8 +23,7 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
     for (int k = 1; k < kTileTokens; ++k) {
       if (tile_map[t].slot[k] < 0) tile_map[t].slot[k] = tile_map[t].slot[k - 1];
     }
-    std::copy_n(map.mask.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].visible);
-    transpose_bits(tile_map[t].visible);
+    std::copy_n(map.visible.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].visible);
   }
   // Each item's passes: ceil(query rows / tile rows) of them, item-major.
   std::vector<PassInfo> passes;

@@ -61,7 +61,28 @@ BlockTokenMap block_token_map(const Plan& plan) {
   return map;
 }
 
+namespace {
+
+// Bit k of a[j] moves to bit j of a[k]: a 64 x 64 bit matrix transposed in
+// six rounds of block swaps (32 x 32 blocks, then 16 x 16, ... 1 x 1), 192 word
+// operations where a loop over the set bits takes up to 4096 per tile.
+void transpose_bits(std::uint64_t (&a)[64]) {
+  std::uint64_t low = 0x00000000FFFFFFFFull;  // the low half of each 2j-bit block
+  for (int j = 32; j != 0; j >>= 1, low ^= low << j) {
+    for (int k = 0; k < 64; k = ((k | j) + 1) & ~j) {  // rows k with bit j clear
+      const std::uint64_t swap = ((a[k] >> j) ^ a[k | j]) & low;
+      a[k] ^= swap << j;
+      a[k | j] ^= swap;
+    }
+  }
+}
+
+}  // namespace
+
 ItemTokenMap item_token_map(const Plan& plan, std::int32_t align) {
+  if (align < 1 || align > 64) {
+    fail(ErrorCategory::InvalidArgument, "item_token_map: tiles of {} tokens; a tile holds 1 to 64 (one mask bit each)", align);
+  }
   ItemTokenMap map;
   map.begin.assign(1, 0);
   for (std::int32_t i = 0; i < plan.num_items(); ++i) {
@@ -78,6 +99,14 @@ ItemTokenMap item_token_map(const Plan& plan, std::int32_t align) {
     map.slot.resize(padded, -1);
     map.mask.resize(padded, 0);
     map.begin.push_back(std::int32_t(padded));
+  }
+  const std::size_t tiles = map.slot.size() / std::size_t(align);
+  map.visible.resize(tiles * 64);
+  for (std::size_t t = 0; t < tiles; ++t) {
+    std::uint64_t words[64] = {};
+    std::copy_n(map.mask.begin() + std::ptrdiff_t(t * std::size_t(align)), align, words);
+    transpose_bits(words);
+    std::copy_n(words, 64, map.visible.begin() + std::ptrdiff_t(t * 64));
   }
   return map;
 }

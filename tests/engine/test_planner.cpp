@@ -380,6 +380,17 @@ TEST_CASE("item token maps give each item's tokens their slot and mask, padded t
     REQUIRE(map.begin.size() == std::size_t(p.num_items()) + 1);
     REQUIRE(map.slot.size() == std::size_t(map.begin.back()));
     REQUIRE(map.mask.size() == map.slot.size());
+    CHECK_THROWS_WITH_AS(item_token_map(p, 65), doctest::Contains("1 to 64"), Error);
+    // The per-query words are the masks transposed tile by tile.
+    REQUIRE(map.visible.size() == map.slot.size());
+    for (std::size_t e = 0; e < map.slot.size(); ++e) {
+      const std::size_t tile = e / 64, token = e % 64;
+      for (std::size_t j = 0; j < 64; ++j) {
+        if (((map.mask[e] >> j) & 1) != ((map.visible[tile * 64 + j] >> token) & 1)) {
+          FAIL("visible word " << j << " of tile " << tile << " disagrees with token " << token << "'s mask");
+        }
+      }
+    }
     for (std::int32_t i = 0; i < p.num_items(); ++i) {
       CAPTURE(i);
       const std::int32_t b = p.item_block[std::size_t(i)];

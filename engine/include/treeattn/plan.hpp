@@ -119,15 +119,18 @@ struct BlockTokenMap {
 };
 BlockTokenMap block_token_map(const Plan& plan);
 
-// Each work item's tokens as a kernel streams them tile by tile: the KV-pool
-// slot and the item's segment mask of every token, so one aligned load of a
-// tile's map gives both and no block-sized table has to sit in fast memory.
+// Each work item's tokens as a kernel streams them in tiles of `align` tokens
+// (1 to 64): the KV-pool slot and the item's segment mask of every token, so
+// one aligned load of a tile's map gives both and no block-sized table has to
+// sit in fast memory; and per tile the same masks query by query, so a thread
+// holding one query row tests each of its tokens with one bit of one word.
 // Every item is padded to a multiple of `align` tokens with slot -1 and mask 0:
 // the kernel reads whole tiles and learns where the item ends from the slots.
 struct ItemTokenMap {
-  std::vector<std::int32_t> begin;  // [num_items + 1] CSR, multiples of align
-  std::vector<std::int32_t> slot;   // KV-pool row, or -1 past the item's tokens
-  std::vector<std::uint64_t> mask;  // bit j <=> tile query j sees the token
+  std::vector<std::int32_t> begin;     // [num_items + 1] CSR, multiples of align
+  std::vector<std::int32_t> slot;      // KV-pool row, or -1 past the item's tokens
+  std::vector<std::uint64_t> mask;     // bit j <=> tile query j sees the token
+  std::vector<std::uint64_t> visible;  // [tiles x 64]: word j of a tile, bit k <=> tile query j sees its token k
 };
 ItemTokenMap item_token_map(const Plan& plan, std::int32_t align);
 

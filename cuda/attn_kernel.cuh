@@ -262,7 +262,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   // (8-15, c + 1) of the warp's 16-token steps, so one lane row serves both.
   const auto kv_row = Traits::lane_row(n_base * 8 + (mat & 1) * 8 + lane % 8, mat >> 1);
   if constexpr (Traits::kQInStage) __syncthreads();  // every warp has its Q: the stage may be refilled
-  // Rows g and g + 8 of the warp: their query's bit in the token masks. Rows
+  // Rows g and g + 8 of the warp: their query's word of each tile's visibility. Rows
   // past the pass's end (zero Q) take the last row's query: they compute
   // harmlessly and are never written.
   int row_query[2];

@@ -197,46 +197,79 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 #else
   constexpr int kGatherUnroll = 2;
 #endif
-  auto load_tile = [&](int t, int stage) {
+  constexpr int kGatherRows = kTile / kRowsPerStep;  // rows a thread copies per tile
+  // The thread's i-th row of a tile (row0 + i * kRowsPerStep) from KV-pool slot `slot` into `stage`.
+  auto copy_row = [&](int stage, int i, int slot) {
     const std::uint32_t k_tile = smem_address(Smem::k() + stage * kTile * D);
     const std::uint32_t v_tile = smem_address(Smem::v() + stage * kTile * D);
+    const std::uint32_t at = kRowsPerStep % 8 == 0 ? column_bytes + i * kRowsPerStep * Traits::kPanel * 2
+                                                    : 2 * Traits::swizzle(row0 + i * kRowsPerStep, chunk);
+    const std::uint64_t from = std::uint64_t(std::uint32_t(slot)) * slot_bytes;
+    cp_async_16(k_tile + at, k_column + from);
+    cp_async_16(v_tile + at, v_column + from);
+  };
+  auto load_tile = [&](int t, int stage) {
     const std::int32_t* slots = Smem::map(t)->slot;
 #pragma unroll kGatherUnroll
-    for (int i = 0; i < kTile / kRowsPerStep; ++i) {
-      const int row = row0 + i * kRowsPerStep;
-      const std::uint32_t at = kRowsPerStep % 8 == 0 ? column_bytes + i * kRowsPerStep * Traits::kPanel * 2
-                                                      : 2 * Traits::swizzle(row, chunk);
-      const std::uint64_t from = std::uint64_t(std::uint32_t(slots[row])) * slot_bytes;
-      cp_async_16(k_tile + at, k_column + from);
-      cp_async_16(v_tile + at, v_column + from);
-    }
+    for (int i = 0; i < kGatherRows; ++i) copy_row(stage, i, slots[row0 + i * kRowsPerStep]);
   };
 
-  // The first kStages maps, then (while they travel) the Q rows of this pass
-  // (row r: query r / group, head kv_head * group + r % group), all loads
-  // issued before any store so they are in flight together.
+  // The prologue in two round trips: the first kStages maps, tile 0's slots
+  // (straight from the tile map in global memory) and the queries of this
+  // pass's Q rows (row r: query r / group, head kv_head * group + r % group);
+  // then tile 0's K/V rows and the Q rows. The barrier below waits for Q's
+  // loads too, so tile 0 travels beside them instead of leaving after them:
+  // read from the map's shared copy, its slots sat behind that barrier, 1.6 us
+  // into a speculative tree's 8.6-us CTAs. Every pass has a tile (a validated
+  // plan's blocks hold at least one token).
   for (int m = 0; m < kStages; ++m) load_map(m);
   cp_async_commit();
   constexpr int kQChunks = Traits::kRows * Traits::kChunksPerRow / Traits::kThreads;
+  int slot0[kGatherRows], q_query[kQChunks];
+#pragma unroll
+  for (int i = 0; i < kGatherRows; ++i) slot0[i] = p.tile_map[c.tile0].slot[row0 + i * kRowsPerStep];
+#pragma unroll
+  for (int i = 0; i < kQChunks; ++i) {
+    const int row = c.row0 + (tid + i * Traits::kThreads) / Traits::kChunksPerRow;
+    q_query[i] = row < c.row_end ? p.tile_query[c.q0 + row / p.group] : -1;
+  }
+  // Where rows g and g + 8 of the warp go (a 64-row pass; the split-KV path
+  // looks its rows up over its merge's barrier): the item's partial, or -2 -
+  // query for a direct write, so the epilogue has no dependent lookup.
+  int row_target[2] = {0, 0};
+  if constexpr (!kSplitKV) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = c.row0 + warp_row + g + h * 8;
+      if (row < c.row_end) {
+        const int entry = c.q0 + row / p.group;
+        const int partial = p.tile_partial[entry], query = p.tile_query[entry];
+        row_target[h] = partial == kDirectWrite ? -2 - query : partial;
+      }
+    }
+  }
+  // Tile 0 and the map of tile kStages: the group the loop's first look-ahead
+  // step would have committed.
+#pragma unroll
+  for (int i = 0; i < kGatherRows; ++i) copy_row(0, i, slot0[i]);
+  if constexpr (kStages > 1) load_map(kStages);
+  cp_async_commit();
   uint4 q_chunk[kQChunks];
 #pragma unroll
   for (int i = 0; i < kQChunks; ++i) {
-    const int e = tid + i * Traits::kThreads;
-    const int row = c.row0 + e / Traits::kChunksPerRow, chunk = e % Traits::kChunksPerRow;
-    q_chunk[i] = make_uint4(0, 0, 0, 0);
-    if (row < c.row_end) {
-      const int query = p.tile_query[c.q0 + row / p.group];
-      const int head = c.kv_head * p.group + row % p.group;
-      q_chunk[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
-                                                   (std::int64_t(query) * p.heads_q + head) * D + chunk * 8);
-    }
+    const int chunk = (tid + i * Traits::kThreads) % Traits::kChunksPerRow;
+    const int row = c.row0 + (tid + i * Traits::kThreads) / Traits::kChunksPerRow;
+    const int head = c.kv_head * p.group + row % p.group;
+    q_chunk[i] = q_query[i] < 0 ? make_uint4(0, 0, 0, 0)
+                                : *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
+                                                                  (std::int64_t(q_query[i]) * p.heads_q + head) * D + chunk * 8);
   }
-  cp_async_wait<0>();
+  cp_async_wait<1>();  // the maps; tile 0 may still travel
   __syncthreads();
-  // Groups 0 .. kStages - 2 before the loop: tile j's K/V and the map of tile
-  // j + kStages. The loop commits one group per tile (empty past the end), so
-  // waiting for all but the newest kStages - 1 means tile t has landed.
-  for (int j = 0; j + 1 < kStages; ++j) {
+  // The other look-ahead groups before the loop: tile j's K/V and the map of
+  // tile j + kStages. The loop commits one group per tile (empty past the
+  // end), so waiting for all but the newest kStages - 1 means tile t has landed.
+  for (int j = 1; j + 1 < kStages; ++j) {
     if (j < c.ntiles) load_tile(j, j);
     load_map(j + kStages);
     cp_async_commit();
@@ -279,7 +312,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   for (int t = 0; t < c.ntiles; ++t) {
     const int stage = t % kStages;
     const int ahead = t + kStages - 1;  // its map came with tile t - 1 (or before the loop)
-    if (ahead < c.ntiles) load_tile(ahead, ahead % kStages);
+    if (ahead > 0 && ahead < c.ntiles) load_tile(ahead, ahead % kStages);  // tile 0 left in the prologue
     load_map(ahead + kStages);
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // tile t and its map have landed
@@ -450,7 +483,9 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (c.row0 + warp_row + g + h * 8 >= c.row_end) continue;
-      const RowDest d = row_dest(warp_row + g + h * 8);
+      const int head = c.kv_head * p.group + (c.row0 + warp_row + g + h * 8) % p.group;
+      const bool direct = row_target[h] < 0;
+      const RowDest d{std::int64_t(direct ? -2 - row_target[h] : row_target[h]) * p.heads_q + head, direct};
       const float inv = 1.0f / row_sum[h];
       if (d.direct) {
 #pragma unroll

@@ -153,6 +153,11 @@ void main() {
   const uint query_first = sub_row0 / pc.group;
   const uint query_end = (min(sub_row0 + TILE, tile_rows) + pc.group - 1u) / pc.group;
 
+  // The pipeline's prologue (chunk 0's rows and mask in registers, chunk 1's
+  // indices) goes out beside Q's loads: chunk 0's slots are fetched with Q's
+  // query and its rows leave with Q's rows, instead of after Q is staged.
+  const uint quad = tid % QUADS;
+  fetch_indices(token_begin, tokens, 0u, tid);
   // Q into A matrices, 16 columns at a time through the subgroup's P area. All
   // of the row's loads are issued first: between syncs they would be issued one
   // after another, each paying the full memory latency.
@@ -160,6 +165,10 @@ void main() {
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
     q_quads[k] = row_live ? Quads(pc.q).q[((query * pc.heads_q + head) * HEAD_DIM + k * TILE) / 8u + half_index] : uvec4(0u);
   }
+  gather_rows(kv_head, quad);
+  uvec2 mask_next = next_mask(mask_begin);
+  bool mask_past = (next_past >> LOADS & 1u) != 0u;
+  fetch_indices(token_begin, tokens, CHUNK, tid);
   MAT_A q[DTILES];
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
     [[unroll]] for (uint c = 0u; c < 4u; ++c) {
@@ -175,14 +184,6 @@ void main() {
   ACC o[DTILES];
   [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = ACC(0.0);
   float running_max = -1.0 / 0.0, running_sum = 0.0;
-
-  // The pipeline's prologue: chunk 0's rows and mask in registers, chunk 1's indices.
-  const uint quad = tid % QUADS;
-  fetch_indices(token_begin, tokens, 0u, tid);
-  gather_rows(kv_head, quad);
-  uvec2 mask_next = next_mask(mask_begin);
-  bool mask_past = (next_past >> LOADS & 1u) != 0u;
-  fetch_indices(token_begin, tokens, CHUNK, tid);
 
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
     barrier();  // every subgroup is done with the previous chunk's K and V

@@ -220,7 +220,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   // then tile 0's K/V rows and the Q rows. The barrier below waits for Q's
   // loads too, so tile 0 travels beside them instead of leaving after them:
   // read from the map's shared copy, its slots sat behind that barrier, 1.6 us
-  // into a speculative tree's 8.6-us CTAs. Every pass has a tile (a validated
+  // into a speculative tree's 8.3-us CTAs. Every pass has a tile (a validated
   // plan's blocks hold at least one token).
   for (int m = 0; m < kStages; ++m) load_map(m);
   cp_async_commit();

@@ -129,7 +129,6 @@ extern __shared__ __align__(1024) unsigned char smem[];
 template <typename Traits>
 struct SharedTiles {
   using Element = typename Traits::Element;
-  __device__ __forceinline__ static Element* q() { return reinterpret_cast<Element*>(smem + Traits::kQOffset); }
   __device__ __forceinline__ static Element* k() { return reinterpret_cast<Element*>(smem + Traits::kKOffset); }
   __device__ __forceinline__ static Element* v() { return reinterpret_cast<Element*>(smem + Traits::kVOffset); }
   // The ring of kMapStages tile maps: tile m's in entry m % kMapStages.
@@ -216,35 +215,32 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 
   // The prologue in two round trips: the first kStages maps, tile 0's slots
   // (straight from the tile map in global memory) and the queries of this
-  // pass's Q rows (row r: query r / group, head kv_head * group + r % group);
-  // then tile 0's K/V rows and the Q rows. The barrier below waits for Q's
-  // loads too, so tile 0 travels beside them instead of leaving after them:
-  // read from the map's shared copy, its slots sat behind that barrier, 1.6 us
-  // into a speculative tree's 8.3-us CTAs. Every pass has a tile (a validated
-  // plan's blocks hold at least one token).
+  // thread's two Q rows; then tile 0's K/V rows and the thread's Q elements.
+  // Tile 0 no longer waits for a barrier behind Q's loads (1.6 us into a
+  // speculative tree's 8.3-us CTAs), and Q goes straight into registers
+  // instead of through shared memory and two more barriers. Every pass has a
+  // tile (a validated plan's blocks hold at least one token).
   for (int m = 0; m < kStages; ++m) load_map(m);
   cp_async_commit();
-  constexpr int kQChunks = Traits::kRows * Traits::kChunksPerRow / Traits::kThreads;
-  int slot0[kGatherRows], q_query[kQChunks];
+  int slot0[kGatherRows];
 #pragma unroll
   for (int i = 0; i < kGatherRows; ++i) slot0[i] = p.tile_map[c.tile0].slot[row0 + i * kRowsPerStep];
+  // Rows g and g + 8 of the warp (row r: query r / group, head kv_head * group
+  // + r % group): their query (-1 past the pass's end: zero Q) and, in a
+  // 64-row pass, where they go — the item's partial, or -2 - query for a direct
+  // write, so the epilogue has no dependent lookup (the split-KV path looks
+  // its rows up over its merge's barrier).
+  int q_query[2], row_target[2] = {0, 0};
 #pragma unroll
-  for (int i = 0; i < kQChunks; ++i) {
-    const int row = c.row0 + (tid + i * Traits::kThreads) / Traits::kChunksPerRow;
-    q_query[i] = row < c.row_end ? p.tile_query[c.q0 + row / p.group] : -1;
-  }
-  // Where rows g and g + 8 of the warp go (a 64-row pass; the split-KV path
-  // looks its rows up over its merge's barrier): the item's partial, or -2 -
-  // query for a direct write, so the epilogue has no dependent lookup.
-  int row_target[2] = {0, 0};
-  if constexpr (!kSplitKV) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = c.row0 + warp_row + g + h * 8;
-      if (row < c.row_end) {
-        const int entry = c.q0 + row / p.group;
-        const int partial = p.tile_partial[entry], query = p.tile_query[entry];
-        row_target[h] = partial == kDirectWrite ? -2 - query : partial;
+  for (int h = 0; h < 2; ++h) {
+    const int row = c.row0 + warp_row + g + h * 8;
+    q_query[h] = -1;
+    if (row < c.row_end) {
+      const int entry = c.q0 + row / p.group;
+      q_query[h] = p.tile_query[entry];
+      if constexpr (!kSplitKV) {
+        const int partial = p.tile_partial[entry];
+        row_target[h] = partial == kDirectWrite ? -2 - q_query[h] : partial;
       }
     }
   }
@@ -254,15 +250,19 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   for (int i = 0; i < kGatherRows; ++i) copy_row(0, i, slot0[i]);
   if constexpr (kStages > 1) load_map(kStages);
   cp_async_commit();
-  uint4 q_chunk[kQChunks];
+  // The warp's 16 rows of Q as A fragments for the whole head dimension: per
+  // 16-column step, element pairs (row g, then g + 8) at columns 2 t4 and 2 t4 + 8.
+  std::uint32_t qf[D / 16][4];
 #pragma unroll
-  for (int i = 0; i < kQChunks; ++i) {
-    const int chunk = (tid + i * Traits::kThreads) % Traits::kChunksPerRow;
-    const int row = c.row0 + (tid + i * Traits::kThreads) / Traits::kChunksPerRow;
-    const int head = c.kv_head * p.group + row % p.group;
-    q_chunk[i] = q_query[i] < 0 ? make_uint4(0, 0, 0, 0)
-                                : *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) +
-                                                                  (std::int64_t(q_query[i]) * p.heads_q + head) * D + chunk * 8);
+  for (int h = 0; h < 2; ++h) {
+    const int head = c.kv_head * p.group + (c.row0 + warp_row + g + h * 8) % p.group;
+    const std::uint32_t* q_row = reinterpret_cast<const std::uint32_t*>(static_cast<const Element*>(p.q) +
+                                                                      (std::int64_t(max(q_query[h], 0)) * p.heads_q + head) * D);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      qf[kk][h] = q_query[h] < 0 ? 0u : q_row[kk * 8 + t4];
+      qf[kk][2 + h] = q_query[h] < 0 ? 0u : q_row[kk * 8 + 4 + t4];
+    }
   }
   cp_async_wait<1>();  // the maps; tile 0 may still travel
   __syncthreads();
@@ -274,27 +274,13 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     load_map(j + kStages);
     cp_async_commit();
   }
-#pragma unroll
-  for (int i = 0; i < kQChunks; ++i) {
-    const int e = tid + i * Traits::kThreads;
-    *reinterpret_cast<uint4*>(Smem::q() + Traits::swizzle(e / Traits::kChunksPerRow, e % Traits::kChunksPerRow)) = q_chunk[i];
-  }
-  __syncthreads();
 
   // ldmatrix rows of this lane: matrix lane / 8 of each x4 load, row lane % 8.
   const int mat = lane / 8;
-  // The warp's 16 rows of Q as A fragments, for the whole head dimension.
-  std::uint32_t qf[D / 16][4];
-  {
-    const auto q_row = Traits::lane_row(warp_row + (mat & 1) * 8 + lane % 8, mat >> 1);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], Smem::q() + q_row.pair(kk));
-  }
   // K and V rows (tokens) as B fragments of S = Q K^T and O = P V: both x4
   // loads take matrices (tokens 0-7, chunk c), (tokens 8-15, c), (0-7, c + 1),
   // (8-15, c + 1) of the warp's 16-token steps, so one lane row serves both.
   const auto kv_row = Traits::lane_row(n_base * 8 + (mat & 1) * 8 + lane % 8, mat >> 1);
-  if constexpr (Traits::kQInStage) __syncthreads();  // every warp has its Q: the stage may be refilled
   // Rows g and g + 8 of the warp: their query's word of each tile's visibility. Rows
   // past the pass's end (zero Q) take the last row's query: they compute
   // harmlessly and are never written.

@@ -2,6 +2,7 @@
 // Tile shapes and shared-memory layout of the stage-1 kernel, one place for
 // all of them (the kernel body reads only Traits:: members).
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attn_launch.hpp"
@@ -25,7 +26,7 @@ struct AttnTraits {
   static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
   static_assert(kChunksPerRow >= 8, "the swizzle permutes eight chunks of a row");
 
-  // Element offset of 16-byte chunk `chunk` of row `row` in a 64-row Q, K or V
+  // Element offset of 16-byte chunk `chunk` of row `row` in a 64-row K or V
   // tile: panels of [64 rows][64 elements] (chunk / 8 picks the panel), rows of
   // 128 bytes whose chunks are XOR-swizzled by the row's low three bits — the
   // 128-byte swizzle wgmma reads (wgmma.cuh), and the eight rows an ldmatrix
@@ -55,29 +56,23 @@ struct AttnTraits {
     return r;
   }
 
-  // Shared memory: tiles first (each a multiple of 8 KB from the 1024-byte
-  // aligned start, as the swizzle needs), then a ring of token maps. With two
-  // stages, Q lives in the second K stage: it is read into registers before
-  // that stage is first filled, and the 16 KB saved fits three CTAs on an SM
-  // instead of two.
-  static constexpr int kQBytes = kRows * kHeadDim * 2;
+  // Shared memory: K and V tiles first (each a multiple of 8 KB from the
+  // 1024-byte aligned start, as the swizzle needs), then a ring of token maps.
+  // Q has none: each thread loads its A fragments straight into registers.
   static constexpr int kTileBytes = kTileTokens * kHeadDim * 2;
-  static_assert(kStages == 1 || kQBytes <= kTileBytes, "Q must fit in a K stage");
-  static constexpr bool kQInStage = kStages >= 2;
-  static constexpr int kKOffset = kQInStage ? 0 : kQBytes;
-  static constexpr int kQOffset = kQInStage ? kKOffset + kTileBytes : 0;
+  static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   // Each tile's token map (slot and mask per token) arrives kStages tiles ahead
   // of its K/V gather, which needs the slots: 2 * kStages maps are live at once
   // (the one being masked, kStages - 1 whose gathers are queued, kStages arriving).
   static constexpr int kMapStages = 2 * kStages;
   static constexpr int kMapOffset = kVOffset + kStages * kTileBytes;  // TileMap ring
-  static constexpr int kSmemBytes = kMapOffset + kMapStages * int(sizeof(TileMap));
-  // The split-KV merge reuses the tiles (and Q) for every warp's 16 x head_dim
-  // accumulators (rows padded by 8 floats), their row maxima and sums, and 16
-  // row destinations.
-  static_assert(kWarps * 16 * (kHeadDim + 8 + 2) * 4 + 16 * 16 <= kMapOffset,
-                "tiles too small for the merge");
+  // The split-KV merge reuses the tiles and maps for every warp's 16 x
+  // head_dim accumulators (rows padded by 8 floats), their row maxima and sums,
+  // and 16 row destinations: at head_dim 256 (one stage) a little more than
+  // they hold.
+  static constexpr int kMergeBytes = kWarps * 16 * (kHeadDim + 8 + 2) * 4 + 16 * 16;
+  static constexpr int kSmemBytes = std::max(kMapOffset + kMapStages * int(sizeof(TileMap)), kMergeBytes);
   // CTAs per SM the registers are capped for (170 registers at three).
   static constexpr int kMinBlocksPerSM = kStages == 2 ? 3 : kStages == 3 ? 2 : 1;
 };

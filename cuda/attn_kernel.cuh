@@ -113,11 +113,16 @@ struct Mma<__nv_bfloat16> {
   }
 };
 
-__device__ __forceinline__ void store_out(void* o, OutType type, std::int64_t index, float value) {
+// Output elements `index` and `index + 1` (index even): one 4- or 8-byte store
+// where two scalar stores of 16-bit values made a warp's store instruction
+// twice as many and half as wide.
+__device__ __forceinline__ void store_out_pair(void* o, OutType type, std::int64_t index, float v0, float v1) {
   switch (type) {
-    case OutType::f16: static_cast<__half*>(o)[index] = __float2half_rn(value); break;
-    case OutType::bf16: static_cast<__nv_bfloat16*>(o)[index] = __float2bfloat16_rn(value); break;
-    case OutType::f32: static_cast<float*>(o)[index] = value; break;
+    case OutType::f16: reinterpret_cast<__half2*>(static_cast<__half*>(o) + index)[0] = __floats2half2_rn(v0, v1); break;
+    case OutType::bf16:
+      reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(o) + index)[0] = __floats2bfloat162_rn(v0, v1);
+      break;
+    case OutType::f32: reinterpret_cast<float2*>(static_cast<float*>(o) + index)[0] = make_float2(v0, v1); break;
   }
 }
 
@@ -476,8 +481,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       if (d.direct) {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-          store_out(p.o, p.out_type, d.index * D + n * 8 + t4 * 2, acc[n][2 * h] * inv);
-          store_out(p.o, p.out_type, d.index * D + n * 8 + t4 * 2 + 1, acc[n][2 * h + 1] * inv);
+          store_out_pair(p.o, p.out_type, d.index * D + n * 8 + t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
         }
       } else {
         float* out = p.partial_o + d.index * D;
@@ -550,10 +554,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       }
       const RowDest d = dests[row];
       if (d.direct) {
-        store_out(p.o, p.out_type, d.index * D + col, value.x);
-        store_out(p.o, p.out_type, d.index * D + col + 1, value.y);
-        store_out(p.o, p.out_type, d.index * D + col + 2, value.z);
-        store_out(p.o, p.out_type, d.index * D + col + 3, value.w);
+        store_out_pair(p.o, p.out_type, d.index * D + col, value.x, value.y);
+        store_out_pair(p.o, p.out_type, d.index * D + col + 2, value.z, value.w);
       } else {
         *reinterpret_cast<float4*>(p.partial_o + d.index * D + col) = value;
       }
@@ -652,7 +654,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const
   }
   const std::int64_t out = (std::int64_t(query) * p.heads_q + head) * HeadDim + lane * kChannels;
 #pragma unroll
-  for (int c = 0; c < kChannels; ++c) store_out(p.o, p.out_type, out + c, acc[c] / sum);
+  for (int c = 0; c < kChannels; c += 2) store_out_pair(p.o, p.out_type, out + c, acc[c] / sum, acc[c + 1] / sum);
   if (p.lse != nullptr && lane == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);
 }
 

@@ -221,10 +221,11 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   // The prologue in two round trips: the first kStages maps, tile 0's slots
   // (straight from the tile map in global memory) and the queries of this
   // thread's two Q rows; then tile 0's K/V rows and the thread's Q elements.
-  // Tile 0 no longer waits for a barrier behind Q's loads (1.6 us into a
-  // speculative tree's 8.3-us CTAs), and Q goes straight into registers
-  // instead of through shared memory and two more barriers. Every pass has a
-  // tile (a validated plan's blocks hold at least one token).
+  // So tile 0 does not wait for the barrier below, which Q's loads hold up
+  // (with its slots read from the map's shared copy, it left 1.6 us into a
+  // speculative tree's 8.3-us CTAs), and Q needs neither shared memory nor
+  // barriers of its own. Every pass has a tile (a validated plan's blocks hold
+  // at least one token).
   for (int m = 0; m < kStages; ++m) load_map(m);
   cp_async_commit();
   int slot0[kGatherRows];

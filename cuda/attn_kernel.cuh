@@ -168,6 +168,9 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   const int g = lane / 4, t4 = lane % 4;
   const int warp_row = kSplitKV ? 0 : warp * 16;
   const int n_base = kSplitKV ? warp * kNTiles : 0;
+  // Row r of the pass (r counted from the item's first row) is tile query
+  // r / group under query head kv_head * group + r % group.
+  auto row_head = [&](int r) { return c.kv_head * p.group + r % p.group; };
 
   const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(c.kv_head) * D;
   const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(c.kv_head) * D;
@@ -231,11 +234,10 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   int slot0[kGatherRows];
 #pragma unroll
   for (int i = 0; i < kGatherRows; ++i) slot0[i] = p.tile_map[c.tile0].slot[row0 + i * kRowsPerStep];
-  // Rows g and g + 8 of the warp (row r: query r / group, head kv_head * group
-  // + r % group): their query (-1 past the pass's end: zero Q) and, in a
-  // 64-row pass, where they go — the item's partial, or -2 - query for a direct
-  // write, so the epilogue has no dependent lookup (the split-KV path looks
-  // its rows up over its merge's barrier).
+  // Rows g and g + 8 of the warp: their query (-1 past the pass's end: zero Q)
+  // and, in a 64-row pass, where they go — the item's partial, or -2 - query
+  // for a direct write, so the epilogue has no dependent lookup (the split-KV
+  // path looks its rows up over its merge's barrier).
   int q_query[2], row_target[2] = {0, 0};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -261,7 +263,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   std::uint32_t qf[D / 16][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int head = c.kv_head * p.group + (c.row0 + warp_row + g + h * 8) % p.group;
+    const int head = row_head(c.row0 + warp_row + g + h * 8);
     const std::uint32_t* q_row = reinterpret_cast<const std::uint32_t*>(static_cast<const Element*>(p.q) +
                                                                       (std::int64_t(max(q_query[h], 0)) * p.heads_q + head) * D);
 #pragma unroll
@@ -460,7 +462,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   };
   auto row_dest = [&](int row) {
     const int entry = c.q0 + (c.row0 + row) / p.group;
-    const int head = c.kv_head * p.group + (c.row0 + row) % p.group;
+    const int head = row_head(c.row0 + row);
     const int partial = p.tile_partial[entry];
     const bool direct = partial == kDirectWrite;
     return RowDest{std::int64_t(direct ? p.tile_query[entry] : partial) * p.heads_q + head, direct};
@@ -475,7 +477,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (c.row0 + warp_row + g + h * 8 >= c.row_end) continue;
-      const int head = c.kv_head * p.group + (c.row0 + warp_row + g + h * 8) % p.group;
+      const int head = row_head(c.row0 + warp_row + g + h * 8);
       const bool direct = row_target[h] < 0;
       const RowDest d{std::int64_t(direct ? -2 - row_target[h] : row_target[h]) * p.heads_q + head, direct};
       const float inv = 1.0f / row_sum[h];

@@ -308,8 +308,11 @@ void consider_one_item_per_query(const Tree& tree, const Topology& topo, const V
   }
 }
 
+// Greedy's plan: the decision's layout, unless one item per query (last
+// candidate, whatever the block size) beats it.
 Plan build_greedy(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
-                  const GreedyDecision& decision) {
+                  GreedyDecision decision) {
+  consider_one_item_per_query(tree, topo, vis, options, decision);
   if (decision.own) {
     return assemble(tree, decision.own->order, compute_visibility(tree, decision.own->order), options, &*decision.own);
   }
@@ -380,9 +383,7 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis
     if (b && (best == nullptr || CandidateSearch::better(b->decision.time_us, b->index, *best))) best = &*b;
   }
   if (options.strategy == Strategy::greedy) {
-    GreedyDecision decision = std::move(best->decision);  // the searches end here
-    consider_one_item_per_query(tree, topo, vis, best->options, decision);
-    return build_greedy(tree, topo, std::move(vis), best->options, decision);
+    return build_greedy(tree, topo, std::move(vis), best->options, std::move(best->decision));  // the searches end here
   }
   return assemble(tree, topo, std::move(vis), best->options, nullptr);
 }
@@ -394,9 +395,8 @@ Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
   if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, std::move(vis), options, pool);
   if (options.strategy == Strategy::greedy) {
     GreedyMemo memo(topo, vis);
-    GreedyDecision decision = decide_greedy(tree, topo, vis, options, memo);
-    consider_one_item_per_query(tree, topo, vis, options, decision);
-    return build_greedy(tree, topo, std::move(vis), options, decision);
+    GreedyDecision decision = decide_greedy(tree, topo, vis, options, memo);  // before vis moves on
+    return build_greedy(tree, topo, std::move(vis), options, std::move(decision));
   }
   return assemble(tree, topo, std::move(vis), options, nullptr);
 }

@@ -38,7 +38,7 @@ constexpr Coefficient kCoefficients[] = {
     {"pass_ns", &CostModel::pass_ns},       {"tile_ns_large", &CostModel::tile_ns_large},
     {"tile_ns_small", &CostModel::tile_ns_small}, {"partial_ns", &CostModel::partial_ns},
     {"slots", &CostModel::slots},           {"sms", &CostModel::sms},
-    {"solo_speedup", &CostModel::solo_speedup},
+    {"solo_speedup", &CostModel::solo_speedup}, {"split_solo_speedup", &CostModel::split_solo_speedup},
     {"switch_gain", &CostModel::switch_gain}, {"merge_ns", &CostModel::merge_ns},
 };
 
@@ -90,10 +90,12 @@ void CostModel::set(const std::string& assignments) {
     if (c == std::end(kCoefficients)) {
       fail(ErrorCategory::InvalidArgument,
            "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
-           "sms, solo_speedup, switch_gain, merge_ns, min_split_tokens, auto_block_min or auto_block_max)",
+           "sms, solo_speedup, split_solo_speedup, switch_gain, merge_ns, min_split_tokens, auto_block_min or "
+           "auto_block_max)",
            key);
     }
-    if ((c->field == &CostModel::slots || c->field == &CostModel::sms || c->field == &CostModel::solo_speedup) &&
+    if ((c->field == &CostModel::slots || c->field == &CostModel::sms || c->field == &CostModel::solo_speedup ||
+         c->field == &CostModel::split_solo_speedup) &&
         value <= 0) {
       fail(ErrorCategory::InvalidArgument, "cost model: {} must be positive", key);
     }
@@ -251,7 +253,7 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
 }
 
 double step_time_us(const CostModel& model, double work_ns, double max_pass_ns) {
-  return std::max(work_ns / model.slots, max_pass_ns / model.solo_speedup) / 1000.0;
+  return std::max(work_ns / model.slots, max_pass_ns / model.split_solo_speedup) / 1000.0;
 }
 
 namespace {

@@ -58,7 +58,7 @@ TEST_CASE("FastTree's worked cases: 8-query children stay apart, 128-query child
   // (kept apart) or once per child (concatenated).
   for (const auto& [per_child, reads] : {std::pair{8, 1}, std::pair{128, 2}}) {
     CAPTURE(per_child);
-    PlanOptions o = own_layout("solo_speedup=1");  // no long-context split
+    PlanOptions o = own_layout("split_solo_speedup=1");  // no long-context split
     o.query_tile = 16;
     o.block_tokens = 8192;
     const Tree tree = parent_with_two_children(per_child);
@@ -127,7 +127,7 @@ TEST_CASE("long-context splitting fills the device, and only while it pays") {
 
   // A device that one pass fills (one slot, no solo speedup) gains nothing from
   // it: every group stays one block, however long (the prompt's 4000 tokens).
-  const Plan unsplit = plan(tree, own_layout("slots=1,solo_speedup=1"));
+  const Plan unsplit = plan(tree, own_layout("slots=1,solo_speedup=1,split_solo_speedup=1"));
   CHECK(compute_stats(unsplit).blocks == 1 + 10);
   CHECK(unsplit.block_tokens == 4000);
 
@@ -180,7 +180,7 @@ TEST_CASE("greedy keeps every invariant under extreme coefficients") {
       "partial_ns=1e9",                      // always concatenate
       "pass_ns=0,tile_ns_small=1e6",         // large tiles only
       "tile_ns_large=1e6",                   // small tiles only
-      "slots=1e6,solo_speedup=1e3",          // split down to min_split_tokens
+      "slots=1e6,split_solo_speedup=1e3",    // split down to min_split_tokens
   };
   for (std::uint64_t seed = 1; seed <= 25; ++seed) {
     RandomForestOptions r;
@@ -217,6 +217,7 @@ TEST_CASE("cost-model coefficients: set, print, and precise errors") {
   CHECK_THROWS_WITH_AS(m.set("partial_ns=-1"), doctest::Contains("partial_ns = '-1'"), Error);
   CHECK_THROWS_WITH_AS(m.set("slots=0"), doctest::Contains("slots must be positive"), Error);
   CHECK_THROWS_WITH_AS(m.set("sms=0"), doctest::Contains("sms must be positive"), Error);
+  CHECK_THROWS_WITH_AS(m.set("split_solo_speedup=0"), doctest::Contains("split_solo_speedup must be positive"), Error);
   CHECK_THROWS_WITH_AS(m.set("tile_ns_large"), doctest::Contains("not KEY=VALUE"), Error);
   CHECK_THROWS_WITH_AS(m.set("min_split_tokens=0.5"), doctest::Contains("is not an integer in [1, 65536]"), Error);
 }

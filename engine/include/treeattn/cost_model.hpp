@@ -37,12 +37,17 @@ struct CostModel {
   double slots = 396.0;           // CTAs in flight: 132 SMs x 3
   double sms = 132.0;             // SMs (compute units) the slots are spread over
   // How much faster a pass runs alone on an SM than in a full one (two of
-  // three CTAs: halfway). Few-shot blocks on the H100 ran a 64-token tile in
-  // 1.65 us alone, 2.19 with two CTAs on the SM and 2.72 with three (README,
-  // "Block size"). 2 plans few-shot's blocks better (b=50 4 % faster) but makes
-  // greedy split small trees' passes too rarely: two of the 57 peer shapes
-  // then lose to SGLang (README, "Block size").
-  double solo_speedup = 1.75;
+  // three CTAs: halfway), in the placement of a plan's CTAs (simulate_step_ns),
+  // which times every plan that is compared whole (block sizes, layouts).
+  // Few-shot blocks on the H100 ran a 64-token tile in 1.65 us alone, 2.19
+  // with two CTAs on the SM and 2.72 with three, but a lone CTA of a tree at
+  // the HBM limit streams about twice its full-SM pace, and 2 plans few-shot's
+  // blocks better than 1.75 (README, "Block size").
+  double solo_speedup = 2.0;
+  // The same speedup in greedy's analytic step time (step_time_us), which
+  // decides its long-context splits: at 2 it split small trees' passes too
+  // rarely, and two of the 57 peer shapes then lost to SGLang.
+  double split_solo_speedup = 1.75;
   std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this
   // PlanOptions::block_tokens = kAutoBlockTokens plans the tree at each of
   // auto_block_candidates() and keeps the plan this model predicts fastest.
@@ -139,7 +144,8 @@ struct CostEstimate {
   bool longest_pass_large = false;
   double time_us = 0.0;  // the CTAs placed on the SMs (simulate_step_ns), plus the partials over `slots`
 };
-// The model's step time for a total cost and a longest pass, in microseconds.
+// Greedy's analytic step time for a total cost and a longest pass (which runs
+// split_solo_speedup times its full-SM pace), in microseconds.
 double step_time_us(const CostModel& model, double work_ns, double max_pass_ns);
 // When the last of CTAs costing `cta_ns` each (in launch order) finishes, in
 // nanoseconds: the hardware hands each SM one CTA per round until every SM has

@@ -39,6 +39,7 @@ constexpr Coefficient kCoefficients[] = {
     {"tile_ns_small", &CostModel::tile_ns_small}, {"partial_ns", &CostModel::partial_ns},
     {"slots", &CostModel::slots},           {"sms", &CostModel::sms},
     {"solo_speedup", &CostModel::solo_speedup}, {"split_solo_speedup", &CostModel::split_solo_speedup},
+    {"refill_spread", &CostModel::refill_spread},
     {"switch_gain", &CostModel::switch_gain}, {"merge_ns", &CostModel::merge_ns},
 };
 
@@ -90,8 +91,8 @@ void CostModel::set(const std::string& assignments) {
     if (c == std::end(kCoefficients)) {
       fail(ErrorCategory::InvalidArgument,
            "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
-           "sms, solo_speedup, split_solo_speedup, switch_gain, merge_ns, min_split_tokens, auto_block_min or "
-           "auto_block_max)",
+           "sms, solo_speedup, split_solo_speedup, refill_spread, switch_gain, merge_ns, min_split_tokens, "
+           "auto_block_min or auto_block_max)",
            key);
     }
     if ((c->field == &CostModel::slots || c->field == &CostModel::sms || c->field == &CostModel::solo_speedup ||
@@ -330,21 +331,45 @@ double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_n
   for (std::size_t s = 0; s < sms; ++s) schedule(s);
   for (std::size_t s = 0; s < leaves; ++s) winner[leaves + s] = std::uint32_t(s);
   for (std::size_t k = leaves - 1; k >= 1; --k) winner[k] = earlier(winner[2 * k], winner[2 * k + 1]);
-  double end = 0.0;
-  while (due[winner[1]] != kNever) {
-    const std::size_t s = winner[1];
-    double* w = left.data() + s * stride;
-    const std::size_t first = first_to_finish(s);
-    const double done = w[first];  // the work every resident did until due[s]
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < count[s]; ++i) {
-      if (i != first && w[i] - done > 0.0) w[kept++] = w[i] - done;
-    }
-    count[s] = kept;
-    clock[s] = end = due[s];
-    while (count[s] < stride && next < cta_ns.size()) w[count[s]++] = cta_ns[next++];
-    schedule(s);
+  auto update = [&](std::size_t s) {
     for (std::size_t k = (leaves + s) / 2; k >= 1; k /= 2) winner[k] = earlier(winner[2 * k], winner[2 * k + 1]);
+  };
+  double end = 0.0;
+  std::vector<std::size_t> freed;  // the SMs whose CTAs finish at the same time
+  while (due[winner[1]] != kNever) {
+    end = due[winner[1]];
+    freed.clear();
+    while (due[winner[1]] == end) {
+      const std::size_t s = winner[1];
+      double* w = left.data() + s * stride;
+      const double done = w[first_to_finish(s)];  // the work every resident did until `end`
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < count[s]; ++i) {
+        if (w[i] - done > 0.0) w[kept++] = w[i] - done;
+      }
+      count[s] = kept;
+      clock[s] = end;
+      freed.push_back(s);
+      due[s] = kNever;
+      update(s);
+    }
+    // Slots freed together are refilled as at launch, one CTA per SM a round:
+    // equal CTAs finish together, and the next ones spread over those SMs
+    // (refill_spread 0: each SM's slots in turn).
+    const std::size_t per_round = model.refill_spread > 0.0 ? 1 : stride;
+    for (bool placed = true; placed && next < cta_ns.size();) {
+      placed = false;
+      for (std::size_t s : freed) {
+        for (std::size_t k = 0; k < per_round && count[s] < stride && next < cta_ns.size(); ++k) {
+          left[s * stride + count[s]++] = cta_ns[next++];
+          placed = true;
+        }
+      }
+    }
+    for (std::size_t s : freed) {
+      schedule(s);
+      update(s);
+    }
   }
   return end;
 }

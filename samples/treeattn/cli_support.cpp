@@ -133,7 +133,8 @@ const char* const kCostHelp =
     "Cost-model coefficients KEY=VALUE,... over the H100 defaults: pass_ns, tile_ns_large, tile_ns_small "
     "(a pass, a 64-token KV tile in a 64-row or 16-row pass), partial_ns (a partial row), slots (CTAs in flight), sms (the SMs they are spread over), "
     "solo_speedup (a pass alone on an SM against its share of a full one, where a plan's CTAs are placed on the SMs), "
-    "split_solo_speedup (the same in the analytic step time by which greedy cuts long groups), switch_gain (greedy keeps flatten's "
+    "split_solo_speedup (the same in the analytic step time by which greedy cuts long groups), refill_spread (1: slots "
+    "that free together are refilled one CTA per SM a round, 0: each SM's in turn), switch_gain (greedy keeps flatten's "
     "layout unless its own is predicted this many times faster), merge_ns (the merge kernel's fixed cost, which only a "
     "plan without partials saves: greedy weighs one item per query against it), min_split_tokens, auto_block_min and "
     "auto_block_max (the range --block-tokens auto tries). They choose each item's tile rows and the greedy strategy's groups";

@@ -235,6 +235,13 @@ TEST_CASE("the step time places CTAs on the SMs in launch order, as the hardware
   CHECK(step(std::vector<double>(9, 100)) == doctest::Approx(100));
   CHECK(step(std::vector<double>(12, 100)) == doctest::Approx(100));
   CHECK(step(std::vector<double>(24, 100)) == doctest::Approx(200));  // two full waves
+  // Slots freed together are refilled one CTA per SM a round, as at launch:
+  // after a full wave of equal CTAs the last four run alone, one on every SM,
+  // not three together on SM 0 (which would take 100 more).
+  CHECK(step(std::vector<double>(16, 100)) == doctest::Approx(100 + 100 / 2.0));
+  m.set("refill_spread=0");  // each freed SM's slots in turn: three of the four on SM 0
+  CHECK(step(std::vector<double>(16, 100)) == doctest::Approx(200));
+  m.set("refill_spread=1");
   // Round-robin placement: SM 0 gets CTAs 0 and 4 (100 and 50). The 50 is done
   // at 50 / 1.5; the 100's last 50 then runs alone at twice the pace.
   CHECK(step({100, 10, 10, 10, 50}) == doctest::Approx(50 / 1.5 + 50 / 2.0));

@@ -48,6 +48,11 @@ struct CostModel {
   // decides its long-context splits: at 2 it split small trees' passes too
   // rarely, and two of the 57 peer shapes then lost to SGLang.
   double split_solo_speedup = 1.75;
+  // Slots that free at the same moment (equal CTAs finish together): 1 refills
+  // them one CTA per SM a round, as at launch, which is what the H100 runs
+  // (README, "Block size"); 0 fills each such SM's slots before the next SM's,
+  // the placement the Vulkan backend's plans were measured better with.
+  double refill_spread = 1.0;
   std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this
   // PlanOptions::block_tokens = kAutoBlockTokens plans the tree at each of
   // auto_block_candidates() and keeps the plan this model predicts fastest.
@@ -149,7 +154,9 @@ struct CostEstimate {
 double step_time_us(const CostModel& model, double work_ns, double max_pass_ns);
 // When the last of CTAs costing `cta_ns` each (in launch order) finishes, in
 // nanoseconds: the hardware hands each SM one CTA per round until every SM has
-// slots / sms of them, then gives each freed slot the next CTA; an SM's n
+// slots / sms of them, then gives each freed slot the next CTA (slots freed at
+// the same moment, as equal CTAs' are, one CTA per SM a round unless
+// refill_spread is 0); an SM's n
 // resident CTAs each run at solo_speedup times their full-SM pace when n is 1,
 // at that pace when the SM is full, linearly between.
 double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_ns);

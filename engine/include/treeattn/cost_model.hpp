@@ -48,9 +48,10 @@ struct CostModel {
   // decides its long-context splits: at 2 it split small trees' passes too
   // rarely, and two of the 57 peer shapes then lost to SGLang.
   double split_solo_speedup = 1.75;
-  // Slots that free at the same moment (equal CTAs finish together): 1 refills
-  // them one CTA per SM a round, as at launch, which is what the H100 runs
-  // (README, "Block size"); 0 fills each such SM's slots before the next SM's,
+  // Slots that free at the same moment (equal CTAs finish together): any
+  // positive value refills them one CTA per SM a round, as at launch, which
+  // the H100's CUDA timings bear out (a plan of 1.3 waves runs as 1.3, not 2;
+  // README, "Block size"); 0 fills each such SM's slots before the next SM's,
   // the placement the Vulkan backend's plans were measured better with.
   double refill_spread = 1.0;
   std::int32_t min_split_tokens = 64;  // long-context splitting never cuts blocks below this

@@ -336,6 +336,10 @@ double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_n
   };
   double end = 0.0;
   std::vector<std::size_t> freed;  // the SMs whose CTAs finish at the same time
+  // Slots freed together are refilled as at launch, one CTA per SM a round:
+  // equal CTAs finish together, and the next ones spread over those SMs
+  // (refill_spread 0: each SM's slots in turn).
+  const std::size_t per_round = model.refill_spread > 0.0 ? 1 : stride;
   while (due[winner[1]] != kNever) {
     end = due[winner[1]];
     freed.clear();
@@ -353,10 +357,6 @@ double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_n
       due[s] = kNever;
       update(s);
     }
-    // Slots freed together are refilled as at launch, one CTA per SM a round:
-    // equal CTAs finish together, and the next ones spread over those SMs
-    // (refill_spread 0: each SM's slots in turn).
-    const std::size_t per_round = model.refill_spread > 0.0 ? 1 : stride;
     for (bool placed = true; placed && next < cta_ns.size();) {
       placed = false;
       for (std::size_t s : freed) {

@@ -205,6 +205,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   constexpr int kGatherUnroll = 2;
 #endif
   constexpr int kGatherRows = kTile / kRowsPerStep;  // rows a thread copies per tile
+  constexpr int kGatherBatch = kGatherUnroll < kGatherRows ? kGatherUnroll : kGatherRows;
+  static_assert(kGatherRows % kGatherBatch == 0, "whole batches of rows");
   // The thread's i-th row of a tile (row0 + i * kRowsPerStep) from KV-pool slot `slot` into `stage`.
   auto copy_row = [&](int stage, int i, int slot) {
     const std::uint32_t k_tile = smem_address(Smem::k() + stage * kTile * D);
@@ -215,10 +217,20 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     cp_async_16(k_tile + at, k_column + from);
     cp_async_16(v_tile + at, v_column + from);
   };
+  // A batch's slots are all read before its copies: a slot read after the
+  // previous row's cp.async (which writes shared memory) cannot be moved above
+  // it, so each row waited out a shared-load latency of its own, eight in a
+  // row per tile (a quarter of the stall samples of a speculative tree's CTAs).
   auto load_tile = [&](int t, int stage) {
     const std::int32_t* slots = Smem::map(t)->slot;
-#pragma unroll kGatherUnroll
-    for (int i = 0; i < kGatherRows; ++i) copy_row(stage, i, slots[row0 + i * kRowsPerStep]);
+#pragma unroll 1
+    for (int i0 = 0; i0 < kGatherRows; i0 += kGatherBatch) {
+      int slot[kGatherBatch];
+#pragma unroll
+      for (int j = 0; j < kGatherBatch; ++j) slot[j] = slots[row0 + (i0 + j) * kRowsPerStep];
+#pragma unroll
+      for (int j = 0; j < kGatherBatch; ++j) copy_row(stage, i0 + j, slot[j]);
+    }
   };
 
   // The prologue in two round trips: the first kStages maps, tile 0's slots

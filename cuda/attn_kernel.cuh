@@ -249,19 +249,23 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   // Rows g and g + 8 of the warp: their query (-1 past the pass's end: zero Q)
   // and, in a 64-row pass, where they go — the item's partial, or -2 - query
   // for a direct write, so the epilogue has no dependent lookup (the split-KV
-  // path looks its rows up over its merge's barrier).
-  int q_query[2], row_target[2] = {0, 0};
+  // path looks its rows up over its merge's barrier). Both rows' lookups leave
+  // before either is used (a row past the end reads the last row's entry):
+  // behind the first row's test, the second row's loads took a round trip of
+  // their own.
+  int q_query[2], row_target[2] = {0, 0}, partial[2] = {0, 0};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = c.row0 + warp_row + g + h * 8;
-    q_query[h] = -1;
-    if (row < c.row_end) {
-      const int entry = c.q0 + row / p.group;
-      q_query[h] = p.tile_query[entry];
-      if constexpr (!kSplitKV) {
-        const int partial = p.tile_partial[entry];
-        row_target[h] = partial == kDirectWrite ? -2 - q_query[h] : partial;
-      }
+    const int entry = c.q0 + min(c.row0 + warp_row + g + h * 8, c.row_end - 1) / p.group;
+    q_query[h] = p.tile_query[entry];
+    if constexpr (!kSplitKV) partial[h] = p.tile_partial[entry];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (c.row0 + warp_row + g + h * 8 >= c.row_end) {
+      q_query[h] = -1;
+    } else if constexpr (!kSplitKV) {
+      row_target[h] = partial[h] == kDirectWrite ? -2 - q_query[h] : partial[h];
     }
   }
   // Tile 0 and the map of tile kStages: the group the loop's first look-ahead

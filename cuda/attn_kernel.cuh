@@ -126,6 +126,20 @@ __device__ __forceinline__ void store_out_pair(void* o, OutType type, std::int64
   }
 }
 
+// Partials are written to be read once by the merge: kept in L2 ahead of the
+// KV lines streaming past (evict_last), so the merge finds them there.
+__device__ __forceinline__ std::uint64_t l2_keep_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void store_partial2(float* at, float a, float b, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(at), "f"(a), "f"(b), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void store_partial4(float* at, float4 v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(at), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "l"(policy) : "memory");
+}
+
 // 1024-byte aligned: the 128-byte swizzle of wgmma's operands is by address.
 extern __shared__ __align__(1024) unsigned char smem[];
 
@@ -504,10 +518,9 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
         }
       } else {
         float* out = p.partial_o + d.index * D;
+        const std::uint64_t keep = l2_keep_policy();
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          *reinterpret_cast<float2*>(out + n * 8 + t4 * 2) = make_float2(acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
-        }
+        for (int n = 0; n < D / 8; ++n) store_partial2(out + n * 8 + t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv, keep);
       }
       if (t4 == 0) write_lse(d, (row_max[h] + __log2f(row_sum[h])) * kLn2);
     }
@@ -576,7 +589,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
         store_out_pair(p.o, p.out_type, d.index * D + col, value.x, value.y);
         store_out_pair(p.o, p.out_type, d.index * D + col + 2, value.z, value.w);
       } else {
-        *reinterpret_cast<float4*>(p.partial_o + d.index * D + col) = value;
+        store_partial4(p.partial_o + d.index * D + col, value, l2_keep_policy());
       }
     }
   }

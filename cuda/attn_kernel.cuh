@@ -572,6 +572,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     }
     __syncthreads();
     // Four adjacent channels per thread and step.
+    const std::uint64_t keep = l2_keep_policy();
     for (int i = tid; i < rows_here * D / 4; i += Traits::kThreads) {
       const int row = i / (D / 4), col = i % (D / 4) * 4;
       float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -589,7 +590,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
         store_out_pair(p.o, p.out_type, d.index * D + col, value.x, value.y);
         store_out_pair(p.o, p.out_type, d.index * D + col + 2, value.z, value.w);
       } else {
-        store_partial4(p.partial_o + d.index * D + col, value, l2_keep_policy());
+        store_partial4(p.partial_o + d.index * D + col, value, keep);
       }
     }
   }

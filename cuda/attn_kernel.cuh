@@ -620,12 +620,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 // the planner numbered them in order) and LSEs at a time, one per lane,
 // takes their maximum with shuffles, and then every lane folds the partials in
 // CSR order with a running max, so the merge is one pass and deterministic; the
-// loads of eight partials are in flight together (the merge is latency-bound).
+// loads of kBatch partials are in flight together (the merge is latency-bound).
+// Plans whose queries merge at most four partials take kBatch 4: half the
+// registers in flight, so ten CTAs fit on an SM instead of eight (at head_dim
+// <= 128), and no query needs a second round trip.
 constexpr int kMergeWarps = 4;
-constexpr int kMergeBatch = 8;
+constexpr int kMergeLeanFanin = 4;
+template <int HeadDim, int kBatch>
+constexpr int merge_min_blocks() {
+  if (HeadDim > 128) return 1;
+  return kBatch <= kMergeLeanFanin ? 10 : 8;
+}
 
-template <int HeadDim>
-__global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
+template <int HeadDim, int kBatch>
+__global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kBatch>()) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
   constexpr int kChannels = HeadDim / 32;  // per lane: 2, 4 or 8
   const int lane = threadIdx.x % 32;
   const std::int64_t pair = std::int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
@@ -645,13 +653,13 @@ __global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const
       my_slot = p.merge_in_order ? c0 + lane : p.merge_partial[c0 + lane];
       my_lse = p.partial_lse[std::int64_t(my_slot) * p.heads_q + head];
     }
-    // kMergeBatch partials' loads go out before any of them is summed: one
+    // kBatch partials' loads go out before any of them is summed: one
     // dependent round trip per batch instead of one per partial. The first
     // batch leaves beside the LSEs, before their maximum is known.
-    float v[kMergeBatch][kChannels];
+    float v[kBatch][kChannels];
     auto load_batch = [&](int i0) {
 #pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
+      for (int j = 0; j < kBatch; ++j) {
         const int slot = __shfl_sync(0xffffffffu, my_slot, (i0 + j) % 32);
         const float* src = p.partial_o + (std::int64_t(slot) * p.heads_q + head) * HeadDim + lane * kChannels;
 #pragma unroll
@@ -673,10 +681,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32) tree_attn_merge_kernel(const
     for (int c = 0; c < kChannels; ++c) acc[c] *= rescale;
     max_lse = new_max;
     const float my_weight = __expf(my_lse - max_lse);
-    for (int i0 = 0; i0 < n; i0 += kMergeBatch) {
+    for (int i0 = 0; i0 < n; i0 += kBatch) {
       if (i0 > 0) load_batch(i0);
 #pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
+      for (int j = 0; j < kBatch; ++j) {
         const float w = __shfl_sync(0xffffffffu, my_weight, (i0 + j) % 32);
         if (i0 + j >= n) break;
         sum += w;

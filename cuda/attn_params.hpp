@@ -68,6 +68,7 @@ struct KernelParams {
   // merge_partial is 0, 1, 2, ... (as the planner numbers partials): the merge
   // takes a query's slots from merge_begin alone, one dependent load fewer.
   std::int32_t merge_in_order;
+  std::int32_t merge_fanin;  // the most partials one query merges (picks the merge's variant)
 };
 
 }  // namespace treeattn::cuda

@@ -127,7 +127,9 @@ __device__ __forceinline__ void store_out_pair(void* o, OutType type, std::int64
 }
 
 // Partials are written to be read once by the merge: kept in L2 ahead of the
-// KV lines streaming past (evict_last), so the merge finds them there.
+// KV lines streaming past (evict_last), so the merge finds them there — as far
+// as the L2 set-aside for such lines goes (about 10 MB on the H100; larger
+// partial sets still reach HBM, README "Kernel history").
 __device__ __forceinline__ std::uint64_t l2_keep_policy() {
   std::uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
@@ -621,15 +623,17 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 // takes their maximum with shuffles, and then every lane folds the partials in
 // CSR order with a running max, so the merge is one pass and deterministic; the
 // loads of kBatch partials are in flight together (the merge is latency-bound).
-// Plans whose queries merge at most four partials take kBatch 4: half the
-// registers in flight, so ten CTAs fit on an SM instead of eight (at head_dim
-// <= 128), and no query needs a second round trip.
+// Plans whose queries merge at most kMergeLeanBatch partials take that batch:
+// half the registers in flight, so ten CTAs fit on an SM instead of eight (at
+// head_dim <= 128), and no query needs a second round trip. The full batch is
+// held to the eight CTAs (64 registers) it ran at before it was a template.
 constexpr int kMergeWarps = 4;
-constexpr int kMergeLeanFanin = 4;
+constexpr int kMergeBatch = 8;
+constexpr int kMergeLeanBatch = 4;
 template <int HeadDim, int kBatch>
 constexpr int merge_min_blocks() {
   if (HeadDim > 128) return 1;
-  return kBatch <= kMergeLeanFanin ? 10 : 8;
+  return kBatch <= kMergeLeanBatch ? 10 : 8;
 }
 
 template <int HeadDim, int kBatch>

@@ -21,10 +21,10 @@ cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
   if (p.num_partials > 0) {  // else stage 1 wrote every query: the merge would only return
     const std::int64_t pairs = std::int64_t(p.num_queries) * p.heads_q;
     const unsigned ctas = unsigned((pairs + kMergeWarps - 1) / kMergeWarps);
-    if (p.merge_fanin <= kMergeLeanFanin) {
-      tree_attn_merge_kernel<HeadDim, kMergeLeanFanin><<<ctas, kMergeWarps * 32, 0, stream>>>(p);
+    if (p.merge_fanin <= kMergeLeanBatch) {
+      tree_attn_merge_kernel<HeadDim, kMergeLeanBatch><<<ctas, kMergeWarps * 32, 0, stream>>>(p);
     } else {
-      tree_attn_merge_kernel<HeadDim, 8><<<ctas, kMergeWarps * 32, 0, stream>>>(p);
+      tree_attn_merge_kernel<HeadDim, kMergeBatch><<<ctas, kMergeWarps * 32, 0, stream>>>(p);
     }
     err = cudaGetLastError();
   }

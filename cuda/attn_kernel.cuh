@@ -262,23 +262,30 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   int slot0[kGatherRows];
 #pragma unroll
   for (int i = 0; i < kGatherRows; ++i) slot0[i] = p.tile_map[c.tile0].slot[row0 + i * kRowsPerStep];
-  // Rows g and g + 8 of the warp: their query (-1 past the pass's end: zero Q)
-  // and, in a 64-row pass, where they go — the item's partial, or -2 - query
-  // for a direct write, so the epilogue has no dependent lookup (the split-KV
-  // path looks its rows up over its merge's barrier). Both rows' lookups leave
-  // before either is used (a row past the end reads the last row's entry):
+  // Rows g and g + 8 of the warp (h = 0, 1; counted from the item's first row)
+  // and their tile queries, whose entries give each row's query and
+  // destination and whose words of each tile's visibility mask its scores.
+  // Rows past the pass's end (zero Q) take the last row's tile query: they
+  // compute harmlessly and are never written.
+  auto thread_row = [&](int h) { return c.row0 + warp_row + g + h * 8; };
+  int row_query[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_query[h] = min(thread_row(h), c.row_end - 1) / p.group;
+  // The rows' query (-1 past the pass's end: zero Q) and, in a 64-row pass,
+  // where they go — the item's partial, or -2 - query for a direct write, so
+  // the epilogue has no dependent lookup (the split-KV path looks its rows up
+  // over its merge's barrier). Both rows' lookups leave before either is used:
   // behind the first row's test, the second row's loads took a round trip of
   // their own.
   int q_query[2], row_target[2] = {0, 0}, partial[2] = {0, 0};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int entry = c.q0 + min(c.row0 + warp_row + g + h * 8, c.row_end - 1) / p.group;
-    q_query[h] = p.tile_query[entry];
-    if constexpr (!kSplitKV) partial[h] = p.tile_partial[entry];
+    q_query[h] = p.tile_query[c.q0 + row_query[h]];
+    if constexpr (!kSplitKV) partial[h] = p.tile_partial[c.q0 + row_query[h]];
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (c.row0 + warp_row + g + h * 8 >= c.row_end) {
+    if (thread_row(h) >= c.row_end) {
       q_query[h] = -1;
     } else if constexpr (!kSplitKV) {
       row_target[h] = partial[h] == kDirectWrite ? -2 - q_query[h] : partial[h];
@@ -295,7 +302,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   std::uint32_t qf[D / 16][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int head = row_head(c.row0 + warp_row + g + h * 8);
+    const int head = row_head(thread_row(h));
     const std::uint32_t* q_row = reinterpret_cast<const std::uint32_t*>(static_cast<const Element*>(p.q) +
                                                                       (std::int64_t(max(q_query[h], 0)) * p.heads_q + head) * D);
 #pragma unroll
@@ -321,12 +328,6 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   // loads take matrices (tokens 0-7, chunk c), (tokens 8-15, c), (0-7, c + 1),
   // (8-15, c + 1) of the warp's 16-token steps, so one lane row serves both.
   const auto kv_row = Traits::lane_row(n_base * 8 + (mat & 1) * 8 + lane % 8, mat >> 1);
-  // Rows g and g + 8 of the warp: their query's word of each tile's visibility. Rows
-  // past the pass's end (zero Q) take the last row's query: they compute
-  // harmlessly and are never written.
-  int row_query[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) row_query[h] = min(c.row0 + warp_row + g + h * 8, c.row_end - 1) / p.group;
 
   float acc[D / 8][4];
 #pragma unroll
@@ -508,8 +509,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   if constexpr (!kSplitKV) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (c.row0 + warp_row + g + h * 8 >= c.row_end) continue;
-      const int head = row_head(c.row0 + warp_row + g + h * 8);
+      if (thread_row(h) >= c.row_end) continue;
+      const int head = row_head(thread_row(h));
       const bool direct = row_target[h] < 0;
       const RowDest d{std::int64_t(direct ? -2 - row_target[h] : row_target[h]) * p.heads_q + head, direct};
       const float inv = 1.0f / row_sum[h];

@@ -334,20 +334,34 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
 }
 
 CostModel VulkanBackend::cost_model() const {
+  // The coopmat shader's coefficients, fitted to its timings on the H100
+  // (README, "Block size" under Vulkan): every pass runs 64 rows, so a 16-row
+  // tile costs the same, and two work groups share an SM (228 registers).
   CostModel model = cost_model_for("h100");
-  // The model was fitted to the CUDA kernels. Its longer blocks ran here at
-  // 0.82x on few-shot b=50 and 1.28x on speculative t=256 (H100, 1.01x over the
-  // DESIGN trees), and a refit to these shaders picked no better (1.01x, worst
-  // 0.83x): the best size per tree is only 1.03-1.05x over 256 here (README,
-  // "Block size" under Vulkan), so auto keeps 256.
-  model.auto_block_max = model.auto_block_min;
-  // The placement's solo speedup of 2 was measured on the CUDA kernels'
-  // few-shot blocks; here, where auto does not vary the size, it only turned
-  // keywordToT's greedy plan (17.0 us on the H100) into flatten's (18.3).
-  model.solo_speedup = model.split_solo_speedup;
-  // Refilling simultaneously freed slots one CTA per SM a round moved four
-  // greedy peer plans here, 0.72-0.99x (0.991x over the 57; README, "Block size").
+  model.pass_ns = 1469.0;
+  model.tile_ns_large = 3993.0;
+  model.tile_ns_small = 3972.0;
+  model.slots = 2.0 * model.sms;
+  // partial_ns stays the CUDA kernels': the fit's 86 ns, about what the merge
+  // takes per row here, made greedy keep the partials of deep trees that it
+  // reads whole at 169 (0.65x on 1/2/.../1024 x 16 tokens).
+  //
+  // A lone work group's speedup 1.25, not the CUDA kernels' 2: of 1-2 it is
+  // the value whose picks among 256-1024-token blocks come closest to the
+  // best measured size per tree (DESIGN 1.078x over 256, no tree slower,
+  // where the best size per tree gives 1.083x; at 1.75, 1.064x and a worst of
+  // 0.96x). Each SM's freed slots are refilled in turn (refill_spread 0): the
+  // other order made four greedy peer plans 0.72-0.99x under the model before,
+  // and moves one of the 69 flatten block sizes picked here.
+  model.solo_speedup = 1.25;
+  model.split_solo_speedup = 1.25;
   model.refill_spread = 0.0;
+  model.auto_block_max = 1024;
+  // Greedy's own layouts are mispredicted more here than on CUDA, so flatten's
+  // is kept unless the own one is predicted 1.4x faster: 1.095x over the 57
+  // peer shapes against 1.090x at 1.2, whose worst plan (one 2 000-token pass
+  // per KV head, 32/32 heads) ran 0.69x.
+  model.switch_gain = 1.4;
   return model;
 }
 

@@ -158,8 +158,9 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--tree", o->tree, "Tree JSON")->required();
   o->plan.add_to(*sub);
   sub->add_option("--backend", o->backend,
-                  "Plan with this backend's device model, as `run --backend` does (cuda: the GPU's SMs; vulkan: "
-                  "256-token blocks for auto); none: the H100 defaults, no device needed")
+                  "Plan with this backend's device model, as `run --backend` does (cuda: the GPU's SMs; vulkan: its "
+                  "shaders' coefficients, two work groups an SM, 256-1024-token blocks for auto); none: the H100 "
+                  "defaults, no device needed")
       ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
       ->capture_default_str();
   o->backend_flags.add_to(*sub);

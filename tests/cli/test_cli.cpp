@@ -200,16 +200,17 @@ TEST_CASE("plan prints the split, the load balance and the IO model; --json is c
 }
 
 TEST_CASE("plan --backend plans with that backend's device model") {
-  // A 4 000-token prompt under 50 branches: the H100 model's auto picks blocks
-  // longer than 256 tokens; the Vulkan backend's model keeps 256.
+  // An 8 192-token prompt under 64 one-token branches: the H100 model's auto
+  // picks 704-token blocks (three CTAs an SM), the Vulkan shaders' model 640
+  // (two work groups an SM, 256..1024 tokens).
   TempDir dir;
   nlohmann::json nodes = nlohmann::json::array(), queries = nlohmann::json::array();
-  nodes.push_back({{"id", 0}, {"parent", -1}, {"slot_range", {0, 4000}}});
-  for (int b = 1; b <= 50; ++b) {
-    nodes.push_back({{"id", b}, {"parent", 0}, {"slot_range", {4000 + 200 * (b - 1), 200}}});
+  nodes.push_back({{"id", 0}, {"parent", -1}, {"slot_range", {0, 8192}}});
+  for (int b = 1; b <= 64; ++b) {
+    nodes.push_back({{"id", b}, {"parent", 0}, {"slot_range", {8192 + b - 1, 1}}});
     queries.push_back({{"node", b}});
   }
-  const std::string tree = dir / "fewshot50.json";
+  const std::string tree = dir / "prompt8192.json";
   write_file(tree, nlohmann::json{{"heads_q", 32}, {"heads_kv", 8}, {"head_dim", 128}, {"nodes", nodes}, {"queries", queries}}
                        .dump());
   auto block_tokens = [&](const std::string& args) {
@@ -218,11 +219,11 @@ TEST_CASE("plan --backend plans with that backend's device model") {
     return nlohmann::json::parse(r.output)["block_tokens"].get<int>();
   };
   const int h100 = block_tokens("");
-  CHECK(h100 > 256);
+  CHECK(h100 == 704);
   CHECK(block_tokens(" --backend none") == h100);
   CHECK(block_tokens(" --backend cpu") == h100);  // the CPU backend plans with the defaults
 #ifdef TREEATTN_TEST_HAVE_VULKAN
-  CHECK(block_tokens(" --backend vulkan") == 256);
+  CHECK(block_tokens(" --backend vulkan") == 640);
 #else
   const Result r = cli("plan --tree " + tree + " --backend vulkan");
   CHECK(r.status != 0);

@@ -33,7 +33,8 @@ layout(push_constant) uniform Params {
 
 // The workspace header: word offsets of the plan arrays (vk_plan.cpp writes it).
 const uint kBlockTokenSlot = 0, kBlockTokenSegment = 1, kSegmentMask = 2, kTileQuery = 3, kTilePartial = 4,
-           kMergeBegin = 5, kMergePartial = 6, kArrayCount = 7;
+           kMergeBegin = 5, kMergePartial = 6, kTileVisible = 7, kArrayCount = 8;
+const uint kKvTileTokens = 64u;  // tokens per tile of kTileVisible (one bit each)
 const uint kHeaderWords = 16u;  // the header, padded: the pass records start 16-byte aligned
 const int kDirect = -1;
 const float kLn2 = 0.69314718055994531;
@@ -56,14 +57,15 @@ void load_plan_header() {
 struct Pass {
   uint token_begin, tokens;   // the block's tokens in the block token map
   uint tile_begin, tile_rows; // the item's first tile query; its rows (tile queries x group)
-  uint mask_begin;            // the item's first segment mask
+  uint mask_begin;            // the item's first segment mask (plans encoded with segment masks)
   uint row0;                  // the pass's first row
+  uint visible_begin;         // the item's first 64-token tile of kTileVisible (plans encoded with tile words)
 };
 Pass load_pass(uint pass_index) {
   Quads records = Quads(pc.plan);
   const uint at = kHeaderWords / 4u + 2u * pass_index;
   const uvec4 a = records.q[at], b = records.q[at + 1u];
-  return Pass(a.x, a.y, a.z, a.w, b.x, b.y);
+  return Pass(a.x, a.y, a.z, a.w, b.x, b.y, b.z);
 }
 
 uint plan_word(uint array, uint index) { return Words(pc.plan).w[plan_offsets[array] + index]; }

@@ -4,17 +4,19 @@
 // 16 rows (tile query x query head). The block's K/V rows reach shared memory
 // CHUNK tokens at a time through registers, software-pipelined: while the
 // subgroups compute chunk c from shared memory, every thread's loads of chunk
-// c+1's rows (and of chunk c+2's slot and segment indices) are in flight, so
+// c+1's rows (and of chunk c+2's slot indices) are in flight, so
 // the gather's latency overlaps the math instead of preceding it. Each subgroup
 // computes S = Q K^T, runs the masked online softmax on it in shared memory in
 // base 2 (two lanes per row), and accumulates O += P V in accumulator
 // matrices. The per-row rescale of O is a component-wise product with a matrix
 // whose row r holds row r's factor, skipped when no row's reference moved.
 //
-// Visibility is turned from per-token segment masks (bit = tile query) into
-// per-row words (bit = chunk column) by subgroup ballots, each subgroup for
-// its own rows' queries and outside the barriers, so the softmax tests a
-// register bit per column instead of loading a mask.
+// Visibility comes as one word per row and chunk (bit = chunk column), half of
+// the plan's visibility word for the row's tile query and 64-token tile
+// (item_token_map), loaded a chunk ahead, so the softmax tests a register bit
+// per column. Per-token segment masks would need a subgroup ballot per tile
+// query and chunk to become such words: 16 per subgroup at one query head per
+// KV head.
 //
 // Shared-memory layouts are chosen for the access patterns, not for simplicity:
 // K/V rows are padded by 16 bytes so the 8 rows one matrix load reads start on
@@ -31,7 +33,6 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_vote : require
-#extension GL_KHR_shader_subgroup_ballot : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
@@ -78,12 +79,9 @@ void subgroup_sync() {
 // past the end, applied only where the data is consumed anyway.
 
 // The gather's indices for the chunk after the one in flight: the pool slot of
-// each token this thread loads, and (lanes below CHUNK, in every subgroup) the
-// word holding the segment of token `lane` (two 16-bit entries; bit 31 of
-// next_past picks the half); bit j of next_past (bit LOADS: the segment) marks
-// a position past the block.
+// each token this thread loads; bit j of next_past marks a position past the
+// block.
 uint next_slot[LOADS];
-uint next_segment_word;
 uint next_past;
 
 void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
@@ -93,18 +91,14 @@ void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
     next_slot[j] = plan_word(kBlockTokenSlot, token_begin + (t < tokens ? t : 0u));
     if (t >= tokens) next_past |= 1u << j;
   }
-  const uint lane = gl_SubgroupInvocationID, t = chunk0 + lane;
-  const uint token = token_begin + (t < tokens ? t : 0u);
-  next_segment_word = plan_word(kBlockTokenSegment, token >> 1);
-  if ((token & 1u) != 0u) next_past |= 1u << 31;
-  if (lane >= CHUNK || t >= tokens) next_past |= 1u << LOADS;
 }
 
-// The segment mask of the token whose segment word fetch_indices loaded (a
-// chunk ago, so reading it waits for nothing).
-uvec2 next_mask(uint mask_begin) {
-  const uint segment = (next_segment_word >> ((next_past >> 31) * 16u)) & 0xffffu;
-  return segment_mask(mask_begin + segment);
+// The 32-bit half of a row's tile visibility word that holds the chunk at
+// chunk0 (its tokens from bit chunk0 % 32 on; zero past the block); a chunk
+// past the block reads the first one's, which is never used.
+uint fetch_visible(uint visible_begin, uint tile_query, uint tokens, uint chunk0) {
+  const uint c = chunk0 < tokens ? chunk0 : 0u;
+  return plan_word(kTileVisible, ((visible_begin + c / kKvTileTokens) * 64u + tile_query) * 2u + (c / 32u) % 2u);
 }
 
 // The K and V rows of next_slot[] (16 bytes each), issued and left in flight;
@@ -133,7 +127,7 @@ void main() {
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const Pass pass = load_pass(pass_index);
-  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows, mask_begin = pass.mask_begin;
+  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows, visible_begin = pass.visible_begin;
   const uint token_begin = pass.token_begin, tokens = pass.tokens;
 
   // Lane pair (2r, 2r+1) owns row r of the subgroup's 16; lane h of the pair the
@@ -149,11 +143,8 @@ void main() {
   // Loaded now, used by the epilogue: its latency hides behind the whole pass.
   const int partial_slot = row_live ? plan_int(kTilePartial, tile_begin + tile_query) : kDirect;
   const uint sg_s = sg * CHUNK * S_STRIDE, sg_p = sg * CHUNK * P_STRIDE;
-  // The tile queries this subgroup's rows belong to: [query_first, query_end).
-  const uint query_first = sub_row0 / pc.group;
-  const uint query_end = (min(sub_row0 + TILE, tile_rows) + pc.group - 1u) / pc.group;
 
-  // The pipeline's prologue (chunk 0's rows and mask in registers, chunk 1's
+  // The pipeline's prologue (chunk 0's rows and visibility in registers, chunk 1's
   // indices) goes out beside Q's loads: chunk 0's slots are fetched with Q's
   // query and its rows leave with Q's rows, instead of after Q is staged.
   const uint quad = tid % QUADS;
@@ -165,9 +156,8 @@ void main() {
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
     q_quads[k] = row_live ? Quads(pc.q).q[((query * pc.heads_q + head) * HEAD_DIM + k * TILE) / 8u + half_index] : uvec4(0u);
   }
+  uint visible_word = fetch_visible(visible_begin, tile_query, tokens, 0u);
   gather_rows(kv_head, quad);
-  uvec2 mask_next = next_mask(mask_begin);
-  bool mask_past = (next_past >> LOADS & 1u) != 0u;
   fetch_indices(token_begin, tokens, CHUNK, tid);
   MAT_A q[DTILES];
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
@@ -197,22 +187,14 @@ void main() {
     }
     barrier();
 
-    // Lane t holds token t's mask (zero past the chunk): one ballot per tile query
-    // of this subgroup gives the query's visibility word; its rows keep it.
-    uint visible = 0u;
-    if (subgroup_live) {
-      for (uint q = query_first; q < query_end; ++q) {
-        const uint word = subgroupBallot(!mask_past && mask_has(mask_next, q)).x;
-        if (row_live && tile_query == q) visible = word;
-      }
-    }
+    // Bit c: the row sees token chunk0 + c (rows past the pass see nothing).
+    const uint visible = row_live ? visible_word >> (chunk0 % 32u) : 0u;
 
     // Issue the next chunk's loads now; they land while this chunk is computed.
     // After the last chunk they reread the block's first token (cached), so no
     // branch joins loaded registers.
     gather_rows(kv_head, quad);
-    mask_next = next_mask(mask_begin);
-    mask_past = (next_past >> LOADS & 1u) != 0u;
+    visible_word = fetch_visible(visible_begin, tile_query, tokens, chunk0 + CHUNK);
     fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
     if (!subgroup_live) continue;
 

@@ -157,7 +157,7 @@ std::string DeviceCaps::coopmat_unsupported(bool bf16_inputs) const {
     return "needs subgroup size control with full subgroups of 32";
   }
   if (!maintenance4) return "needs maintenance4";
-  if (!subgroup_ballot) return "needs subgroup vote and ballot in compute shaders";
+  if (!subgroup_vote) return "needs subgroup votes in compute shaders";
   if (shared_memory_bytes < 32768) return "needs 32 KiB of shared memory";
   return "";
 }
@@ -221,9 +221,8 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
     c.max_subgroup_size = v13 ? size_control.maxSubgroupSize : subgroup.subgroupSize;
     c.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                          (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
-    const VkSubgroupFeatureFlags vote_ballot = VK_SUBGROUP_FEATURE_VOTE_BIT | VK_SUBGROUP_FEATURE_BALLOT_BIT;
-    c.subgroup_ballot = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                        (subgroup.supportedOperations & vote_ballot) == vote_ballot;
+    c.subgroup_vote = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                      (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_VOTE_BIT);
     c.shared_memory_bytes = props.properties.limits.maxComputeSharedMemorySize;
     c.max_storage_buffer_range = props.properties.limits.maxStorageBufferRange;
     c.max_allocation_bytes = maintenance3.maxMemoryAllocationSize;

@@ -51,7 +51,7 @@ struct DeviceCaps {
   std::uint32_t api_version = 0;
   std::uint32_t subgroup_size = 0, min_subgroup_size = 0, max_subgroup_size = 0;
   bool subgroup_shuffle = false;      // subgroup shuffles in compute shaders
-  bool subgroup_ballot = false;       // subgroup vote and ballot in compute shaders
+  bool subgroup_vote = false;         // subgroup votes in compute shaders
   bool subgroup_size_control = false, compute_full_subgroups = false;
   std::uint32_t shared_memory_bytes = 0;
   std::uint64_t max_storage_buffer_range = 0, max_allocation_bytes = 0, max_buffer_bytes = 0;

@@ -5,15 +5,6 @@
 namespace treeattn::vulkan {
 namespace {
 
-// Header slots, in the order of attn_common.glsl's constants.
-enum Array : std::uint32_t {
-  kBlockTokenSlot, kBlockTokenSegment, kSegmentMask, kTileQuery, kTilePartial, kMergeBegin, kMergePartial, kArrayCount
-};
-// The header is padded to kHeaderWords so the pass records after it start
-// 16-byte aligned at a fixed offset (attn_common.glsl: kHeaderWords, load_pass).
-constexpr std::uint32_t kHeaderWords = 16, kPassWords = 8;
-static_assert(kArrayCount <= kHeaderWords, "the header outgrew its padding");
-
 template <typename T>
 void append(std::vector<std::uint32_t>& words, Array slot, const std::vector<T>& values) {
   words[slot] = std::uint32_t(words.size());
@@ -25,9 +16,11 @@ void append(std::vector<std::uint32_t>& words, Array slot, const std::vector<T>&
 
 }  // namespace
 
-EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass) {
+EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass, Visibility visibility) {
   EncodedPlan e;
   const BlockTokenMap map = block_token_map(plan);
+  ItemTokenMap tiles;
+  if (visibility == Visibility::tile_words) tiles = item_token_map(plan, kKvTileTokens);
   e.words.assign(kHeaderWords, 0);
   // One record per pass, everything its work group needs before the gather,
   // so a work group starts with one 32-byte load instead of a chain of lookups.
@@ -38,15 +31,21 @@ EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass) {
     const std::int32_t rows = (plan.item_query_begin[item + 1] - tile_begin) * group;
     for (std::int32_t row = 0; row < rows; row += std::int32_t(rows_per_pass)) {
       const std::int32_t token_begin = map.begin[std::size_t(block)];
+      const std::int32_t visible_begin =
+          visibility == Visibility::tile_words ? tiles.begin[item] / kKvTileTokens : 0;  // in 64-token tiles
       const std::int32_t fields[kPassWords] = {token_begin, map.begin[std::size_t(block) + 1] - token_begin, tile_begin,
-                                               rows, plan.item_mask_begin[item], row, 0, 0};
+                                               rows, plan.item_mask_begin[item], row, visible_begin, 0};
       for (std::int32_t field : fields) e.words.push_back(std::uint32_t(field));
       ++e.passes;
     }
   }
   append(e.words, kBlockTokenSlot, map.slot);
-  append(e.words, kBlockTokenSegment, map.segment);
-  append(e.words, kSegmentMask, plan.segment_mask);
+  if (visibility == Visibility::segment_masks) {
+    append(e.words, kBlockTokenSegment, map.segment);
+    append(e.words, kSegmentMask, plan.segment_mask);
+  } else {
+    append(e.words, kTileVisible, tiles.visible);
+  }
   append(e.words, kTileQuery, plan.tile_query);
   append(e.words, kTilePartial, plan.tile_partial);
   append(e.words, kMergeBegin, plan.merge_begin);

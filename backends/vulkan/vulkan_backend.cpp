@@ -247,7 +247,8 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
   staged_.reset();  // frees the previous call's memory first
   auto s = std::make_unique<Staged>();
   s->variant = variant;
-  s->encoded = encode_plan(plan, variant == Variant::coopmat ? kCoopmatRowsPerPass : kScalarRowsPerPass);
+  s->encoded = variant == Variant::coopmat ? encode_plan(plan, kCoopmatRowsPerPass, Visibility::tile_words)
+                                            : encode_plan(plan, kScalarRowsPerPass, Visibility::segment_masks);
 
   // KV chunks: whole slots, at most one allocation each (or the test limit).
   const DeviceCaps& caps = device_->caps();

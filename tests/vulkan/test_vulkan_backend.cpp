@@ -20,9 +20,11 @@
 #include "../backends/vulkan/shaders.hpp"
 #include "../backends/vulkan/spirv_bf16.hpp"
 #include "../backends/vulkan/vk_device.hpp"
+#include "../backends/vulkan/vk_plan.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
 #include "treeattn/error.hpp"
+#include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
 
 using namespace treeattn;
@@ -218,6 +220,69 @@ TEST_CASE("the bf16 coopmat shader: the f16 build with its 16-bit float type dec
       vulkan::retype_f16_as_bf16(vulkan::spirv::tree_attn_coopmat, vulkan::spirv::tree_attn_coopmat_words);
   CHECK(shader.size() == vulkan::spirv::tree_attn_coopmat_words + 2 * 2 + 6 + 1);
 #endif
+}
+
+TEST_CASE("the coopmat shader's plan encoding: each pass row's tile words hold exactly the tokens its query sees") {
+  // Read the way tree_attn_coopmat.comp reads them (a 32-bit half of the row's
+  // tile word per 32-token chunk), against the plan's segment masks. Runs on
+  // the host: lavapipe has no cooperative matrices, so CI checks the encoding here.
+  using namespace treeattn::vulkan;
+  for (int group : {1, 4}) {
+    for (std::int32_t block_tokens : {40, 100, 256}) {
+      CAPTURE(group);
+      CAPTURE(block_tokens);
+      RandomForestOptions forest;
+      forest.seed = std::uint64_t(11 + group);
+      forest.heads = HeadConfig{2 * group, 2, 64, 0.0f};
+      forest.nodes = 60;
+      forest.queries = 90;  // some blocks have more than 64 queries: two items share them
+      const Tree tree = random_forest(forest);
+      PlanOptions options;
+      options.block_tokens = block_tokens;
+      const Plan plan = treeattn::plan(tree, options);
+      const EncodedPlan e = encode_plan(plan, 64, Visibility::tile_words);
+      REQUIRE(e.words[kTileVisible] != 0);
+      CHECK(e.words[kSegmentMask] == 0);  // the scalar shader's form is left out
+      CHECK(encode_plan(plan, 16, Visibility::segment_masks).words[kTileVisible] == 0);
+      std::uint32_t pass = 0;
+      std::int64_t wrong = 0, checked = 0;
+      for (std::int32_t item = 0; item < plan.num_items(); ++item) {
+        // What each block token's segment mask says: bit j <=> tile query j sees it.
+        const std::int32_t block = plan.item_block[std::size_t(item)];
+        const std::int32_t s0 = plan.block_segment_begin[std::size_t(block)];
+        std::vector<std::uint64_t> sees;
+        for (std::int32_t s = s0; s < plan.block_segment_begin[std::size_t(block) + 1]; ++s) {
+          const std::uint64_t mask = plan.segment_mask[std::size_t(plan.item_mask_begin[std::size_t(item)] + s - s0)];
+          sees.insert(sees.end(), std::size_t(plan.segment_token_end[std::size_t(s)] - plan.segment_token_begin[std::size_t(s)]),
+                      mask);
+        }
+        const std::int32_t q0 = plan.item_query_begin[std::size_t(item)];
+        const std::uint32_t rows = std::uint32_t((plan.item_query_begin[std::size_t(item) + 1] - q0) * group);
+        for (std::uint32_t row0 = 0; row0 < rows; row0 += 64, ++pass) {
+          const std::uint32_t* record = &e.words[kHeaderWords + pass * kPassWords];
+          REQUIRE(record[1] == sees.size());
+          REQUIRE(record[2] == std::uint32_t(q0));
+          REQUIRE(record[3] == rows);
+          REQUIRE(record[5] == row0);
+          for (std::uint32_t row = row0; row < std::min(rows, row0 + 64); ++row) {
+            const std::uint32_t tile_query = row / std::uint32_t(group);
+            for (std::uint32_t chunk0 = 0; chunk0 < record[1]; chunk0 += 32) {
+              const std::uint32_t word =
+                  e.words[e.words[kTileVisible] + ((record[6] + chunk0 / 64) * 64 + tile_query) * 2 + chunk0 / 32 % 2];
+              for (std::uint32_t c = 0; c < 32; ++c) {
+                const bool expected = chunk0 + c < record[1] && (sees[chunk0 + c] >> tile_query & 1) != 0;
+                wrong += ((word >> c & 1) != 0) != expected;
+                ++checked;
+              }
+            }
+          }
+        }
+      }
+      CHECK(pass == e.passes);
+      CHECK(checked > 10000);
+      CHECK(wrong == 0);
+    }
+  }
 }
 
 TEST_CASE("the timed layers compute what run() computes") {

@@ -32,8 +32,8 @@ layout(push_constant) uniform Params {
 } pc;
 
 // The workspace header: word offsets of the plan arrays (vk_plan.cpp writes it).
-const uint kBlockTokenSlot = 0, kBlockTokenSegment = 1, kSegmentMask = 2, kTileQuery = 3, kTilePartial = 4,
-           kMergeBegin = 5, kMergePartial = 6, kTileVisible = 7, kArrayCount = 8;
+const uint kItemTokenSlot = 0, kTileVisible = 1, kTileQuery = 2, kTilePartial = 3, kMergeBegin = 4,
+           kMergePartial = 5, kArrayCount = 6;
 const uint kKvTileTokens = 64u;  // tokens per tile of kTileVisible (one bit each)
 const uint kHeaderWords = 16u;  // the header, padded: the pass records start 16-byte aligned
 const int kDirect = -1;
@@ -55,34 +55,26 @@ void load_plan_header() {
 // A row pass (one work group per KV head), from its 32-byte record: it needs no
 // header, so it loads in parallel with it.
 struct Pass {
-  uint token_begin, tokens;   // the block's tokens in the block token map
+  uint token_begin, tokens;   // the item's tokens in kItemTokenSlot (token_begin / 64: its first tile of kTileVisible)
   uint tile_begin, tile_rows; // the item's first tile query; its rows (tile queries x group)
-  uint mask_begin;            // the item's first segment mask (plans encoded with segment masks)
   uint row0;                  // the pass's first row
-  uint visible_begin;         // the item's first 64-token tile of kTileVisible (plans encoded with tile words)
 };
 Pass load_pass(uint pass_index) {
   Quads records = Quads(pc.plan);
   const uint at = kHeaderWords / 4u + 2u * pass_index;
   const uvec4 a = records.q[at], b = records.q[at + 1u];
-  return Pass(a.x, a.y, a.z, a.w, b.x, b.y, b.z);
+  return Pass(a.x, a.y, a.z, a.w, b.x);
 }
 
 uint plan_word(uint array, uint index) { return Words(pc.plan).w[plan_offsets[array] + index]; }
 int plan_int(uint array, uint index) { return int(plan_word(array, index)); }
 
-// The block-local segment of a block token (uint16 entries, two per word).
-uint token_segment(uint token) {
-  return (plan_word(kBlockTokenSegment, token >> 1) >> ((token & 1u) * 16u)) & 0xffffu;
+// Word `half` (0: tokens 0-31, 1: tokens 32-63) of tile query `tile_query`'s
+// visibility in item tile `tile` (counted in kTileVisible): bit t <=> it sees
+// the tile's token t (zero past the item's tokens).
+uint visible_word(uint tile, uint tile_query, uint half_index) {
+  return plan_word(kTileVisible, (tile * 64u + tile_query) * 2u + half_index);
 }
-
-// A uint64 segment mask as (low word, high word).
-uvec2 segment_mask(uint mask_index) {
-  Words plan = Words(pc.plan);
-  uint at = plan_offsets[kSegmentMask] + 2u * mask_index;
-  return uvec2(plan.w[at], plan.w[at + 1u]);
-}
-bool mask_has(uvec2 mask, uint bit) { return ((bit < 32u ? mask.x >> bit : mask.y >> (bit - 32u)) & 1u) != 0u; }
 
 // 16 bytes (8 elements) of head `head` of KV-pool row `slot`, from K (which=0) or
 // V (which=1), of a pool split over several buffers. (A one-buffer pool, the

@@ -88,7 +88,7 @@ void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
   next_past = 0u;
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
     const uint t = chunk0 + tid / QUADS + j * TOKEN_STEP;
-    next_slot[j] = plan_word(kBlockTokenSlot, token_begin + (t < tokens ? t : 0u));
+    next_slot[j] = plan_word(kItemTokenSlot, token_begin + (t < tokens ? t : 0u));
     if (t >= tokens) next_past |= 1u << j;
   }
 }
@@ -96,9 +96,9 @@ void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
 // The 32-bit half of a row's tile visibility word that holds the chunk at
 // chunk0 (its tokens from bit chunk0 % 32 on; zero past the block); a chunk
 // past the block reads the first one's, which is never used.
-uint fetch_visible(uint visible_begin, uint tile_query, uint tokens, uint chunk0) {
+uint fetch_visible(uint token_begin, uint tile_query, uint tokens, uint chunk0) {
   const uint c = chunk0 < tokens ? chunk0 : 0u;
-  return plan_word(kTileVisible, ((visible_begin + c / kKvTileTokens) * 64u + tile_query) * 2u + (c / 32u) % 2u);
+  return visible_word((token_begin + c) / kKvTileTokens, tile_query, (c / 32u) % 2u);
 }
 
 // The K and V rows of next_slot[] (16 bytes each), issued and left in flight;
@@ -127,7 +127,7 @@ void main() {
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const Pass pass = load_pass(pass_index);
-  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows, visible_begin = pass.visible_begin;
+  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows;
   const uint token_begin = pass.token_begin, tokens = pass.tokens;
 
   // Lane pair (2r, 2r+1) owns row r of the subgroup's 16; lane h of the pair the
@@ -156,7 +156,7 @@ void main() {
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
     q_quads[k] = row_live ? Quads(pc.q).q[((query * pc.heads_q + head) * HEAD_DIM + k * TILE) / 8u + half_index] : uvec4(0u);
   }
-  uint visible_word = fetch_visible(visible_begin, tile_query, tokens, 0u);
+  uint row_word = fetch_visible(token_begin, tile_query, tokens, 0u);
   gather_rows(kv_head, quad);
   fetch_indices(token_begin, tokens, CHUNK, tid);
   MAT_A q[DTILES];
@@ -188,13 +188,13 @@ void main() {
     barrier();
 
     // Bit c: the row sees token chunk0 + c (rows past the pass see nothing).
-    const uint visible = row_live ? visible_word >> (chunk0 % 32u) : 0u;
+    const uint visible = row_live ? row_word >> (chunk0 % 32u) : 0u;
 
     // Issue the next chunk's loads now; they land while this chunk is computed.
     // After the last chunk they reread the block's first token (cached), so no
     // branch joins loaded registers.
     gather_rows(kv_head, quad);
-    visible_word = fetch_visible(visible_begin, tile_query, tokens, chunk0 + CHUNK);
+    row_word = fetch_visible(token_begin, tile_query, tokens, chunk0 + CHUNK);
     fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
     if (!subgroup_live) continue;
 

@@ -23,14 +23,13 @@ const uint LOADS = (CHUNK * QUADS + THREADS - 1u) / THREADS;  // 16-byte K (and 
 
 shared uvec4 k_tile[CHUNK * QUADS];
 shared uvec4 v_tile[CHUNK * QUADS];
-shared uvec2 token_mask[CHUNK];
 
 void main() {
   load_plan_header();
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const Pass pass = load_pass(pass_index);
   const uint row = pass.row0 + tid / LANES, lane = tid % LANES;
-  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows, mask_begin = pass.mask_begin;
+  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows;
   const uint token_begin = pass.token_begin, tokens = pass.tokens;
 
   const bool row_live = row < tile_rows;
@@ -52,6 +51,12 @@ void main() {
 
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
     const uint count = min(CHUNK, tokens - chunk0);
+    // The row's visibility word of the 64-token tile holding this chunk (CHUNK
+    // divides 64), from the chunk's first token on: bit t <=> it sees token
+    // chunk0 + t (zero past the item's tokens).
+    const uint tile = (token_begin + chunk0) / kKvTileTokens;
+    const uint64_t seen = (uint64_t(visible_word(tile, tile_query, 1u)) << 32 | visible_word(tile, tile_query, 0u)) >>
+                          (chunk0 % kKvTileTokens);
     barrier();
     // Every slot index first, then every row, then the stores: a loop that
     // loaded and stored one row at a time paid two memory latencies per row.
@@ -59,7 +64,7 @@ void main() {
     uint slot[LOADS];
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
       const uint t = (tid + j * THREADS) / QUADS;
-      slot[j] = plan_word(kBlockTokenSlot, token_begin + (t < count ? chunk0 + t : 0u));
+      slot[j] = plan_word(kItemTokenSlot, token_begin + (t < count ? chunk0 + t : 0u));
     }
     uvec4 k_rows[LOADS], v_rows[LOADS];
     if (pc.num_chunks == 1u) {  // the usual case: no branch around each load
@@ -82,7 +87,6 @@ void main() {
         v_tile[i] = v_rows[j];
       }
     }
-    if (tid < count) token_mask[tid] = segment_mask(mask_begin + token_segment(token_begin + chunk0 + tid));
     barrier();
 
     // Four tokens per step: their dot products and shuffles are independent, and
@@ -108,7 +112,7 @@ void main() {
       bool visible[GROUP];
       float new_max = running_max;
       [[unroll]] for (uint u = 0u; u < GROUP; ++u) {
-        visible[u] = t0 + u < count && row_live && mask_has(token_mask[t0 + u], tile_query);
+        visible[u] = row_live && (seen >> (t0 + u) & 1ul) != 0ul;
         new_max = visible[u] ? max(new_max, score[u]) : new_max;
       }
       const float alpha = new_max == running_max ? 1.0 : exp2(running_max - new_max);

@@ -16,36 +16,25 @@ void append(std::vector<std::uint32_t>& words, Array slot, const std::vector<T>&
 
 }  // namespace
 
-EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass, Visibility visibility) {
+EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass) {
   EncodedPlan e;
-  const BlockTokenMap map = block_token_map(plan);
-  ItemTokenMap tiles;
-  if (visibility == Visibility::tile_words) tiles = item_token_map(plan, kKvTileTokens);
+  const ItemTokenMap map = item_token_map(plan, kKvTileTokens);
   e.words.assign(kHeaderWords, 0);
   // One record per pass, everything its work group needs before the gather,
   // so a work group starts with one 32-byte load instead of a chain of lookups.
   const std::int32_t group = plan.heads.group_size();
   for (std::size_t item = 0; item < std::size_t(plan.num_items()); ++item) {
-    const std::int32_t block = plan.item_block[item];
+    const std::int32_t tokens = plan.block_token_count(plan.item_block[item]);
     const std::int32_t tile_begin = plan.item_query_begin[item];
     const std::int32_t rows = (plan.item_query_begin[item + 1] - tile_begin) * group;
     for (std::int32_t row = 0; row < rows; row += std::int32_t(rows_per_pass)) {
-      const std::int32_t token_begin = map.begin[std::size_t(block)];
-      const std::int32_t visible_begin =
-          visibility == Visibility::tile_words ? tiles.begin[item] / kKvTileTokens : 0;  // in 64-token tiles
-      const std::int32_t fields[kPassWords] = {token_begin, map.begin[std::size_t(block) + 1] - token_begin, tile_begin,
-                                               rows, plan.item_mask_begin[item], row, visible_begin, 0};
+      const std::int32_t fields[kPassWords] = {map.begin[item], tokens, tile_begin, rows, row, 0, 0, 0};
       for (std::int32_t field : fields) e.words.push_back(std::uint32_t(field));
       ++e.passes;
     }
   }
-  append(e.words, kBlockTokenSlot, map.slot);
-  if (visibility == Visibility::segment_masks) {
-    append(e.words, kBlockTokenSegment, map.segment);
-    append(e.words, kSegmentMask, plan.segment_mask);
-  } else {
-    append(e.words, kTileVisible, tiles.visible);
-  }
+  append(e.words, kItemTokenSlot, map.slot);
+  append(e.words, kTileVisible, map.visible);
   append(e.words, kTileQuery, plan.tile_query);
   append(e.words, kTilePartial, plan.tile_partial);
   append(e.words, kMergeBegin, plan.merge_begin);

@@ -1,9 +1,10 @@
 #pragma once
 // The Plan as the shaders read it: one array of 32-bit words, a header of array
 // offsets (attn_common.glsl names them), one 32-byte record per row pass (one
-// work group each: its block's tokens, its item's queries and visibility, its
-// first row), then the Plan's arrays the shaders read, the per-block token map
-// and the visibility in the form the shader wants.
+// work group each: its item's tokens and queries, its first row), then the
+// item token map (item_token_map: each item's KV slots and, per 64-token tile
+// and tile query, a word of the tokens it sees — what the CUDA kernels read)
+// and the Plan's arrays the shaders read.
 
 #include <cstdint>
 #include <vector>
@@ -22,14 +23,13 @@ struct PushConstants {
 // Header slots: word i of the header is the offset (in words) of array i, or 0
 // when the encoding leaves it out. In the order of attn_common.glsl's constants.
 enum Array : std::uint32_t {
-  kBlockTokenSlot, kBlockTokenSegment, kSegmentMask, kTileQuery, kTilePartial, kMergeBegin, kMergePartial, kTileVisible,
-  kArrayCount
+  kItemTokenSlot, kTileVisible, kTileQuery, kTilePartial, kMergeBegin, kMergePartial, kArrayCount
 };
 // The header is padded to kHeaderWords so the pass records after it start
 // 16-byte aligned at a fixed offset (attn_common.glsl: kHeaderWords, load_pass).
-// A record: the block's first token in the block token map and its token count,
-// the item's first tile query and its rows, the item's first segment mask, the
-// pass's first row, the item's first 64-token tile of kTileVisible, one spare.
+// A record: the item's first token in kItemTokenSlot (a multiple of 64: its
+// first tile of kTileVisible is that / 64) and its token count, its first tile
+// query and its rows, the pass's first row, three spare words.
 inline constexpr std::uint32_t kHeaderWords = 16, kPassWords = 8;
 static_assert(kArrayCount <= kHeaderWords, "the header outgrew its padding");
 
@@ -38,16 +38,8 @@ struct EncodedPlan {
   std::uint32_t passes = 0;  // work groups per KV head of stage 1
 };
 
-// How a stage-1 shader learns which tokens a row sees.
-enum class Visibility {
-  segment_masks,  // each block token's segment and each item's segment masks (tree_attn_scalar.comp
-                  // stages a chunk's masks in shared memory, one per token)
-  tile_words,     // item_token_map's words: per item, 64-token tile and tile query, the tokens it
-                  // sees (tree_attn_coopmat.comp loads one per row and chunk)
-};
-
 // Each work item's rows (tile queries x query heads of a KV head) cut into
 // passes of `rows_per_pass`; a pass of an item follows the item's previous pass.
-EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass, Visibility visibility);
+EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass);
 
 }  // namespace treeattn::vulkan

@@ -40,10 +40,11 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
 }
 
 // Tokens per shared-memory stage of the scalar shader: K and V (2 bytes each)
-// plus an 8-byte mask per token must fit the device's shared memory.
+// must fit the device's shared memory. (A divisor of 64: a stage lies in one
+// 64-token tile of visibility words.)
 std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim) {
   for (std::uint32_t chunk : {64u, 32u, 16u, 8u}) {
-    if (chunk * (4u * std::uint32_t(head_dim) + 8u) <= caps.shared_memory_bytes) return chunk;
+    if (chunk * 4u * std::uint32_t(head_dim) <= caps.shared_memory_bytes) return chunk;
   }
   return 8;
 }
@@ -51,11 +52,10 @@ std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim) {
 // Tokens per stage of the cooperative-matrix shader (tree_attn_coopmat.comp):
 // 32 (one 32-bit visibility word per query and stage) when its shared memory
 // fits — K and V rows padded by 16 bytes, per subgroup (4) one column of S (f32,
-// 20 per column) and of P (f16, 24 per column) per token, 64 visibility words —
-// else 16.
+// 20 per column) and of P (f16, 24 per column) per token — else 16.
 std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim) {
   const std::uint32_t per_token = 2u * (2u * std::uint32_t(head_dim) + 16u) + 4u * (20u * 4u + 24u * 2u);
-  return 32u * per_token + 256u <= caps.shared_memory_bytes ? 32u : 16u;
+  return 32u * per_token <= caps.shared_memory_bytes ? 32u : 16u;
 }
 
 }  // namespace
@@ -247,8 +247,7 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
   staged_.reset();  // frees the previous call's memory first
   auto s = std::make_unique<Staged>();
   s->variant = variant;
-  s->encoded = variant == Variant::coopmat ? encode_plan(plan, kCoopmatRowsPerPass, Visibility::tile_words)
-                                            : encode_plan(plan, kScalarRowsPerPass, Visibility::segment_masks);
+  s->encoded = encode_plan(plan, variant == Variant::coopmat ? kCoopmatRowsPerPass : kScalarRowsPerPass);
 
   // KV chunks: whole slots, at most one allocation each (or the test limit).
   const DeviceCaps& caps = device_->caps();

@@ -43,24 +43,6 @@ std::int32_t Plan::block_token_count(std::int32_t block) const noexcept {
   return tokens;
 }
 
-BlockTokenMap block_token_map(const Plan& plan) {
-  BlockTokenMap map;
-  map.begin.assign(1, 0);
-  map.slot.reserve(plan.token_slot.size());
-  map.segment.reserve(plan.token_slot.size());
-  for (std::int32_t b = 0; b < plan.num_blocks(); ++b) {
-    const std::int32_t s0 = plan.block_segment_begin[std::size_t(b)];
-    for (std::int32_t s = s0; s < plan.block_segment_begin[std::size_t(b) + 1]; ++s) {
-      for (std::int32_t t = plan.segment_token_begin[std::size_t(s)]; t < plan.segment_token_end[std::size_t(s)]; ++t) {
-        map.slot.push_back(plan.token_slot[std::size_t(t)]);
-        map.segment.push_back(std::uint16_t(s - s0));
-      }
-    }
-    map.begin.push_back(std::int32_t(map.slot.size()));
-  }
-  return map;
-}
-
 namespace {
 
 // Bit k of a[j] moves to bit j of a[k]: a 64 x 64 bit matrix transposed in

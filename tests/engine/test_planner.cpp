@@ -375,7 +375,6 @@ TEST_CASE("item token maps give each item's tokens their slot and mask, padded t
   for (Strategy s : {Strategy::flatten, Strategy::node, Strategy::greedy}) {
     CAPTURE(to_string(s));
     const Plan p = plan(tree, PlanOptions{s, 300, 5, 0});  // many items per block, blocks of several tiles
-    const BlockTokenMap blocks = block_token_map(p);
     const ItemTokenMap map = item_token_map(p, 64);
     REQUIRE(map.begin.size() == std::size_t(p.num_items()) + 1);
     REQUIRE(map.slot.size() == std::size_t(map.begin.back()));
@@ -393,17 +392,24 @@ TEST_CASE("item token maps give each item's tokens their slot and mask, padded t
     }
     for (std::int32_t i = 0; i < p.num_items(); ++i) {
       CAPTURE(i);
-      const std::int32_t b = p.item_block[std::size_t(i)];
-      const std::int32_t t0 = blocks.begin[std::size_t(b)], ntok = blocks.begin[std::size_t(b) + 1] - t0;
+      // The item's block token by token, from its segments: slot and mask.
+      const std::int32_t b = p.item_block[std::size_t(i)], s0 = p.block_segment_begin[std::size_t(b)];
+      std::vector<std::pair<std::int32_t, std::uint64_t>> expected;
+      for (std::int32_t s = s0; s < p.block_segment_begin[std::size_t(b) + 1]; ++s) {
+        for (std::int32_t t = p.segment_token_begin[std::size_t(s)]; t < p.segment_token_end[std::size_t(s)]; ++t) {
+          expected.emplace_back(p.token_slot[std::size_t(t)], p.segment_mask[std::size_t(p.item_mask_begin[std::size_t(i)] + s - s0)]);
+        }
+      }
+      const std::int32_t ntok = std::int32_t(expected.size());
+      CHECK(ntok == p.block_token_count(b));
       const std::int32_t m0 = map.begin[std::size_t(i)];
       CHECK(m0 % 64 == 0);
       CHECK(map.begin[std::size_t(i) + 1] - m0 == (ntok + 63) / 64 * 64);
       for (std::int32_t t = 0; t < map.begin[std::size_t(i) + 1] - m0; ++t) {
         const std::size_t e = std::size_t(m0 + t);
         if (t < ntok) {
-          const std::uint16_t seg = blocks.segment[std::size_t(t0 + t)];
-          REQUIRE(map.slot[e] == blocks.slot[std::size_t(t0 + t)]);
-          REQUIRE(map.mask[e] == p.segment_mask[std::size_t(p.item_mask_begin[std::size_t(i)] + seg)]);
+          REQUIRE(map.slot[e] == expected[std::size_t(t)].first);
+          REQUIRE(map.mask[e] == expected[std::size_t(t)].second);
         } else {
           REQUIRE(map.slot[e] == -1);
           REQUIRE(map.mask[e] == 0);

@@ -109,16 +109,6 @@ struct Plan {
   std::int32_t block_token_count(std::int32_t block) const noexcept;
 };
 
-// Each KV block's tokens in plan order, as a GPU kernel gathers them: their
-// KV-pool slots and their segment indices local to the block (derived once per
-// plan so a work group maps its whole block with one load per token).
-struct BlockTokenMap {
-  std::vector<std::int32_t> begin;     // [num_blocks + 1] CSR into slot and segment
-  std::vector<std::int32_t> slot;      // [sum of block tokens]
-  std::vector<std::uint16_t> segment;  // [sum of block tokens]
-};
-BlockTokenMap block_token_map(const Plan& plan);
-
 // Each work item's tokens as a kernel streams them in tiles of `align` tokens
 // (1 to 64): the KV-pool slot and the item's segment mask of every token, so
 // one aligned load of a tile's map gives both and no block-sized table has to

@@ -197,6 +197,9 @@ void main() {
     row_word = fetch_visible(token_begin, tile_query, tokens, chunk0 + CHUNK);
     fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
     if (!subgroup_live) continue;
+    // A chunk that none of the subgroup's rows sees would leave their state as
+    // it is (P = 0, no rescale): skip its math (deep trees' passes hold many).
+    if (subgroupAll(visible << (32u - CHUNK) == 0u)) continue;
 
     // S = Q K^T: B(k, n) = K[token n][dim k] (K read column-major). The 16-token
     // blocks' accumulations are interleaved: independent chains of matrix

@@ -11,6 +11,7 @@
 
 #include "support/conformance.hpp"
 #include "treeattn/error.hpp"
+#include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
 
 using namespace treeattn;
@@ -112,6 +113,33 @@ TEST_CASE("conformance: many queries on one block (tiles of 64, 16 query heads p
     tree.add_query(i + 1);
   }
   check_against_oracle(*backend, tree, DType::f16, 3, 1.0f, 256);
+}
+
+TEST_CASE("conformance: passes whose rows see little of their block (a deep tree, one query head per KV head)") {
+  // 64 leaves under six levels of 16-token nodes, in blocks of 1 024 tokens:
+  // each 64-query item sees the block, but each query only its path, so many
+  // 16-row slices of a pass see nothing of a 32-token chunk (the coopmat
+  // shader skips those chunks' math; checked here that the plan has them).
+  auto backend = make_test_backend();
+  const Tree tree = level_tree({2, 2, 64, 0.0f}, {1, 2, 4, 8, 16, 32, 64}, {16, 16, 16, 16, 16, 16, 16});
+  PlanOptions options;
+  options.block_tokens = 1024;
+  const Plan plan = treeattn::plan(tree, options);
+  const ItemTokenMap map = item_token_map(plan, 64);
+  std::int64_t unseen = 0;
+  for (std::int32_t item = 0; item < plan.num_items(); ++item) {
+    const std::int32_t queries = plan.item_query_begin[std::size_t(item) + 1] - plan.item_query_begin[std::size_t(item)];
+    for (std::int32_t chunk = 0; chunk * 32 < map.begin[std::size_t(item) + 1] - map.begin[std::size_t(item)]; ++chunk) {
+      const std::size_t tile = std::size_t(map.begin[std::size_t(item)] / 64 + chunk / 2);
+      for (std::int32_t q0 = 0; q0 < queries; q0 += 16) {
+        std::uint64_t seen = 0;
+        for (std::int32_t q = q0; q < std::min(queries, q0 + 16); ++q) seen |= map.visible[tile * 64 + std::size_t(q)];
+        unseen += ((seen >> (chunk % 2 * 32)) & 0xffffffffull) == 0;
+      }
+    }
+  }
+  CHECK(unseen > 20);
+  check_against_oracle(*backend, tree, DType::f16, 29, 1.0f, 1024);
 }
 
 TEST_CASE("conformance: a query merged from hundreds of partials") {

@@ -69,7 +69,7 @@ Pass load_pass(uint pass_index) {
 uint plan_word(uint array, uint index) { return Words(pc.plan).w[plan_offsets[array] + index]; }
 int plan_int(uint array, uint index) { return int(plan_word(array, index)); }
 
-// Word `half` (0: tokens 0-31, 1: tokens 32-63) of tile query `tile_query`'s
+// Word `half_index` (0: tokens 0-31, 1: tokens 32-63) of tile query `tile_query`'s
 // visibility in item tile `tile` (counted in kTileVisible): bit t <=> it sees
 // the tile's token t (zero past the item's tokens).
 uint visible_word(uint tile, uint tile_query, uint half_index) {

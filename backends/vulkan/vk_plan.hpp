@@ -20,8 +20,8 @@ struct PushConstants {
   float scale_log2;
 };
 
-// Header slots: word i of the header is the offset (in words) of array i, or 0
-// when the encoding leaves it out. In the order of attn_common.glsl's constants.
+// Header slots: word i of the header is the offset (in words) of array i, in
+// the order of attn_common.glsl's constants.
 enum Array : std::uint32_t {
   kItemTokenSlot, kTileVisible, kTileQuery, kTilePartial, kMergeBegin, kMergePartial, kArrayCount
 };

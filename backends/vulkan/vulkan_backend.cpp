@@ -336,7 +336,7 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
 CostModel VulkanBackend::cost_model() const {
   // The coopmat shader's coefficients, fitted to its timings on the H100
   // (README, "Block size" under Vulkan): every pass runs 64 rows, so a 16-row
-  // tile costs the same, and two work groups share an SM (228 registers).
+  // tile costs the same, and two work groups share an SM (231 registers).
   CostModel model = cost_model_for("h100");
   model.pass_ns = 1469.0;
   model.tile_ns_large = 3993.0;

@@ -347,7 +347,7 @@ CostModel VulkanBackend::cost_model() const {
   // reads whole at 169 (0.65x on 1/2/.../1024 x 16 tokens).
   //
   // A lone work group's speedup 1.25, not the CUDA kernels' 2: of 1-2 it is
-  // the value whose picks among 256-1024-token blocks come closest to the
+  // the value whose picks among 256-1024-token blocks came closest to the
   // best measured size per tree (DESIGN 1.078x over 256, no tree slower,
   // where the best size per tree gives 1.083x; at 1.75, 1.064x and a worst of
   // 0.96x). Each SM's freed slots are refilled in turn (refill_spread 0): the
@@ -356,6 +356,14 @@ CostModel VulkanBackend::cost_model() const {
   model.solo_speedup = 1.25;
   model.split_solo_speedup = 1.25;
   model.refill_spread = 0.0;
+  // auto from 192 tokens: a tree whose work groups fill under one wave (the
+  // small speculative and tree-of-thought trees) runs each of them alone on
+  // its SM, at the pace of its chunk chain, and shorter blocks spread it over
+  // more of them (DESIGN 1.029x flatten, 1.034x greedy over 256, up to 1.19x;
+  // the peer shapes 0.999x). From 192 the quarter octaves above 256 are 768
+  // and 896 where they were 704 and 832; 128 gains as much on DESIGN but
+  // loses more on the small 16/1 and 32/8 peer trees (0.998x).
+  model.auto_block_min = 192;
   model.auto_block_max = 1024;
   // Greedy's own layouts are mispredicted more here than on CUDA, so flatten's
   // is kept unless the own one is predicted 1.4x faster: 1.095x over the 57

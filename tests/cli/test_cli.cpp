@@ -202,7 +202,7 @@ TEST_CASE("plan prints the split, the load balance and the IO model; --json is c
 TEST_CASE("plan --backend plans with that backend's device model") {
   // An 8 192-token prompt under 64 one-token branches: the H100 model's auto
   // picks 704-token blocks (three CTAs an SM), the Vulkan shaders' model 640
-  // (two work groups an SM, 256..1024 tokens).
+  // (two work groups an SM, 192..1024 tokens).
   TempDir dir;
   nlohmann::json nodes = nlohmann::json::array(), queries = nlohmann::json::array();
   nodes.push_back({{"id", 0}, {"parent", -1}, {"slot_range", {0, 8192}}});

@@ -224,6 +224,20 @@ TEST_CASE("plan --backend plans with that backend's device model") {
   CHECK(block_tokens(" --backend cpu") == h100);  // the CPU backend plans with the defaults
 #ifdef TREEATTN_TEST_HAVE_VULKAN
   CHECK(block_tokens(" --backend vulkan") == 640);
+  // A small tree (a 1 200-token prompt under 32 one-token branches, like
+  // speculative t=32) fills under one wave of work groups: the Vulkan model
+  // spreads it over 192-token blocks, below the H100 defaults' 256 floor.
+  nodes = nlohmann::json::array();
+  queries = nlohmann::json::array();
+  nodes.push_back({{"id", 0}, {"parent", -1}, {"slot_range", {0, 1200}}});
+  for (int b = 1; b <= 32; ++b) {
+    nodes.push_back({{"id", b}, {"parent", 0}, {"slot_range", {1200 + b - 1, 1}}});
+    queries.push_back({{"node", b}});
+  }
+  write_file(tree, nlohmann::json{{"heads_q", 32}, {"heads_kv", 8}, {"head_dim", 128}, {"nodes", nodes}, {"queries", queries}}
+                       .dump());
+  CHECK(block_tokens("") == 256);
+  CHECK(block_tokens(" --backend vulkan") == 192);
 #else
   const Result r = cli("plan --tree " + tree + " --backend vulkan");
   CHECK(r.status != 0);

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Compares `treeattn bench --json` runs: the A/B behind every speedup the README quotes.
+
+Two forms:
+    compare_runs.py BASE.json VARIANT.json [VARIANT2.json ...]   builds against each other
+    compare_runs.py RUN.json --by-cost                             the --cost variants of one run,
+                                                                   the first given as the baseline
+
+Rows are matched by workload, head configuration, strategy and backend (and, in the first form, by
+cost model too, when both runs swept the same ones). For each variant and strategy it prints the
+geometric-mean speed over the baseline (baseline time / variant time: above 1 is faster), its range,
+and which plans differ (block size, passes or partials), with --rows every matched row.
+
+Example: benchmarks/compare_runs.py main.json branch.json --rows
+         benchmarks/compare_runs.py sweep.json --by-cost
+"""
+import argparse
+import json
+import math
+import re
+from collections import OrderedDict
+
+
+def geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def plan_shape(row):
+    return (row.get("block_tokens"), row.get("passes"), row.get("partials"))
+
+
+def row_key(row, with_cost):
+    key = (row["workload"], f'{row["heads_q"]}/{row["heads_kv"]}', row["strategy"], row["backend"])
+    return key + ((row.get("cost_model", ""),) if with_cost else ())
+
+
+def timed_rows(path):
+    rows = json.load(open(path))
+    if not isinstance(rows, list):
+        raise SystemExit(f"{path}: not a `treeattn bench --json` file (a list of rows)")
+    return [r for r in rows if "run_median_us" in r]
+
+
+def cost_label(model, baseline_model):
+    """The coefficients where a cost model differs from the baseline's, e.g. `merge_ns=4500`."""
+    ours = dict(re.findall(r"(\w+)=([^,]+)", model))
+    base = dict(re.findall(r"(\w+)=([^,]+)", baseline_model))
+    return ",".join(f"{k}={v}" for k, v in ours.items() if base.get(k) != v) or model
+
+
+def compare(label, base, variant, show_rows):
+    keys = [k for k in base if k in variant]
+    if not keys:
+        print(f"{label}: no rows in common")
+        return
+    for strategy in OrderedDict.fromkeys(k[2] for k in keys):
+        ks = [k for k in keys if k[2] == strategy]
+        speed = {k: base[k]["run_median_us"] / variant[k]["run_median_us"] for k in ks}
+        changed = [k for k in ks if plan_shape(base[k]) != plan_shape(variant[k])]
+        print(f"{label} | {strategy}: {geomean(speed.values()):.4f}x over {len(ks)} rows "
+              f"({min(speed.values()):.3f}-{max(speed.values()):.3f}x); {len(changed)} plans differ"
+              + (f", {geomean([speed[k] for k in changed]):.4f}x on those" if changed else ""))
+        for k in ks if show_rows else changed:
+            b, v = base[k], variant[k]
+            shape = "" if plan_shape(b) == plan_shape(v) else f"  block/passes/partials {plan_shape(b)} -> {plan_shape(v)}"
+            print(f"    {k[0][:48]:48s} {k[1]:6s} {b['run_median_us']:9.2f} -> {v['run_median_us']:9.2f} us "
+                  f"{speed[k]:.3f}x{shape}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="bench JSON files: the baseline first")
+    parser.add_argument("--by-cost", action="store_true", help="compare the --cost variants within the one run given")
+    parser.add_argument("--rows", action="store_true", help="print every matched row, not only the changed plans")
+    args = parser.parse_args()
+
+    if args.by_cost:
+        if len(args.runs) != 1:
+            parser.error("--by-cost takes one run")
+        by_model = OrderedDict()
+        for row in timed_rows(args.runs[0]):
+            by_model.setdefault(row.get("cost_model", ""), {})[row_key(row, False)] = row
+        if len(by_model) < 2:
+            parser.error(f"{args.runs[0]} has one cost model; run bench with --cost given several times")
+        models = list(by_model)
+        for model in models[1:]:
+            compare(cost_label(model, models[0]), by_model[models[0]], by_model[model], args.rows)
+        return
+    if len(args.runs) < 2:
+        parser.error("give a baseline and at least one variant (or one run with --by-cost)")
+    base_rows = timed_rows(args.runs[0])
+    for path in args.runs[1:]:
+        variant_rows = timed_rows(path)
+        # Key by cost model too only when both runs swept the same models.
+        with_cost = {r.get("cost_model") for r in base_rows} == {r.get("cost_model") for r in variant_rows}
+        base = {row_key(r, with_cost): r for r in base_rows}
+        variant = {row_key(r, with_cost): r for r in variant_rows}
+        compare(path, base, variant, args.rows)
+
+
+if __name__ == "__main__":
+    main()

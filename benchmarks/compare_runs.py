@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import re
+import signal
 from collections import OrderedDict
 
 
@@ -68,6 +69,7 @@ def compare(label, base, variant, show_rows):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="bench JSON files: the baseline first")
     parser.add_argument("--by-cost", action="store_true", help="compare the --cost variants within the one run given")

@@ -94,7 +94,11 @@ def main():
     for path in args.runs[1:]:
         variant_rows = timed_rows(path)
         # Key by cost model too only when both runs swept the same models.
-        with_cost = {r.get("cost_model") for r in base_rows} == {r.get("cost_model") for r in variant_rows}
+        base_models = {r.get("cost_model") for r in base_rows}
+        variant_models = {r.get("cost_model") for r in variant_rows}
+        with_cost = base_models == variant_models
+        if not with_cost and (len(base_models) > 1 or len(variant_models) > 1):
+            parser.error(f"{args.runs[0]} and {path} swept different cost models: compare each with --by-cost")
         base = {row_key(r, with_cost): r for r in base_rows}
         variant = {row_key(r, with_cost): r for r in variant_rows}
         compare(path, base, variant, args.rows)

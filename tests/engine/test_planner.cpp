@@ -20,6 +20,8 @@ using namespace treeattn;
 
 using test::check_invariants;
 using test::coverage_error;
+using test::item_tokens;
+using test::ItemToken;
 
 namespace {
 
@@ -392,24 +394,17 @@ TEST_CASE("item token maps give each item's tokens their slot and mask, padded t
     }
     for (std::int32_t i = 0; i < p.num_items(); ++i) {
       CAPTURE(i);
-      // The item's block token by token, from its segments: slot and mask.
-      const std::int32_t b = p.item_block[std::size_t(i)], s0 = p.block_segment_begin[std::size_t(b)];
-      std::vector<std::pair<std::int32_t, std::uint64_t>> expected;
-      for (std::int32_t s = s0; s < p.block_segment_begin[std::size_t(b) + 1]; ++s) {
-        for (std::int32_t t = p.segment_token_begin[std::size_t(s)]; t < p.segment_token_end[std::size_t(s)]; ++t) {
-          expected.emplace_back(p.token_slot[std::size_t(t)], p.segment_mask[std::size_t(p.item_mask_begin[std::size_t(i)] + s - s0)]);
-        }
-      }
+      const std::vector<ItemToken> expected = item_tokens(p, i);
       const std::int32_t ntok = std::int32_t(expected.size());
-      CHECK(ntok == p.block_token_count(b));
+      CHECK(ntok == p.block_token_count(p.item_block[std::size_t(i)]));
       const std::int32_t m0 = map.begin[std::size_t(i)];
       CHECK(m0 % 64 == 0);
       CHECK(map.begin[std::size_t(i) + 1] - m0 == (ntok + 63) / 64 * 64);
       for (std::int32_t t = 0; t < map.begin[std::size_t(i) + 1] - m0; ++t) {
         const std::size_t e = std::size_t(m0 + t);
         if (t < ntok) {
-          REQUIRE(map.slot[e] == expected[std::size_t(t)].first);
-          REQUIRE(map.mask[e] == expected[std::size_t(t)].second);
+          REQUIRE(map.slot[e] == expected[std::size_t(t)].slot);
+          REQUIRE(map.mask[e] == expected[std::size_t(t)].mask);
         } else {
           REQUIRE(map.slot[e] == -1);
           REQUIRE(map.mask[e] == 0);

@@ -75,6 +75,18 @@ void check_invariants(const Tree& tree, const PlanOptions& options) {
   CHECK(plan_difference(plan, treeattn::plan(tree, options)) == "");
 }
 
+std::vector<ItemToken> item_tokens(const Plan& plan, std::int32_t item) {
+  const std::int32_t block = plan.item_block[std::size_t(item)], s0 = plan.block_segment_begin[std::size_t(block)];
+  std::vector<ItemToken> tokens;
+  for (std::int32_t s = s0; s < plan.block_segment_begin[std::size_t(block) + 1]; ++s) {
+    const std::uint64_t mask = plan.segment_mask[std::size_t(plan.item_mask_begin[std::size_t(item)] + s - s0)];
+    for (std::int32_t t = plan.segment_token_begin[std::size_t(s)]; t < plan.segment_token_end[std::size_t(s)]; ++t) {
+      tokens.push_back({plan.token_slot[std::size_t(t)], mask});
+    }
+  }
+  return tokens;
+}
+
 std::string plan_difference(const Plan& a, const Plan& b) {
 #define TREEATTN_COMPARE(field) \
   if (!(a.field == b.field)) return #field;

@@ -2,7 +2,9 @@
 // Planner invariants, checked the slow way: expand a plan into (query, slot)
 // pairs and compare them with each query's visible slots from the tree.
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "treeattn/plan.hpp"
 #include "treeattn/planner.hpp"
@@ -18,6 +20,15 @@ std::string coverage_error(const Tree& tree, const Plan& plan);
 // Plans `tree` with `options` and checks (doctest CHECKs) what every strategy
 // promises: a valid plan, exact coverage, block and tile limits, determinism.
 void check_invariants(const Tree& tree, const PlanOptions& options);
+
+// Item `item`'s block token by token, read from its segments the slow way: each
+// token's KV-pool slot and the item's segment mask over it (bit j: tile query
+// j sees the token). What item_token_map and the Vulkan plan encoding must match.
+struct ItemToken {
+  std::int32_t slot;
+  std::uint64_t mask;
+};
+std::vector<ItemToken> item_tokens(const Plan& plan, std::int32_t item);
 
 // Empty when the two plans are identical field by field.
 std::string plan_difference(const Plan& a, const Plan& b);

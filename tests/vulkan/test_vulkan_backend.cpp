@@ -23,6 +23,7 @@
 #include "../backends/vulkan/vk_plan.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
+#include "support/plan_check.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
@@ -246,14 +247,7 @@ TEST_CASE("the shaders' plan encoding: each pass row's tile words hold exactly t
       std::int64_t wrong = 0, checked = 0;
       for (std::int32_t item = 0; item < plan.num_items(); ++item) {
         // What each block token's segment mask says: bit j <=> tile query j sees it.
-        const std::int32_t block = plan.item_block[std::size_t(item)];
-        const std::int32_t s0 = plan.block_segment_begin[std::size_t(block)];
-        std::vector<std::uint64_t> sees;
-        for (std::int32_t s = s0; s < plan.block_segment_begin[std::size_t(block) + 1]; ++s) {
-          const std::uint64_t mask = plan.segment_mask[std::size_t(plan.item_mask_begin[std::size_t(item)] + s - s0)];
-          sees.insert(sees.end(), std::size_t(plan.segment_token_end[std::size_t(s)] - plan.segment_token_begin[std::size_t(s)]),
-                      mask);
-        }
+        const std::vector<ItemToken> sees = item_tokens(plan, item);
         const std::int32_t q0 = plan.item_query_begin[std::size_t(item)];
         const std::uint32_t rows = std::uint32_t((plan.item_query_begin[std::size_t(item) + 1] - q0) * group);
         for (std::uint32_t row0 = 0; row0 < rows; row0 += 64, ++pass) {
@@ -269,7 +263,7 @@ TEST_CASE("the shaders' plan encoding: each pass row's tile words hold exactly t
               const std::uint32_t word =
                   e.words[e.words[kTileVisible] + ((record[0] + chunk0) / 64 * 64 + tile_query) * 2 + chunk0 / 32 % 2];
               for (std::uint32_t c = 0; c < 32; ++c) {
-                const bool expected = chunk0 + c < record[1] && (sees[chunk0 + c] >> tile_query & 1) != 0;
+                const bool expected = chunk0 + c < record[1] && (sees[chunk0 + c].mask >> tile_query & 1) != 0;
                 wrong += ((word >> c & 1) != 0) != expected;
                 ++checked;
               }

@@ -2,9 +2,14 @@
 """Compares a `treeattn bench --workload levels --json` run with the peer timings
 of ../shared/anchors/peers_h100.csv (same tree shapes and head configurations).
 
-usage: benchmarks/compare_peers.py BENCH.json [PEERS.csv] [--strategy flatten] [--block-tokens auto]
+usage: benchmarks/compare_peers.py BENCH.json [PEERS.csv] [--strategy flatten] [--block-tokens auto] [--bound]
 Prints one Markdown row per configuration and the geometric-mean speedup over
-the best peer."""
+the best peer. With --bound, also what no kernel can beat on the H100: the best
+peer's time over the larger of the HBM time of the tree's unique KV bytes and the
+tensor-core time of its attention (every query a leaf, reading the whole path:
+QK^T and PV, 4 FLOP per query head, token and dimension), plus --floor-us, a
+fixed cost per layer; so a speedup target above the bound's geometric mean is out
+of reach on these configurations."""
 import argparse
 import csv
 import json
@@ -17,7 +22,20 @@ parser.add_argument("bench")
 parser.add_argument("peers", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "anchors", "peers_h100.csv"))
 parser.add_argument("--strategy", default="flatten")
 parser.add_argument("--block-tokens", help="only the rows of this --block-tokens value (a bench sweep has several)")
+parser.add_argument("--bound", action="store_true", help="add the roofline bound on each speedup (see above)")
+parser.add_argument("--peak-gbps", type=float, default=3352.32, help="HBM bandwidth of the bound (H100 SXM: 3352.32)")
+parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense f16 tensor-core peak of the bound (H100 SXM: 989)")
+parser.add_argument("--floor-us", type=float, default=0.0, help="fixed cost per layer added to the bound (the CUDA backend's: 3.95)")
 args = parser.parse_args()
+
+
+def bound_us(row, contexts):
+    """The fastest a layer of this tree can run: HBM or tensor cores, plus the floor."""
+    hbm_us = row["unique_kv_bytes"] / (args.peak_gbps * 1e3)
+    flop = 4.0 * row["queries"] * row["heads_q"] * sum(contexts) * row["head_dim"]
+    return max(hbm_us, flop / (args.peak_tflops * 1e6)) + args.floor_us
+
+
 
 best = {}
 for row in csv.DictReader(open(args.peers)):
@@ -26,9 +44,9 @@ for row in csv.DictReader(open(args.peers)):
     if key not in best or t < best[key][0]:
         best[key] = (t, row["method"])
 
-speedups = []
-print("| shape (nodes/context per level) | heads | best peer µs | treeattn µs | speedup |")
-print("|---|---|---|---|---|")
+speedups, bounds = [], []
+print("| shape (nodes/context per level) | heads | best peer µs | treeattn µs | speedup |" + (" bound µs | bound speedup |" if args.bound else ""))
+print("|---|---|---|---|---|" + ("---|---|" if args.bound else ""))
 for row in json.load(open(args.bench)):
     if row["strategy"] != args.strategy or "run_median_us" not in row:
         continue
@@ -41,8 +59,21 @@ for row in json.load(open(args.bench)):
     peer, method = best[key]
     ours = row["run_median_us"]
     speedups.append(peer / ours)
-    print(f"| {key[0]} : {key[1]} | {key[2]}/{key[3]} | {peer:.1f} ({method}) | {ours:.1f} | {peer / ours:.2f}x |")
+    line = f"| {key[0]} : {key[1]} | {key[2]}/{key[3]} | {peer:.1f} ({method}) | {ours:.1f} | {peer / ours:.2f}x |"
+    if args.bound:
+        bound = bound_us(row, [int(c) for _, c in levels])
+        bounds.append(peer / bound)
+        line += f" {bound:.1f} | {peer / bound:.2f}x |"
+    print(line)
+
+
+def geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 if speedups:
-    geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
     faster = sum(s > 1 for s in speedups)
-    print(f"\n{len(speedups)} configurations: geometric-mean speedup over the best peer {geo:.2f}x; faster on {faster}")
+    print(f"\n{len(speedups)} configurations: geometric-mean speedup over the best peer {geomean(speedups):.2f}x; faster on {faster}")
+if bounds:
+    print(f"bound (HBM {args.peak_gbps:g} GB/s, tensor cores {args.peak_tflops:g} TFLOPS, floor {args.floor_us:g} us): "
+          f"geometric mean {geomean(bounds):.2f}x; below 2.5x on {sum(b < 2.5 for b in bounds)}")

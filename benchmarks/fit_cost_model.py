@@ -16,6 +16,7 @@ smallest median error wins (rows without the longest pass only take the throughp
 coefficients as `--cost` takes them and the fit's error.
 
 Example: benchmarks/fit_cost_model.py benchmarks/h100/anchors_cuda_flatten_greedy.json --slots 396
+         benchmarks/fit_cost_model.py vulkan_rows.json --slots 264 --fix partial_ns=169
 """
 import argparse
 import json
@@ -56,26 +57,31 @@ def solve(a, b):
     return [v[i] / m[i][i] for i in range(n)]
 
 
-def fit_linear(rows, feats):
-    active = list(range(len(FEATURES)))
+def fit_linear(rows, feats, fixed):
+    """Non-negative least squares on relative error; `fixed` maps a coefficient's index to its value,
+    which is taken off each row's time instead of fitted."""
+    active = [j for j in range(len(FEATURES)) if j not in fixed]
+    target = [1.0 - sum(f[j] * c for j, c in fixed.items()) / r["run_median_us"] for r, f in zip(rows, feats)]
     while True:  # drop the most negative coefficient until all are >= 0
         a = [[f[j] / r["run_median_us"] for j in active] for r, f in zip(rows, feats)]
-        c = solve(a, [1.0] * len(rows))
+        c = solve(a, target)
         if min(c) >= 0:
             break
         del active[c.index(min(c))]
     coef = [0.0] * len(FEATURES)
+    for j, value in fixed.items():
+        coef[j] = value
     for value, j in zip(c, active):
         coef[j] = value
     return coef
 
 
-def fit(rows, slots, solo):
+def fit(rows, slots, solo, fixed):
     """Coefficients for one solo_speedup: alternate between the binding terms and the linear fit."""
     binding = [False] * len(rows)  # True: the critical path binds
     for _ in range(20):
         feats = [critical_features(r, slots, solo) if b else throughput_features(r) for r, b in zip(rows, binding)]
-        coef = fit_linear(rows, feats)
+        coef = fit_linear(rows, feats, fixed)
         new = [
             "longest_pass_tiles" in r and predict(critical_features(r, slots, solo), coef) > predict(throughput_features(r), coef)
             for r in rows
@@ -100,16 +106,30 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json", nargs="+", help="treeattn bench --json files with timed rows")
     parser.add_argument("--slots", type=float, default=396.0, help="CTAs in flight (H100: 132 SMs x 3)")
+    parser.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                        help="hold a coefficient (pass_ns, tile_ns_large, tile_ns_small, partial_ns, as --cost takes "
+                             "them; or launch_us) at a value and fit the others; may be given several times")
     args = parser.parse_args()
+    fixed = {}
+    for item in args.fix:
+        name, _, value = item.partition("=")
+        if name not in FEATURES or not value:
+            raise SystemExit(f"--fix {item!r}: expected NAME=VALUE with NAME one of {', '.join(FEATURES)}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise SystemExit(f"--fix {item!r}: {value!r} is not a number")
+        # --cost's units are ns per CTA; the fit's are us of the layer (divided by slots).
+        fixed[FEATURES.index(name)] = number if name == "launch_us" else number / (args.slots * 1000.0)
     # `sequence` rows stay out: long single-query runs are a regime greedy never plans (README).
     rows = [r for path in args.json for r in json.load(open(path))
             if "run_median_us" in r and "large_passes" in r and r["strategy"] != "sequence"]
-    if len(rows) < len(FEATURES):
-        raise SystemExit(f"{len(rows)} timed rows with plan counts: too few to fit {len(FEATURES)} coefficients")
+    if len(rows) < len(FEATURES) - len(fixed):
+        raise SystemExit(f"{len(rows)} timed rows with plan counts: too few to fit {len(FEATURES) - len(fixed)} coefficients")
     with_longest = any("longest_pass_tiles" in r for r in rows)
     best = None
     for solo in [1.0 + 0.125 * i for i in range(17)] if with_longest else [1.0]:  # 1 .. 3
-        coef = fit(rows, args.slots, solo)
+        coef = fit(rows, args.slots, solo, fixed)
         err = errors(rows, coef, args.slots, solo)
         if best is None or err[len(err) // 2] < best[2][len(best[2]) // 2]:
             best = (solo, coef, err)

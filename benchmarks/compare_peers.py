@@ -13,9 +13,9 @@ of reach on these configurations."""
 import argparse
 import csv
 import json
-import math
 import os
 import re
+from statistics import geometric_mean as geomean
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("bench")
@@ -35,10 +35,6 @@ def bound_us(row, contexts):
     hbm_us = row["unique_kv_bytes"] / (args.peak_gbps * 1e3)
     flop = 4.0 * row["queries"] * row["heads_q"] * sum(contexts) * row["head_dim"]
     return max(hbm_us, flop / (args.peak_tflops * 1e6)) + args.floor_us
-
-
-def geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 best = {}

@@ -16,14 +16,10 @@ Example: benchmarks/compare_runs.py main.json branch.json --rows
 """
 import argparse
 import json
-import math
 import re
 import signal
 from collections import OrderedDict
-
-
-def geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+from statistics import geometric_mean as geomean
 
 
 def plan_shape(row):

@@ -121,16 +121,17 @@ CostModel cost_model_for(const std::string&) {
 }
 
 std::vector<std::int32_t> auto_block_candidates(const CostModel& model) {
-  std::vector<std::int32_t> sizes;
-  for (int step = 0;; ++step) {
-    const double exact = double(model.auto_block_min) * std::exp2(step / 4.0);
-    std::int32_t size = exact < kKvTileTokens ? std::int32_t(std::lround(exact))
-                                              : std::int32_t(std::lround(exact / kKvTileTokens)) * kKvTileTokens;
-    if (step == 0) size = model.auto_block_min;
-    if (size >= model.auto_block_max || exact >= model.auto_block_max) break;
-    if (sizes.empty() || size > sizes.back()) sizes.push_back(size);
+  // The ladder's sizes strictly inside the range, between its two ends.
+  std::vector<std::int32_t> sizes{model.auto_block_min};
+  const int first = int(std::floor(4.0 * std::log2(double(model.auto_block_min) / kAutoLadderAnchor)));
+  for (int step = first;; ++step) {
+    const double exact = kAutoLadderAnchor * std::exp2(step / 4.0);
+    if (exact >= model.auto_block_max) break;
+    const std::int32_t size = exact < kKvTileTokens ? std::int32_t(std::lround(exact))
+                                                    : std::int32_t(std::lround(exact / kKvTileTokens)) * kKvTileTokens;
+    if (size > sizes.back() && size < model.auto_block_max) sizes.push_back(size);
   }
-  sizes.push_back(model.auto_block_max);
+  if (model.auto_block_max > sizes.back()) sizes.push_back(model.auto_block_max);
   return sizes;
 }
 

@@ -150,7 +150,8 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
   CHECK(plan(trees[0].second).block_tokens > 256);
   CHECK(plan(trees[1].second).block_tokens == 256);
 
-  // The candidates: quarter octaves in whole KV tiles from the smallest to the largest.
+  // The candidates: the range's ends and the fixed ladder of quarter octaves
+  // from 256 (whole KV tiles; whole tokens below one) between them.
   const CostModel defaults;
   CHECK(auto_block_candidates(defaults) ==
         std::vector<std::int32_t>{256, 320, 384, 448, 512, 640, 704, 832, 1024, 1216, 1472, 1728, 2048});
@@ -158,7 +159,16 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
   narrow.set("auto_block_min=100,auto_block_max=300");
   CHECK(auto_block_candidates(narrow) == std::vector<std::int32_t>{100, 128, 192, 256, 300});
   narrow.set("auto_block_min=40,auto_block_max=64");
-  CHECK(auto_block_candidates(narrow) == std::vector<std::int32_t>{40, 48, 57, 64});
+  CHECK(auto_block_candidates(narrow) == std::vector<std::int32_t>{40, 45, 54, 64});
+  // Moving an end of the range adds or removes sizes; the ones in between stay.
+  CostModel wider;
+  wider.set("auto_block_min=192,auto_block_max=4096");
+  CHECK(auto_block_candidates(wider) == std::vector<std::int32_t>{192, 256, 320, 384, 448, 512, 640, 704, 832, 1024,
+                                                                   1216, 1472, 1728, 2048, 2432, 2880, 3456, 4096});
+  wider.set("auto_block_max=1024");
+  CHECK(auto_block_candidates(wider) == std::vector<std::int32_t>{192, 256, 320, 384, 448, 512, 640, 704, 832, 1024});
+  wider.set("auto_block_min=300,auto_block_max=1000");
+  CHECK(auto_block_candidates(wider) == std::vector<std::int32_t>{300, 320, 384, 448, 512, 640, 704, 832, 1000});
 
   // A range of one candidate is that fixed size.
   PlanOptions one;

@@ -86,10 +86,18 @@ struct CostModel {
 CostModel cost_model_for(const std::string& device);
 
 // The block sizes PlanOptions::block_tokens = kAutoBlockTokens tries, in
-// increasing order: auto_block_min and up by quarter octaves (x 2^(1/4)), each
-// rounded to whole 64-token KV tiles, to auto_block_max. The steps between the
-// powers of two matter where a tree's CTAs come close to filling the SMs: a
-// few more CTAs than the SMs hold two each leave most SMs idle at the end.
+// increasing order: auto_block_min, the sizes of one fixed ladder between it
+// and auto_block_max, and auto_block_max. The ladder is 256 tokens x 2^(k/4)
+// for every integer k (quarter octaves), each rounded to whole 64-token KV
+// tiles (to whole tokens below one tile): 128, 192, 256, 320, 384, 448, 512,
+// 640, 704, 832, 1024, 1216, ... The steps between the powers of two matter
+// where a tree's CTAs come close to filling the SMs: a few more CTAs than the
+// SMs hold two each leave most SMs idle at the end. Fixed, so that moving
+// either end of the range adds or removes sizes and never moves the ones in
+// between (counted from auto_block_min, a range from 192 had 768 and 896
+// where one from 256 has 704 and 832, and a sweep of the range compared
+// different sizes as well as different ranges).
+inline constexpr double kAutoLadderAnchor = 256.0;
 std::vector<std::int32_t> auto_block_candidates(const CostModel& model);
 
 // The cheaper tile for an item of `rows` query rows over a block of

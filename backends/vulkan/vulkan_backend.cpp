@@ -360,11 +360,13 @@ CostModel VulkanBackend::cost_model() const {
   // small speculative and tree-of-thought trees) runs each of them alone on
   // its SM, at the pace of its chunk chain, and shorter blocks spread it over
   // more of them (DESIGN 1.029x flatten, 1.034x greedy over 256, up to 1.19x;
-  // the peer shapes 0.999x). From 192 the quarter octaves above 256 are 768
-  // and 896 where they were 704 and 832; 128 gains as much on DESIGN but
-  // loses more on the small 16/1 and 32/8 peer trees (0.998x).
+  // the peer shapes 0.999x); 128 gains as much on DESIGN but loses more on
+  // the small 16/1 and 32/8 peer trees (0.998x). Up to 2048 tokens: long
+  // prompts under many queries and the wide 32/32 trees take longer blocks
+  // (the peer shapes 1.020x over 1024, up to 1.23x; few-shot b=50 0.982x at
+  // 1216 tokens instead of 384, DESIGN 0.999x; README, "Vulkan").
   model.auto_block_min = 192;
-  model.auto_block_max = 1024;
+  model.auto_block_max = 2048;
   // Greedy's own layouts are mispredicted more here than on CUDA, so flatten's
   // is kept unless the own one is predicted 1.4x faster: 1.095x over the 57
   // peer shapes against 1.090x at 1.2, whose worst plan (one 2 000-token pass

@@ -159,7 +159,7 @@ Command add_plan_command(CLI::App& app) {
   o->plan.add_to(*sub);
   sub->add_option("--backend", o->backend,
                   "Plan with this backend's device model, as `run --backend` does (cuda: the GPU's SMs; vulkan: its "
-                  "shaders' coefficients, two work groups an SM, 192-1024-token blocks for auto); none: the H100 "
+                  "shaders' coefficients, two work groups an SM, 192-2048-token blocks for auto); none: the H100 "
                   "defaults, no device needed")
       ->check(CLI::IsMember({"none", "auto", "cpu", "vulkan", "cuda"}))
       ->capture_default_str();

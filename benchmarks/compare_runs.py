@@ -7,7 +7,8 @@ Two forms:
                                                                    the first given as the baseline
 
 Rows are matched by workload, head configuration, strategy and backend (and, in the first form, by
-cost model too, when both runs swept the same ones). For each variant and strategy it prints the
+cost model too, when both runs swept the same ones; a variant that swept several --cost models
+against a baseline run at one is compared model by model). For each variant and strategy it prints the
 geometric-mean speed over the baseline (baseline time / variant time: above 1 is faster), its range,
 and which plans differ (block size, passes or partials), with --rows every matched row.
 
@@ -93,6 +94,15 @@ def main():
         base_models = {r.get("cost_model") for r in base_rows}
         variant_models = {r.get("cost_model") for r in variant_rows}
         with_cost = base_models == variant_models
+        if not with_cost and len(base_models) == 1 and len(variant_models) > 1:
+            # A sweep against one build's defaults: each of the variant's models against them.
+            base = {row_key(r, False): r for r in base_rows}
+            (base_model,) = base_models
+            for model in OrderedDict.fromkeys(r.get("cost_model") for r in variant_rows):
+                variant = {row_key(r, False): r for r in variant_rows if r.get("cost_model") == model}
+                label = cost_label(model, base_model) if model != base_model else "the baseline's cost model"
+                compare(f"{path} [{label}]", base, variant, args.rows)
+            continue
         if not with_cost and (len(base_models) > 1 or len(variant_models) > 1):
             parser.error(f"{args.runs[0]} and {path} swept different cost models: compare each with --by-cost")
         base = {row_key(r, with_cost): r for r in base_rows}

@@ -18,6 +18,8 @@ namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+constexpr double kAutoLadderAnchor = 256.0;  // tokens: the rung of auto_block_candidates' ladder at k = 0
+
 // How the kernels run an item of `rows` query rows in passes of `tile_rows`:
 // every pass of 16 rows or fewer (a small tile, or a large tile's last rows)
 // takes the small path.

@@ -97,7 +97,6 @@ CostModel cost_model_for(const std::string& device);
 // between (counted from auto_block_min, a range from 192 had 768 and 896
 // where one from 256 has 704 and 832, and a sweep of the range compared
 // different sizes as well as different ranges).
-inline constexpr double kAutoLadderAnchor = 256.0;
 std::vector<std::int32_t> auto_block_candidates(const CostModel& model);
 
 // The cheaper tile for an item of `rows` query rows over a block of

@@ -43,6 +43,7 @@ constexpr Coefficient kCoefficients[] = {
     {"solo_speedup", &CostModel::solo_speedup}, {"split_solo_speedup", &CostModel::split_solo_speedup},
     {"refill_spread", &CostModel::refill_spread},
     {"switch_gain", &CostModel::switch_gain}, {"merge_ns", &CostModel::merge_ns},
+    {"fanin_ns", &CostModel::fanin_ns},
 };
 
 // The token counts among the coefficients.
@@ -93,7 +94,7 @@ void CostModel::set(const std::string& assignments) {
     if (c == std::end(kCoefficients)) {
       fail(ErrorCategory::InvalidArgument,
            "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
-           "sms, solo_speedup, split_solo_speedup, refill_spread, switch_gain, merge_ns, min_split_tokens, "
+           "sms, solo_speedup, split_solo_speedup, refill_spread, switch_gain, merge_ns, fanin_ns, min_split_tokens, "
            "auto_block_min or auto_block_max)",
            key);
     }
@@ -230,7 +231,9 @@ CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, con
     }
   }
   e.partial_rows = shape.partials * heads.heads_q;
-  const double partials_ns = double(e.partial_rows) * model.partial_ns / model.slots;
+  e.max_fanin = shape.max_fanin;
+  const double partials_ns =
+      double(e.partial_rows) * model.partial_ns / model.slots + double(shape.max_fanin) * model.fanin_ns;
   if (to_beat_us < std::numeric_limits<double>::infinity()) {
     // The margin keeps the placement's rounding from ever making a plan
     // skipped here the fastest: it would have lost by a billionth at least.
@@ -253,6 +256,9 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
                                     plan.item_tile_rows[std::size_t(i)]});
   }
   shape.partials = plan.num_partials;
+  for (std::size_t q = 0; q + 1 < plan.merge_begin.size(); ++q) {
+    shape.max_fanin = std::max(shape.max_fanin, plan.merge_begin[q + 1] - plan.merge_begin[q]);
+  }
   return estimate_shape(shape, plan.heads, model);
 }
 

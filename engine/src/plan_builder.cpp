@@ -147,7 +147,10 @@ void PlanBuilder::finish() {
     std::int32_t blocks = 0;
     for (std::size_t position = 0; position + 1 < coverage_.size(); ++position) {
       blocks += coverage_[position];
-      if (blocks > 1) shape_->partials += blocks;
+      if (blocks > 1) {
+        shape_->partials += blocks;
+        shape_->max_fanin = std::max(shape_->max_fanin, blocks);
+      }
     }
     return;
   }

@@ -22,6 +22,7 @@ struct ItemShape {
 struct PlanShape {
   std::vector<ItemShape> items;  // in launch order (the plan's item order)
   std::int64_t partials = 0;
+  std::int32_t max_fanin = 0;  // the most partials one query has
 };
 
 // estimate_cost() of any plan with this shape: the same arithmetic, the same

@@ -136,7 +136,8 @@ const char* const kCostHelp =
     "split_solo_speedup (the same in the analytic step time by which greedy cuts long groups), refill_spread (1: slots "
     "that free together are refilled one CTA per SM a round, 0: each SM's in turn), switch_gain (greedy keeps flatten's "
     "layout unless its own is predicted this many times faster), merge_ns (the merge kernel's fixed cost, which only a "
-    "plan without partials saves: greedy weighs one item per query against it), min_split_tokens, auto_block_min and "
+    "plan without partials saves: greedy weighs one item per query against it), fanin_ns (per partial of the query "
+    "with the most: the merge's chain of dependent loads), min_split_tokens, auto_block_min and "
     "auto_block_max (the range --block-tokens auto tries). They choose each item's tile rows and the greedy strategy's groups";
 
 const char* const kPlanThreadsHelp =

@@ -153,7 +153,7 @@ void run_bench(const BenchOptions& o) {
                             {"cost_model", cost.to_string()},  {"model_us", est.time_us},
                             {"large_passes", est.large_passes}, {"small_passes", est.small_passes},
                             {"large_tiles", est.large_tiles},  {"small_tiles", est.small_tiles},
-                            {"partial_rows", est.partial_rows},
+                            {"partial_rows", est.partial_rows}, {"max_fanin", est.max_fanin},
                             {"longest_pass_tiles", est.longest_pass_tiles}, {"longest_pass_large", est.longest_pass_large},
                             {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
                             {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},

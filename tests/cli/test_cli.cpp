@@ -200,13 +200,13 @@ TEST_CASE("plan prints the split, the load balance and the IO model; --json is c
 }
 
 TEST_CASE("plan --backend plans with that backend's device model") {
-  // An 8 192-token prompt under 64 one-token branches: the H100 model's auto
-  // picks 704-token blocks (three CTAs an SM), the Vulkan shaders' model 1216
+  // An 8 192-token prompt under 16 one-token branches: the H100 model's auto
+  // picks 640-token blocks (three CTAs an SM), the Vulkan shaders' model 320
   // (two work groups an SM, each tile dearer, 192..2048 tokens).
   TempDir dir;
   nlohmann::json nodes = nlohmann::json::array(), queries = nlohmann::json::array();
   nodes.push_back({{"id", 0}, {"parent", -1}, {"slot_range", {0, 8192}}});
-  for (int b = 1; b <= 64; ++b) {
+  for (int b = 1; b <= 16; ++b) {
     nodes.push_back({{"id", b}, {"parent", 0}, {"slot_range", {8192 + b - 1, 1}}});
     queries.push_back({{"node", b}});
   }
@@ -219,11 +219,11 @@ TEST_CASE("plan --backend plans with that backend's device model") {
     return nlohmann::json::parse(r.output)["block_tokens"].get<int>();
   };
   const int h100 = block_tokens("");
-  CHECK(h100 == 704);
+  CHECK(h100 == 640);
   CHECK(block_tokens(" --backend none") == h100);
   CHECK(block_tokens(" --backend cpu") == h100);  // the CPU backend plans with the defaults
 #ifdef TREEATTN_TEST_HAVE_VULKAN
-  CHECK(block_tokens(" --backend vulkan") == 1216);
+  CHECK(block_tokens(" --backend vulkan") == 320);
   // A small tree (a 1 200-token prompt under 32 one-token branches, like
   // speculative t=32) fills under one wave of work groups: the Vulkan model
   // spreads it over 192-token blocks, below the H100 defaults' 256 floor.

@@ -162,9 +162,9 @@ TEST_CASE("one item per query, without partials, where the merge it saves decide
     CHECK(test::plan_difference(plan(tree, fixed), expected) == "");
   }
 
-  // Without the merge's cost the layout with partials stays; with switch_gain 0
+  // Without the merge's costs the layout with partials stays; with switch_gain 0
   // greedy's own layout always does.
-  for (const char* coefficients : {"merge_ns=0", "switch_gain=0"}) {
+  for (const char* coefficients : {"merge_ns=0,fanin_ns=0", "switch_gain=0"}) {
     CAPTURE(coefficients);
     PlanOptions o = greedy;
     o.cost.set(coefficients);

@@ -150,6 +150,28 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
   CHECK(plan(trees[0].second).block_tokens > 256);
   CHECK(plan(trees[1].second).block_tokens == 256);
 
+  // The merge's fan-in (fanin_ns): a 4 000-token prompt under ten 400-token
+  // branches in 256-token blocks gives a query 19 partials, which the H100
+  // merged slower than 512-token blocks' 10 gained back in stage 1 (the
+  // per-row partial_ns alone keeps 256).
+  {
+    const Tree prompt = level_tree({32, 8, 128}, {1, 10}, {4000, 400});
+    PlanOptions no_fanin;
+    no_fanin.cost.set("fanin_ns=0");
+    const Plan fine = plan(prompt, no_fanin), chosen = plan(prompt);
+    CHECK(fine.block_tokens == 256);
+    CHECK(chosen.block_tokens > 256);
+    auto fanin = [](const Plan& p) {
+      std::int32_t most = 0;
+      for (std::size_t q = 0; q + 1 < p.merge_begin.size(); ++q) most = std::max(most, p.merge_begin[q + 1] - p.merge_begin[q]);
+      return most;
+    };
+    CHECK(fanin(fine) == 19);
+    CHECK(estimate_cost(fine, CostModel{}).max_fanin == 19);
+    CHECK(estimate_cost(chosen, CostModel{}).max_fanin == fanin(chosen));
+    CHECK(fanin(chosen) < 19);
+  }
+
   // The candidates: the range's ends and the fixed ladder of quarter octaves
   // from 256 (whole KV tiles; whole tokens below one) between them.
   const CostModel defaults;

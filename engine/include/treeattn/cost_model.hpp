@@ -73,6 +73,16 @@ struct CostModel {
   // charged only where a plan without partials competes with one that has
   // them: greedy's layout of one item per query, which skips the merge.
   double merge_ns = 3000.0;
+  // The merge's chain of dependent loads grows with the most partials any one
+  // query merges (its warp folds them in batches, one round trip each), which
+  // the per-row partial_ns, spread over the slots, does not see: per partial of
+  // that query. Without it `auto` cut trees whose queries read many blocks too
+  // fine (1x4000/10x400 into 256-token blocks, 19 partials a query: 19.2 us,
+  // against 18.1 at 512). Swept on the H100 (0, 250, 500, 1000): 500 ran the
+  // CUDA backend's DESIGN trees 1.013-1.015x (flatten) and 1.011x (greedy)
+  // faster, the peer shapes 1.001x, the Vulkan backend's 1.002x and 1.000x;
+  // 1000 cost the Vulkan backend 2 % (README, "Block size").
+  double fanin_ns = 500.0;
 
   // "pass_ns=800,tile_ns_large=650": sets the named coefficients, leaves the
   // rest; throws InvalidArgument naming an unknown key or a bad value (also
@@ -152,6 +162,7 @@ struct CostEstimate {
   std::int64_t large_passes = 0, small_passes = 0;  // CTAs, all KV heads
   std::int64_t large_tiles = 0, small_tiles = 0;    // 64-token KV tiles those CTAs compute
   std::int64_t partial_rows = 0;                    // partials x query heads
+  std::int32_t max_fanin = 0;                       // the most partials one query merges
   double max_pass_ns = 0.0;
   std::int64_t longest_pass_tiles = 0;  // the longest pass: its KV tiles and whether it has 64 rows
   bool longest_pass_large = false;

@@ -51,8 +51,11 @@ def compare(label, base, variant, show_rows):
     if not keys:
         print(f"{label}: no rows in common")
         return
-    for strategy in OrderedDict.fromkeys(k[2] for k in keys):
-        ks = [k for k in keys if k[2] == strategy]
+    several_backends = len({k[3] for k in keys}) > 1
+    for backend, strategy in OrderedDict.fromkeys((k[3], k[2]) for k in keys):
+        ks = [k for k in keys if k[2] == strategy and k[3] == backend]
+        if several_backends:
+            strategy = f"{backend} {strategy}"
         speed = {k: base[k]["run_median_us"] / variant[k]["run_median_us"] for k in ks}
         changed = [k for k in ks if plan_shape(base[k]) != plan_shape(variant[k])]
         print(f"{label} | {strategy}: {geomean(speed.values()):.4f}x over {len(ks)} rows "
@@ -90,10 +93,18 @@ def main():
     base_rows = timed_rows(args.runs[0])
     for path in args.runs[1:]:
         variant_rows = timed_rows(path)
-        # Key by cost model too only when both runs swept the same models.
+        # Key by cost model too only when both runs swept the same models. A run of
+        # several backends holds each backend's own model: one per backend is no sweep.
+        def swept(rows):
+            per_backend = {}
+            for r in rows:
+                per_backend.setdefault(r["backend"], set()).add(r.get("cost_model"))
+            return any(len(models) > 1 for models in per_backend.values())
         base_models = {r.get("cost_model") for r in base_rows}
         variant_models = {r.get("cost_model") for r in variant_rows}
-        with_cost = base_models == variant_models
+        if not swept(base_rows) and not swept(variant_rows):
+            base_models = variant_models = {None}
+        with_cost = base_models == variant_models and len(base_models) > 1
         if not with_cost and len(base_models) == 1 and len(variant_models) > 1:
             # A sweep against one build's defaults: each of the variant's models against them.
             base = {row_key(r, False): r for r in base_rows}

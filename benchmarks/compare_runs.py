@@ -39,6 +39,24 @@ def timed_rows(path):
     return [r for r in rows if "run_median_us" in r]
 
 
+def cost_models(rows):
+    """The run's cost models, in order of first appearance."""
+    return list(OrderedDict.fromkeys(r.get("cost_model") for r in rows))
+
+
+def swept(rows):
+    """Whether the run swept --cost: some backend ran under several models (a run of several backends
+    holds each backend's own model, which is no sweep)."""
+    per_backend = {}
+    for r in rows:
+        per_backend.setdefault(r["backend"], set()).add(r.get("cost_model"))
+    return any(len(models) > 1 for models in per_backend.values())
+
+
+def keyed(rows, with_cost):
+    return {row_key(r, with_cost): r for r in rows}
+
+
 def cost_label(model, baseline_model):
     """The coefficients where a cost model differs from the baseline's, e.g. `merge_ns=4500`."""
     ours = dict(re.findall(r"(\w+)=([^,]+)", model))
@@ -91,35 +109,24 @@ def main():
     if len(args.runs) < 2:
         parser.error("give a baseline and at least one variant (or one run with --by-cost)")
     base_rows = timed_rows(args.runs[0])
+    base_models = cost_models(base_rows)
     for path in args.runs[1:]:
         variant_rows = timed_rows(path)
-        # Key by cost model too only when both runs swept the same models. A run of
-        # several backends holds each backend's own model: one per backend is no sweep.
-        def swept(rows):
-            per_backend = {}
-            for r in rows:
-                per_backend.setdefault(r["backend"], set()).add(r.get("cost_model"))
-            return any(len(models) > 1 for models in per_backend.values())
-        base_models = {r.get("cost_model") for r in base_rows}
-        variant_models = {r.get("cost_model") for r in variant_rows}
+        variant_models = cost_models(variant_rows)
         if not swept(base_rows) and not swept(variant_rows):
-            base_models = variant_models = {None}
-        with_cost = base_models == variant_models and len(base_models) > 1
-        if not with_cost and len(base_models) == 1 and len(variant_models) > 1:
+            # Each backend at one model (its own defaults, whatever the build): match rows by backend.
+            compare(path, keyed(base_rows, False), keyed(variant_rows, False), args.rows)
+        elif len(base_models) == 1 and not swept(base_rows):
             # A sweep against one build's defaults: each of the variant's models against them.
-            base = {row_key(r, False): r for r in base_rows}
             (base_model,) = base_models
-            for model in OrderedDict.fromkeys(r.get("cost_model") for r in variant_rows):
-                variant = {row_key(r, False): r for r in variant_rows if r.get("cost_model") == model}
+            for model in variant_models:
                 label = cost_label(model, base_model) if model != base_model else "the baseline's cost model"
-                compare(f"{path} [{label}]", base, variant, args.rows)
-            continue
-        if not with_cost and (len(base_models) > 1 or len(variant_models) > 1):
+                variant = keyed([r for r in variant_rows if r.get("cost_model") == model], False)
+                compare(f"{path} [{label}]", keyed(base_rows, False), variant, args.rows)
+        elif base_models == variant_models:
+            compare(path, keyed(base_rows, True), keyed(variant_rows, True), args.rows)
+        else:
             parser.error(f"{args.runs[0]} and {path} swept different cost models: compare each with --by-cost")
-        base = {row_key(r, with_cost): r for r in base_rows}
-        variant = {row_key(r, with_cost): r for r in variant_rows}
-        compare(path, base, variant, args.rows)
-
 
 if __name__ == "__main__":
     main()

@@ -81,10 +81,7 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   std::int32_t slot = 0;
   p.merge_in_order = std::all_of(plan.merge_partial.begin(), plan.merge_partial.end(),
                                  [&slot](std::int32_t partial) { return partial == slot++; });
-  p.merge_fanin = 0;
-  for (std::size_t q = 0; q + 1 < plan.merge_begin.size(); ++q) {
-    p.merge_fanin = std::max(p.merge_fanin, plan.merge_begin[q + 1] - plan.merge_begin[q]);
-  }
+  p.merge_fanin = plan.max_merge_fanin();
   head_dim_ = plan.heads.head_dim;
 }
 

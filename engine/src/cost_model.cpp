@@ -256,9 +256,7 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
                                     plan.item_tile_rows[std::size_t(i)]});
   }
   shape.partials = plan.num_partials;
-  for (std::size_t q = 0; q + 1 < plan.merge_begin.size(); ++q) {
-    shape.max_fanin = std::max(shape.max_fanin, plan.merge_begin[q + 1] - plan.merge_begin[q]);
-  }
+  shape.max_fanin = plan.max_merge_fanin();
   return estimate_shape(shape, plan.heads, model);
 }
 

@@ -43,6 +43,12 @@ std::int32_t Plan::block_token_count(std::int32_t block) const noexcept {
   return tokens;
 }
 
+std::int32_t Plan::max_merge_fanin() const noexcept {
+  std::int32_t most = 0;
+  for (std::size_t q = 0; q + 1 < merge_begin.size(); ++q) most = std::max(most, merge_begin[q + 1] - merge_begin[q]);
+  return most;
+}
+
 namespace {
 
 // Bit k of a[j] moves to bit j of a[k]: a 64 x 64 bit matrix transposed in

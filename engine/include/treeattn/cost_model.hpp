@@ -14,8 +14,8 @@
 // the second term being the critical path of a device that is not full;
 // estimate_cost() times a whole plan by placing its CTAs on the SMs in launch
 // order (simulate_step_ns), plus the partials over the slots and fanin_ns per
-// partial of the query with the most (the merge's latency). The H100 defaults were fitted to the CUDA
-// backend's timings (README, "greedy" and "Block size").
+// partial of the query with the most (the merge's latency). The H100 defaults
+// were fitted to the CUDA backend's timings (README, "greedy" and "Block size").
 
 #include <cstdint>
 #include <string>

@@ -107,6 +107,8 @@ struct Plan {
 
   // Tokens in a KV block.
   std::int32_t block_token_count(std::int32_t block) const noexcept;
+  // The most partials any one query merges (0 when none has partials).
+  std::int32_t max_merge_fanin() const noexcept;
 };
 
 // Each work item's tokens as a kernel streams them in tiles of `align` tokens

@@ -3,7 +3,11 @@
 of ../shared/anchors/peers_h100.csv (same tree shapes and head configurations).
 
 usage: benchmarks/compare_peers.py BENCH.json [PEERS.csv] [--strategy flatten] [--block-tokens auto] [--bound]
-Prints one Markdown row per configuration and the geometric-mean speedup over
+       benchmarks/compare_peers.py --bench-args [PEERS.csv]
+The second form prints the `treeattn bench` arguments that time the peers' tree
+shapes and head configurations (the BENCH.json of the first):
+    treeattn bench $(benchmarks/compare_peers.py --bench-args) --backend cuda --layers 32 --json BENCH.json
+The first prints one Markdown row per configuration and the geometric-mean speedup over
 the best peer. With --bound, also what no kernel can beat on the H100: the best
 peer's time over the larger of the HBM time of the tree's unique KV bytes and the
 tensor-core time of its attention (every query a leaf, reading the whole path:
@@ -18,7 +22,7 @@ import re
 from statistics import geometric_mean as geomean
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("bench")
+parser.add_argument("bench", nargs="?")
 parser.add_argument("peers", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "anchors", "peers_h100.csv"))
 parser.add_argument("--strategy", default="flatten")
 parser.add_argument("--block-tokens", help="only the rows of this --block-tokens value (a bench sweep has several)")
@@ -27,7 +31,12 @@ parser.add_argument("--peak-gbps", type=float, default=3352.32, help="HBM bandwi
 parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense f16 tensor-core peak of the bound (H100 SXM: 989)")
 parser.add_argument("--floor-us", type=float, default=0.0, help="fixed cost per layer added to the bound (the CUDA backend's: 3.95)")
 parser.add_argument("--target", type=float, default=2.5, help="the speedup target whose reach the bound is counted against (the CUDA issue's: 2.5)")
+parser.add_argument("--bench-args", action="store_true", help="print the treeattn bench arguments for the peers' shapes (see above)")
 args = parser.parse_args()
+if args.bench_args and args.bench is not None and args.bench.endswith(".csv"):
+    args.peers = args.bench  # --bench-args PEERS.csv: the one positional is the peers file
+elif args.bench is None and not args.bench_args:
+    parser.error("BENCH.json is required (or --bench-args)")
 
 
 def bound_us(row, contexts):
@@ -43,6 +52,14 @@ for row in csv.DictReader(open(args.peers)):
     t = float(row["per_layer_us"])
     if key not in best or t < best[key][0]:
         best[key] = (t, row["method"])
+
+if args.bench_args:
+    # llama3-8b gives 32/8/128; the others go to --heads. Shapes in the file's order.
+    shapes = list(dict.fromkeys((n, c) for n, c, _, _ in best))
+    heads = sorted({(q, kv) for _, _, q, kv in best} - {(32, 8)})
+    print("--workload levels --model llama3-8b" + (" --heads " + ",".join(f"{q}/{kv}/128" for q, kv in heads) if heads else "")
+          + "".join(f" --levels {n.replace('/', ',')}:{c.replace('/', ',')}" for n, c in shapes))
+    raise SystemExit(0)
 
 speedups, bounds = [], []
 print("| shape (nodes/context per level) | heads | best peer µs | treeattn µs | speedup |" + (" bound µs | bound speedup |" if args.bound else ""))

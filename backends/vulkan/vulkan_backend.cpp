@@ -335,8 +335,9 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
 
 CostModel VulkanBackend::cost_model() const {
   // The coopmat shader's coefficients, fitted to its timings on the H100
-  // (README, "Block size" under Vulkan): every pass runs 64 rows, so a 16-row
-  // tile costs the same, and two work groups share an SM (231 registers).
+  // (benchmarks/README.md, "Block size" under Vulkan): every pass runs 64 rows,
+  // so a 16-row tile costs the same, and two work groups share an SM (231
+  // registers).
   CostModel model = cost_model_for("h100");
   model.pass_ns = 1469.0;
   model.tile_ns_large = 3993.0;
@@ -364,7 +365,7 @@ CostModel VulkanBackend::cost_model() const {
   // the small 16/1 and 32/8 peer trees (0.998x). Up to 2048 tokens: long
   // prompts under many queries and the wide 32/32 trees take longer blocks
   // (the peer shapes 1.020x over 1024, up to 1.23x; few-shot b=50 0.982x at
-  // 1216 tokens instead of 384, DESIGN 0.999x; README, "Vulkan").
+  // 1216 tokens instead of 384, DESIGN 0.999x; benchmarks/README.md, "Vulkan").
   model.auto_block_min = 192;
   model.auto_block_max = 2048;
   // Greedy's own layouts are mispredicted more here than on CUDA, so flatten's

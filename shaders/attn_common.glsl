@@ -1,7 +1,8 @@
 // Shared by the tree-attention shaders: the push-constant block, the device
 // addresses of every tensor (buffer device address: no binding-size limit, so
-// KV pools larger than maxStorageBufferRange work), the plan workspace layout,
-// and exact 16-bit conversions.
+// KV pools larger than maxStorageBufferRange work), the plan workspace layout
+// (its arrays' offsets in the push constants: no header load ahead of the first
+// lookup), and exact 16-bit conversions.
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #extension GL_EXT_control_flow_attributes : require
@@ -29,31 +30,27 @@ layout(push_constant) uniform Params {
   uint group;            // heads_q / heads_kv
   uint out_type;         // 0 f16, 1 bf16, 2 f32
   float scale_log2;      // softmax scale * log2(e): logits in base 2
+  uint offsets[6];       // word offset of each plan array (kItemTokenSlot ... kMergePartial)
+  uint merge_in_order;   // merge_partial is 0, 1, 2, ...: a query's partials follow from kMergeBegin
 } pc;
 
-// The workspace header: word offsets of the plan arrays (vk_plan.cpp writes it).
+// The plan arrays after the pass records (vk_plan.cpp writes them).
 const uint kItemTokenSlot = 0, kTileVisible = 1, kTileQuery = 2, kTilePartial = 3, kMergeBegin = 4,
-           kMergePartial = 5, kArrayCount = 6;
+           kMergePartial = 5;
 const uint kKvTileTokens = 64u;  // tokens per tile of kTileVisible (one bit each)
-const uint kHeaderWords = 16u;  // the header, padded: the pass records start 16-byte aligned
 const int kDirect = -1;
 const float kLn2 = 0.69314718055994531;
 
-// The header is read once per invocation (load_plan_header at the top of main),
-// so every plan access afterwards is one load, not two dependent ones.
-uint plan_offsets[kArrayCount];
 uint64_t kv_base[2];  // K and V base addresses when the pool is one chunk
 
-void load_plan_header() {
-  Words plan = Words(pc.plan);
-  [[unroll]] for (uint i = 0u; i < kArrayCount; ++i) plan_offsets[i] = plan.w[i];
+void load_kv_bases() {
   Addresses chunks = Addresses(pc.kv_chunks);
   kv_base[0] = chunks.a[0];
   kv_base[1] = chunks.a[pc.num_chunks];
 }
 
-// A row pass (one work group per KV head), from its 32-byte record: it needs no
-// header, so it loads in parallel with it.
+// A row pass (one work group per KV head), from its 32-byte record at the
+// start of the plan's words.
 struct Pass {
   uint token_begin, tokens;   // the item's tokens in kItemTokenSlot (token_begin / 64: its first tile of kTileVisible)
   uint tile_begin, tile_rows; // the item's first tile query; its rows (tile queries x group)
@@ -61,12 +58,12 @@ struct Pass {
 };
 Pass load_pass(uint pass_index) {
   Quads records = Quads(pc.plan);
-  const uint at = kHeaderWords / 4u + 2u * pass_index;
+  const uint at = 2u * pass_index;
   const uvec4 a = records.q[at], b = records.q[at + 1u];
   return Pass(a.x, a.y, a.z, a.w, b.x);
 }
 
-uint plan_word(uint array, uint index) { return Words(pc.plan).w[plan_offsets[array] + index]; }
+uint plan_word(uint array, uint index) { return Words(pc.plan).w[pc.offsets[array] + index]; }
 int plan_int(uint array, uint index) { return int(plan_word(array, index)); }
 
 // Word `half_index` (0: tokens 0-31, 1: tokens 32-63) of tile query `tile_query`'s

@@ -123,7 +123,7 @@ void gather_rows(uint kv_head, uint quad) {
 }
 
 void main() {
-  load_plan_header();
+  load_kv_bases();
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const Pass pass = load_pass(pass_index);

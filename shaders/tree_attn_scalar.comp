@@ -25,7 +25,7 @@ shared uvec4 k_tile[CHUNK * QUADS];
 shared uvec4 v_tile[CHUNK * QUADS];
 
 void main() {
-  load_plan_header();
+  load_kv_bases();
   const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
   const Pass pass = load_pass(pass_index);
   const uint row = pass.row0 + tid / LANES, lane = tid % LANES;

@@ -5,8 +5,8 @@
 // were written by stage 1 and are skipped.
 //
 // The partials are taken 32 at a time: each thread looks up one partial's row
-// and LSE (two dependent loads, paid once per batch instead of once per
-// partial), then every thread walks the batch from shared memory, its loads of
+// and LSE (one load, or two dependent ones where the plan's partials are not
+// numbered query by query; paid once per batch instead of once per partial), then every thread walks the batch from shared memory, its loads of
 // the partial rows independent of one another, with the running maximum
 // rescaled once per batch (online softmax over partials).
 #extension GL_GOOGLE_include_directive : require
@@ -21,7 +21,6 @@ shared uint batch_row[BATCH];    // partial row (partial x heads_q + head)
 shared float batch_lse[BATCH];   // its LSE (base 2)
 
 void main() {
-  load_plan_header();
   const uint query = gl_WorkGroupID.x, head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x, d0 = tid * DIMS;
   const uint first = plan_word(kMergeBegin, query), last = plan_word(kMergeBegin, query + 1u);
   if (first == last) return;
@@ -35,7 +34,8 @@ void main() {
     const uint count = min(BATCH, last - m0);
     barrier();  // the previous batch is read
     if (tid < count) {
-      const uint row = plan_word(kMergePartial, m0 + tid) * pc.heads_q + head;
+      const uint partial = pc.merge_in_order != 0u ? m0 + tid : plan_word(kMergePartial, m0 + tid);
+      const uint row = partial * pc.heads_q + head;
       batch_row[tid] = row;
       batch_lse[tid] = partial_lse.f[row];
     }

@@ -78,9 +78,7 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
   p.group = plan.heads.group_size();
   p.num_passes = std::int32_t(passes.size());
   p.scale_log2 = plan.heads.scale * 1.4426950408889634f;
-  std::int32_t slot = 0;
-  p.merge_in_order = std::all_of(plan.merge_partial.begin(), plan.merge_partial.end(),
-                                 [&slot](std::int32_t partial) { return partial == slot++; });
+  p.merge_in_order = plan.merge_in_order();
   p.merge_fanin = plan.max_merge_fanin();
   head_dim_ = plan.heads.head_dim;
 }

@@ -6,12 +6,12 @@ namespace treeattn::vulkan {
 namespace {
 
 template <typename T>
-void append(std::vector<std::uint32_t>& words, Array slot, const std::vector<T>& values) {
-  words[slot] = std::uint32_t(words.size());
+void append(EncodedPlan& e, Array array, const std::vector<T>& values) {
+  e.offsets[array] = std::uint32_t(e.words.size());
   const std::size_t bytes = values.size() * sizeof(T);
-  const std::size_t at = words.size();
-  words.resize(at + (bytes + 3) / 4);
-  if (bytes) std::memcpy(words.data() + at, values.data(), bytes);
+  const std::size_t at = e.words.size();
+  e.words.resize(at + (bytes + 3) / 4);
+  if (bytes) std::memcpy(e.words.data() + at, values.data(), bytes);
 }
 
 }  // namespace
@@ -19,7 +19,6 @@ void append(std::vector<std::uint32_t>& words, Array slot, const std::vector<T>&
 EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass) {
   EncodedPlan e;
   const ItemTokenMap map = item_token_map(plan, kKvTileTokens);
-  e.words.assign(kHeaderWords, 0);
   // One record per pass, everything its work group needs before the gather,
   // so a work group starts with one 32-byte load instead of a chain of lookups.
   const std::int32_t group = plan.heads.group_size();
@@ -33,12 +32,13 @@ EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass) {
       ++e.passes;
     }
   }
-  append(e.words, kItemTokenSlot, map.slot);
-  append(e.words, kTileVisible, map.visible);
-  append(e.words, kTileQuery, plan.tile_query);
-  append(e.words, kTilePartial, plan.tile_partial);
-  append(e.words, kMergeBegin, plan.merge_begin);
-  append(e.words, kMergePartial, plan.merge_partial);
+  append(e, kItemTokenSlot, map.slot);
+  append(e, kTileVisible, map.visible);
+  append(e, kTileQuery, plan.tile_query);
+  append(e, kTilePartial, plan.tile_partial);
+  append(e, kMergeBegin, plan.merge_begin);
+  append(e, kMergePartial, plan.merge_partial);
+  e.merge_in_order = plan.merge_in_order();
   return e;
 }
 

@@ -324,6 +324,8 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
   pc.group = std::uint32_t(plan.heads.group_size());
   pc.out_type = out_type(a.o.dtype);
   pc.scale_log2 = plan.heads.scale * 1.4426950408889634f;
+  std::copy(std::begin(s.encoded.offsets), std::end(s.encoded.offsets), pc.offsets);
+  pc.merge_in_order = s.encoded.merge_in_order ? 1 : 0;
   const int d = plan.heads.head_dim;
   sequence.dispatch(stage1_pipeline(s.variant, d, a.q.dtype == DType::bf16), &pc, sizeof(pc), s.encoded.passes,
                     std::uint32_t(plan.heads.heads_kv));

@@ -49,6 +49,13 @@ std::int32_t Plan::max_merge_fanin() const noexcept {
   return most;
 }
 
+bool Plan::merge_in_order() const noexcept {
+  for (std::size_t i = 0; i < merge_partial.size(); ++i) {
+    if (merge_partial[i] != std::int32_t(i)) return false;
+  }
+  return true;
+}
+
 namespace {
 
 // Bit k of a[j] moves to bit j of a[k]: a 64 x 64 bit matrix transposed in

@@ -236,8 +236,8 @@ TEST_CASE("conformance: the same inputs give bitwise the same output, run after 
 
 TEST_CASE("conformance: a plan whose partials are numbered in another valid order gives bitwise the same output") {
   // The planner numbers partials query by query (merge_partial 0, 1, 2, ...),
-  // which the CUDA merge exploits; a plan numbered otherwise (here the queries'
-  // ranges in reverse) must take the general path to the same bits.
+  // which the CUDA and Vulkan merges exploit; a plan numbered otherwise (here
+  // the queries' ranges in reverse) must take the general path to the same bits.
   auto backend = make_test_backend();
   const Tree tree = determinism_forest();
   Inputs in = make_inputs(tree, DType::f16, 4);
@@ -257,6 +257,8 @@ TEST_CASE("conformance: a plan whose partials are numbered in another valid orde
   }
   validate(renumbered);
   REQUIRE(renumbered.merge_partial != planned.merge_partial);
+  REQUIRE(planned.merge_in_order());  // the two plans take the two paths
+  REQUIRE_FALSE(renumbered.merge_in_order());
   auto run_plan = [&](const Plan& plan) {
     const std::int64_t nq = plan.num_queries;
     Outputs out{HostArray(DType::f32, {nq, tree.heads.heads_q, tree.heads.head_dim}),

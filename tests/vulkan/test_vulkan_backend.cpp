@@ -251,7 +251,7 @@ TEST_CASE("the shaders' plan encoding: each pass row's tile words hold exactly t
         const std::int32_t q0 = plan.item_query_begin[std::size_t(item)];
         const std::uint32_t rows = std::uint32_t((plan.item_query_begin[std::size_t(item) + 1] - q0) * group);
         for (std::uint32_t row0 = 0; row0 < rows; row0 += 64, ++pass) {
-          const std::uint32_t* record = &e.words[kHeaderWords + pass * kPassWords];
+          const std::uint32_t* record = &e.words[pass * kPassWords];
           REQUIRE(record[0] % 64 == 0);
           REQUIRE(record[1] == sees.size());
           REQUIRE(record[2] == std::uint32_t(q0));
@@ -261,7 +261,7 @@ TEST_CASE("the shaders' plan encoding: each pass row's tile words hold exactly t
             const std::uint32_t tile_query = row / std::uint32_t(group);
             for (std::uint32_t chunk0 = 0; chunk0 < record[1]; chunk0 += 32) {
               const std::uint32_t word =
-                  e.words[e.words[kTileVisible] + ((record[0] + chunk0) / 64 * 64 + tile_query) * 2 + chunk0 / 32 % 2];
+                  e.words[e.offsets[kTileVisible] + ((record[0] + chunk0) / 64 * 64 + tile_query) * 2 + chunk0 / 32 % 2];
               for (std::uint32_t c = 0; c < 32; ++c) {
                 const bool expected = chunk0 + c < record[1] && (sees[chunk0 + c].mask >> tile_query & 1) != 0;
                 wrong += ((word >> c & 1) != 0) != expected;

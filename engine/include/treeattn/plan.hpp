@@ -109,6 +109,9 @@ struct Plan {
   std::int32_t block_token_count(std::int32_t block) const noexcept;
   // The most partials any one query merges (0 when none has partials).
   std::int32_t max_merge_fanin() const noexcept;
+  // merge_partial is 0, 1, 2, ... (the planner numbers partials query by
+  // query), so a merge may take a query's partials from merge_begin alone.
+  bool merge_in_order() const noexcept;
 };
 
 // Each work item's tokens as a kernel streams them in tiles of `align` tokens

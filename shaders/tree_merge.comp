@@ -6,9 +6,10 @@
 //
 // The partials are taken 32 at a time: each thread looks up one partial's row
 // and LSE (one load, or two dependent ones where the plan's partials are not
-// numbered query by query; paid once per batch instead of once per partial), then every thread walks the batch from shared memory, its loads of
-// the partial rows independent of one another, with the running maximum
-// rescaled once per batch (online softmax over partials).
+// numbered query by query; paid once per batch instead of once per partial),
+// then every thread walks the batch from shared memory, its loads of the
+// partial rows independent of one another, with the running maximum rescaled
+// once per batch (online softmax over partials).
 #extension GL_GOOGLE_include_directive : require
 #include "attn_common.glsl"
 

@@ -43,7 +43,7 @@ constexpr Coefficient kCoefficients[] = {
     {"solo_speedup", &CostModel::solo_speedup}, {"split_solo_speedup", &CostModel::split_solo_speedup},
     {"refill_spread", &CostModel::refill_spread},
     {"switch_gain", &CostModel::switch_gain}, {"merge_ns", &CostModel::merge_ns},
-    {"fanin_ns", &CostModel::fanin_ns},
+    {"fanin_ns", &CostModel::fanin_ns},     {"reorder_gain", &CostModel::reorder_gain},
 };
 
 // The token counts among the coefficients.
@@ -94,8 +94,8 @@ void CostModel::set(const std::string& assignments) {
     if (c == std::end(kCoefficients)) {
       fail(ErrorCategory::InvalidArgument,
            "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
-           "sms, solo_speedup, split_solo_speedup, refill_spread, switch_gain, merge_ns, fanin_ns, min_split_tokens, "
-           "auto_block_min or auto_block_max)",
+           "sms, solo_speedup, split_solo_speedup, refill_spread, switch_gain, merge_ns, fanin_ns, reorder_gain, "
+           "min_split_tokens, auto_block_min or auto_block_max)",
            key);
     }
     if ((c->field == &CostModel::slots || c->field == &CostModel::sms || c->field == &CostModel::solo_speedup ||
@@ -207,10 +207,51 @@ bool prefer_concatenation(const CostModel& model, const EdgeShape& e, std::int32
   return edge_trade(model, e, group, block_tokens, query_tile).worth_it(model, heads_q, heads_kv);
 }
 
-CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model, double to_beat_us) {
+std::vector<std::int32_t> longest_first_order(const std::vector<std::int32_t>& item_block,
+                                              const std::vector<double>& item_pass_ns) {
+  // Each block's first item and its longest pass, sorted stably by that pass.
+  struct Block {
+    std::int32_t first_item;
+    double pass_ns;
+  };
+  std::vector<Block> blocks;
+  for (std::size_t i = 0; i < item_block.size(); ++i) {
+    if (i == 0 || item_block[i] != item_block[i - 1]) blocks.push_back(Block{std::int32_t(i), 0.0});
+    blocks.back().pass_ns = std::max(blocks.back().pass_ns, item_pass_ns[i]);
+  }
+  std::stable_sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.pass_ns > b.pass_ns; });
+  std::vector<std::int32_t> order;
+  order.reserve(item_block.size());
+  for (const Block& b : blocks) {
+    for (std::size_t i = std::size_t(b.first_item); i < item_block.size() && item_block[i] == item_block[std::size_t(b.first_item)]; ++i) {
+      order.push_back(std::int32_t(i));
+    }
+  }
+  return order;
+}
+
+namespace {
+
+// One item's CTAs as the placement sees them: its passes' cost, large passes
+// first (a kernel's row order), each over the KV heads.
+struct ItemCtas {
+  double large_ns, small_ns;
+  std::int64_t large, small;  // CTAs, all KV heads
+  double longest_pass_ns() const { return std::max(large > 0 ? large_ns : 0.0, small > 0 ? small_ns : 0.0); }
+  void append(std::vector<double>& cta_ns) const {
+    cta_ns.insert(cta_ns.end(), std::size_t(large), large_ns);
+    cta_ns.insert(cta_ns.end(), std::size_t(small), small_ns);
+  }
+};
+
+// estimate_shape(), and where it chooses the longest-first order, that order in `launch_order`.
+CostEstimate estimate_with_order(const PlanShape& shape, const HeadConfig& heads, const CostModel& model,
+                                 double to_beat_us, std::vector<std::int32_t>* launch_order) {
   CostEstimate e;
   const std::int64_t group = heads.group_size(), heads_kv = heads.heads_kv;
-  std::vector<double> cta_ns;  // launch order: item-major, an item's passes in row order, each over the KV heads
+  std::vector<ItemCtas> items;
+  items.reserve(shape.items.size());
+  std::vector<double> cta_ns;  // launch order: the shape's item order, an item's passes in row order, each over the KV heads
   for (const ItemShape& item : shape.items) {
     const std::int64_t rows = std::int64_t(item.queries) * group;
     const std::int64_t tiles = ceil_div(item.block_tokens, kKvTileTokens);
@@ -221,8 +262,8 @@ CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, con
     e.large_tiles += split.large * tiles * heads_kv;
     const double large_ns = model.pass_ns + double(tiles) * model.tile_ns_large;
     const double small_ns = model.pass_ns + double(tiles) * model.tile_ns_small;
-    cta_ns.insert(cta_ns.end(), std::size_t(split.large * heads_kv), large_ns);
-    cta_ns.insert(cta_ns.end(), std::size_t(split.small * heads_kv), small_ns);
+    items.push_back(ItemCtas{large_ns, small_ns, split.large * heads_kv, split.small * heads_kv});
+    items.back().append(cta_ns);
     const double pass_ns = split.large > 0 ? large_ns : small_ns;
     if (pass_ns > e.max_pass_ns) {
       e.max_pass_ns = pass_ns;
@@ -237,27 +278,77 @@ CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, con
   if (to_beat_us < std::numeric_limits<double>::infinity()) {
     // The margin keeps the placement's rounding from ever making a plan
     // skipped here the fastest: it would have lost by a billionth at least.
+    // (The bound holds in any launch order.)
     const double bound_us = (step_lower_bound_ns(model, cta_ns) + partials_ns) / 1000.0;
     if (bound_us * (1.0 - 1e-9) >= to_beat_us) {
       e.time_us = bound_us;
+      e.item_order_us = bound_us;
       return e;
     }
   }
   e.time_us = (simulate_step_ns(model, cta_ns) + partials_ns) / 1000.0;
+  e.item_order_us = e.time_us;
+  if (shape.reorder && model.reorder_gain > 0.0) {
+    std::vector<std::int32_t> block(items.size());
+    std::vector<double> longest(items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      block[i] = shape.items[i].block;
+      longest[i] = items[i].longest_pass_ns();
+    }
+    const std::vector<std::int32_t> order = longest_first_order(block, longest);
+    if (!std::is_sorted(order.begin(), order.end())) {
+      std::vector<double> reordered;
+      reordered.reserve(cta_ns.size());
+      for (std::int32_t i : order) items[std::size_t(i)].append(reordered);
+      const double time_us = (simulate_step_ns(model, reordered) + partials_ns) / 1000.0;
+      if (time_us * model.reorder_gain <= e.time_us) {
+        e.time_us = time_us;
+        e.longest_first = true;
+        if (launch_order != nullptr) *launch_order = order;
+      }
+    }
+  }
   return e;
 }
 
-CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
+// The plan's items as a shape: in its launch order, to time it as it runs, or
+// in item order with the launch order still to be chosen.
+PlanShape plan_shape(const Plan& plan, bool in_launch_order) {
   PlanShape shape;
   shape.items.reserve(std::size_t(plan.num_items()));
-  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
-    shape.items.push_back(ItemShape{plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)],
-                                    plan.block_token_count(plan.item_block[std::size_t(i)]),
-                                    plan.item_tile_rows[std::size_t(i)]});
+  for (std::int32_t k = 0; k < plan.num_items(); ++k) {
+    const std::size_t i = std::size_t(in_launch_order ? plan.launch_item(k) : k);
+    shape.items.push_back(ItemShape{plan.item_query_begin[i + 1] - plan.item_query_begin[i],
+                                    plan.block_token_count(plan.item_block[i]), plan.item_tile_rows[i],
+                                    plan.item_block[i]});
   }
   shape.partials = plan.num_partials;
   shape.max_fanin = plan.max_merge_fanin();
-  return estimate_shape(shape, plan.heads, model);
+  shape.reorder = !in_launch_order;
+  return shape;
+}
+
+}  // namespace
+
+CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model, double to_beat_us) {
+  return estimate_with_order(shape, heads, model, to_beat_us, nullptr);
+}
+
+CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
+  CostEstimate e = estimate_shape(plan_shape(plan, true), plan.heads, model);
+  if (!plan.launch_order.empty()) {
+    PlanShape item_order = plan_shape(plan, false);
+    item_order.reorder = false;
+    e.longest_first = true;
+    e.item_order_us = estimate_shape(item_order, plan.heads, model).time_us;
+  }
+  return e;
+}
+
+std::vector<std::int32_t> plan_launch_order(const Plan& plan, const CostModel& model) {
+  std::vector<std::int32_t> order;
+  estimate_with_order(plan_shape(plan, false), plan.heads, model, std::numeric_limits<double>::infinity(), &order);
+  return order;
 }
 
 double step_time_us(const CostModel& model, double work_ns, double max_pass_ns) {

@@ -256,6 +256,26 @@ void validate(const Plan& plan) {
            direct[q], merged);
     }
   }
+
+  // Launch order: every item once, a block's items together and in item order
+  // (so an item after a block's first is the one after the previous entry).
+  if (!plan.launch_order.empty()) {
+    expect_size("launch_order", plan.launch_order.size(), items);
+    std::vector<char> launched(items, 0);
+    for (std::size_t k = 0; k < items; ++k) {
+      const std::int32_t i = plan.launch_order[k];
+      if (i < 0 || std::size_t(i) >= items || launched[std::size_t(i)]) {
+        fail(ErrorCategory::InvalidPlan, "plan: launch_order[{}] = {} (outside [0, {}) or launched twice)", k, i, items);
+      }
+      launched[std::size_t(i)] = 1;
+      const bool block_start = i == 0 || plan.item_block[std::size_t(i)] != plan.item_block[std::size_t(i) - 1];
+      if (!block_start && (k == 0 || plan.launch_order[k - 1] != i - 1)) {
+        fail(ErrorCategory::InvalidPlan,
+             "plan: launch_order[{}] = {} does not follow item {} of its block {} (a block's items launch together, in order)",
+             k, i, i - 1, plan.item_block[std::size_t(i)]);
+      }
+    }
+  }
 }
 
 std::int64_t PlanStats::kv_bytes(std::int64_t token_count, std::size_t elem_bytes) const noexcept {

@@ -131,8 +131,9 @@ void PlanBuilder::close_block_shape(std::int32_t viewers) {
   const std::int32_t tile = plan_.query_tile;
   for (std::int32_t t0 = 0; t0 < viewers; t0 += tile) {
     const std::int32_t queries = std::min(viewers, t0 + tile) - t0;
-    shape_->items.push_back(ItemShape{queries, block_tokens_, item_tile_rows(queries)});
+    shape_->items.push_back(ItemShape{queries, block_tokens_, item_tile_rows(queries), shape_blocks_});
   }
+  ++shape_blocks_;
   for (const Interval& i : intervals_) {
     ++coverage_[std::size_t(i.begin)];
     --coverage_[std::size_t(i.end)];

@@ -47,6 +47,7 @@ class PlanBuilder {
   // Shape mode: at each query position, +1 where a block's viewer interval
   // starts and -1 where it ends (a position's prefix sum: the blocks it reads).
   std::vector<std::int32_t> coverage_;
+  std::int32_t shape_blocks_ = 0;  // blocks recorded so far
   std::int32_t block_tokens_ = 0;  // of the open block
   struct Interval {
     std::int32_t begin, end;  // query positions [begin, end)

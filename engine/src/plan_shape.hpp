@@ -17,17 +17,23 @@ struct ItemShape {
   std::int32_t queries;       // the item's queries (rows: queries x the group's query heads)
   std::int32_t block_tokens;  // tokens of the KV block it reads
   std::int32_t tile_rows;     // kLargeTileRows or kSmallTileRows
+  std::int32_t block;         // the block's index (a block's items are adjacent)
 };
 
 struct PlanShape {
-  std::vector<ItemShape> items;  // in launch order (the plan's item order)
+  std::vector<ItemShape> items;  // in the plan's item order, or in its launch order when `reorder` is false
   std::int64_t partials = 0;
   std::int32_t max_fanin = 0;  // the most partials one query has
+  // The launch order is still to be chosen: the items are also placed longest
+  // pass first, and that order is kept where it wins by reorder_gain.
+  bool reorder = true;
 };
 
 // estimate_cost() of any plan with this shape: the same arithmetic, the same
-// result. A plan that cannot run faster than `to_beat_us` (step_lower_bound_ns)
-// is not placed on the SMs: its time_us is then that bound, above to_beat_us.
+// result (for a shape with `reorder`, of the plan with the launch order
+// plan_launch_order() gives it). A plan that cannot run faster than
+// `to_beat_us` (step_lower_bound_ns) is not placed on the SMs: its time_us is
+// then that bound, above to_beat_us.
 CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, const CostModel& model,
                             double to_beat_us = std::numeric_limits<double>::infinity());
 

@@ -159,6 +159,7 @@ Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const Plan
       result.block_tokens = std::max(result.block_tokens, result.block_token_count(b));
     }
   }
+  result.launch_order = plan_launch_order(result, options.cost);
   return result;
 }
 

@@ -137,7 +137,8 @@ const char* const kCostHelp =
     "that free together are refilled one CTA per SM a round, 0: each SM's in turn), switch_gain (greedy keeps flatten's "
     "layout unless its own is predicted this many times faster), merge_ns (the merge kernel's fixed cost, which only a "
     "plan without partials saves: greedy weighs one item per query against it), fanin_ns (per partial of the query "
-    "with the most: the merge's chain of dependent loads), min_split_tokens, auto_block_min and "
+    "with the most: the merge's chain of dependent loads), reorder_gain (a plan launches its blocks longest pass first "
+    "when the placement predicts that order this many times faster; 0: never), min_split_tokens, auto_block_min and "
     "auto_block_max (the range --block-tokens auto tries). They choose each item's tile rows and the greedy strategy's groups";
 
 const char* const kPlanThreadsHelp =

@@ -151,6 +151,8 @@ void run_bench(const BenchOptions& o) {
                             {"tokens", st.tokens},             {"items", st.items},
                             {"passes", st.passes},             {"partials", st.partials},
                             {"cost_model", cost.to_string()},  {"model_us", est.time_us},
+                            {"launch_order", est.longest_first ? "longest_first" : "items"},
+                            {"model_item_order_us", est.item_order_us},
                             {"large_passes", est.large_passes}, {"small_passes", est.small_passes},
                             {"large_tiles", est.large_tiles},  {"small_tiles", est.small_tiles},
                             {"partial_rows", est.partial_rows}, {"max_fanin", est.max_fanin},

@@ -68,6 +68,7 @@ nlohmann::json plan_json(const Tree& tree, const Plan& plan, const PlanStats& st
         {"passes_per_kv_head", st.passes},
         {"small_tile_items", st.small_tile_items},
         {"model_us", est.time_us},
+        {"model_item_order_us", est.item_order_us},
         {"block_tokens_min", st.block_tokens_min},
         {"block_tokens_mean", st.block_tokens_mean},
         {"block_tokens_max", st.block_tokens_max},
@@ -79,6 +80,7 @@ nlohmann::json plan_json(const Tree& tree, const Plan& plan, const PlanStats& st
         {"sequence_read_kv_bytes", st.kv_bytes(st.sequence_read_tokens, kKvElementBytes)}}},
       {"items", items},
       {"merge", {{"begin", plan.merge_begin}, {"partials", plan.merge_partial}}},
+      {"launch_order", plan.launch_order},
       {"token_slot", plan.token_slot},
   };
 }
@@ -103,6 +105,10 @@ void print_plan(const Tree& tree, const Plan& plan, const PlanStats& st, const C
   fmt::print("KV-IO reduction of this plan over Q-guided: {:.2f}x\n", sequence / reads);
   fmt::print("kernel passes per KV head: {} ({} items in {}-row tiles, {} in {}-row tiles); cost model: {:.1f} us\n",
              st.passes, st.items - st.small_tile_items, kLargeTileRows, st.small_tile_items, kSmallTileRows, est.time_us);
+  if (est.longest_first) {
+    fmt::print("launch order: blocks with the longest passes first (cost model: {:.1f} us in item order)\n",
+               est.item_order_us);
+  }
 
   fmt::print("\n{:>6} {:>6} {:>7} {:>8} {:>5}  segments as node:[begin,end) mask\n", "item", "block", "tokens", "queries",
              "rows");

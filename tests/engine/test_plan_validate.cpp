@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
@@ -20,7 +21,7 @@ Plan sample_plan() {
   return plan(random_forest(o), PlanOptions{Strategy::flatten, 16, kMaxQueryTile, 0});
 }
 
-void expect_invalid(const Plan& p, const char* fragment) {
+void expect_invalid(const Plan& p, const std::string& fragment) {
   try {
     validate(p);
     FAIL("validate accepted a broken plan; expected: ", fragment);
@@ -76,5 +77,62 @@ TEST_CASE("validate rejects corrupted plans with the field at fault") {
     Plan p = good;
     p.item_query_begin.back() += 1;
     expect_invalid(p, "item_query_begin");
+  }
+}
+
+TEST_CASE("validate takes a launch order that keeps each block's items together, and no other") {
+  // Two queries a work item, so blocks have several items.
+  RandomForestOptions o;
+  o.seed = 3;
+  o.nodes = 12;
+  o.queries = 10;
+  const Plan good = plan(random_forest(o), PlanOptions{Strategy::flatten, 16, 2, 0});
+  REQUIRE(good.launch_order.empty());
+  const std::int32_t items = good.num_items();
+  std::int32_t shared = -1;  // an item that is not its block's first
+  for (std::int32_t i = 1; i < items && shared < 0; ++i) {
+    if (good.item_block[std::size_t(i)] == good.item_block[std::size_t(i) - 1]) shared = i;
+  }
+  REQUIRE(shared > 0);
+  // The blocks in reverse, each block's items in item order: valid.
+  Plan reversed = good;
+  for (std::int32_t b = good.num_blocks() - 1; b >= 0; --b) {
+    for (std::int32_t i = 0; i < items; ++i) {
+      if (good.item_block[std::size_t(i)] == b) reversed.launch_order.push_back(i);
+    }
+  }
+  REQUIRE(std::int32_t(reversed.launch_order.size()) == items);
+  CHECK_NOTHROW(validate(reversed));
+  CHECK(reversed.launch_item(0) == reversed.launch_order[0]);
+  CHECK(good.launch_item(3) == 3);
+  {
+    Plan p = good;
+    p.launch_order = {0};
+    expect_invalid(p, "launch_order");
+  }
+  {
+    Plan p = reversed;
+    p.launch_order[1] = p.launch_order[0];
+    expect_invalid(p, "launched twice");
+  }
+  {
+    Plan p = reversed;
+    p.launch_order[0] = items;
+    expect_invalid(p, "outside [0, " + std::to_string(items));
+  }
+  {
+    // Every item in reverse: a block's second item launches before its first.
+    Plan p = good;
+    for (std::int32_t i = items - 1; i >= 0; --i) p.launch_order.push_back(i);
+    expect_invalid(p, "does not follow item");
+  }
+  {
+    // Item `shared` moved to the front: valid numbers, its block split.
+    Plan p = good;
+    p.launch_order.push_back(shared);
+    for (std::int32_t i = 0; i < items; ++i) {
+      if (i != shared) p.launch_order.push_back(i);
+    }
+    expect_invalid(p, "launch_order[0] = " + std::to_string(shared) + " does not follow item");
   }
 }

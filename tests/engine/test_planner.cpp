@@ -210,6 +210,58 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
                        Error);
 }
 
+TEST_CASE("the planner launches the blocks with the longest passes first where its model predicts a gain") {
+  // Greedy's groups of a FastTree shape are blocks of very different lengths:
+  // launched depth-first, the 1 024-token prefix's passes start last and run
+  // on a few SMs after the others have emptied (H100: 29.8 -> 26.3 us a layer
+  // launched longest first; benchmarks/README.md, "Launch order").
+  const Tree tree = level_tree({16, 1, 128}, {1, 4, 16, 512}, {1024, 256, 128, 32});
+  PlanOptions options;
+  options.strategy = Strategy::greedy;
+  const Plan reordered = plan(tree, options);
+  REQUIRE_FALSE(reordered.launch_order.empty());
+  CHECK_NOTHROW(validate(reordered));
+  const CostEstimate est = estimate_cost(reordered, options.cost);
+  CHECK(est.longest_first);
+  CHECK(est.time_us * options.cost.reorder_gain <= est.item_order_us);
+  // Blocks by their longest pass, longest first (an oracle of the pass cost
+  // from the plan itself: 64-row passes while over 16 rows remain, then one
+  // of at most 16).
+  const CostModel& m = options.cost;
+  const std::int32_t group = reordered.heads.group_size();
+  double previous = 1e300;
+  for (std::int32_t k = 0; k < reordered.num_items();) {
+    const std::int32_t block = reordered.item_block[std::size_t(reordered.launch_item(k))];
+    const double tiles = double((reordered.block_token_count(block) + 63) / 64);
+    double longest = 0.0;
+    for (; k < reordered.num_items() && reordered.item_block[std::size_t(reordered.launch_item(k))] == block; ++k) {
+      const std::size_t i = std::size_t(reordered.launch_item(k));
+      const std::int32_t rows = (reordered.item_query_begin[i + 1] - reordered.item_query_begin[i]) * group;
+      const bool large = reordered.item_tile_rows[i] == kLargeTileRows && rows > kSmallTileRows;
+      const bool small = reordered.item_tile_rows[i] == kSmallTileRows || (rows % kLargeTileRows != 0 && rows % kLargeTileRows <= kSmallTileRows);
+      if (large) longest = std::max(longest, m.pass_ns + tiles * m.tile_ns_large);
+      if (small) longest = std::max(longest, m.pass_ns + tiles * m.tile_ns_small);
+    }
+    CHECK(longest <= previous);
+    previous = longest;
+  }
+  // reorder_gain 0 keeps item order; the same block size launched in item
+  // order is the plan without its launch order.
+  PlanOptions never = options;
+  never.cost.set("reorder_gain=0");
+  CHECK(plan(tree, never).launch_order.empty());
+  PlanOptions fixed = never;
+  fixed.block_tokens = reordered.block_tokens;
+  Plan same_blocks = reordered;
+  same_blocks.launch_order.clear();
+  PlanOptions fixed_reordered = options;
+  fixed_reordered.block_tokens = reordered.block_tokens;
+  CHECK(test::plan_difference(plan(tree, fixed), same_blocks) == "");
+  CHECK(test::plan_difference(plan(tree, fixed_reordered), reordered) == "");
+  // Even blocks gain nothing from another order: few-shot's plan keeps item order.
+  CHECK(plan(few_shot_tree({32, 8, 128}, 4000, 50, 200)).launch_order.empty());
+}
+
 TEST_CASE("edge cases: single token, deep chain, wide star, upto inside a block, forests") {
   std::vector<std::pair<const char*, Tree>> cases;
   {

@@ -111,6 +111,7 @@ std::string plan_difference(const Plan& a, const Plan& b) {
   TREEATTN_COMPARE(num_partials)
   TREEATTN_COMPARE(merge_begin)
   TREEATTN_COMPARE(merge_partial)
+  TREEATTN_COMPARE(launch_order)
 #undef TREEATTN_COMPARE
   return {};
 }

@@ -87,6 +87,12 @@ struct CostModel {
   // faster, the peer shapes 1.001x, the Vulkan backend's 1.002x and 1.000x;
   // 1000 cost the Vulkan backend 2 % (benchmarks/README.md, "The merge's fan-in").
   double fanin_ns = 500.0;
+  // Launch order: the plan's KV blocks (each with its items) go out longest
+  // pass first when the placement predicts that order this many times faster
+  // than the depth-first one (0: never). With blocks of different lengths
+  // (greedy's groups), the longest passes started last left a few SMs busy
+  // after the others had run out of work.
+  double reorder_gain = 1.03;
 
   // "pass_ns=800,tile_ns_large=650": sets the named coefficients, leaves the
   // rest; throws InvalidArgument naming an unknown key or a bad value (also
@@ -171,6 +177,10 @@ struct CostEstimate {
   std::int64_t longest_pass_tiles = 0;  // the longest pass: its KV tiles and whether it has 64 rows
   bool longest_pass_large = false;
   double time_us = 0.0;  // the CTAs placed on the SMs (simulate_step_ns), plus the partials over `slots`
+  // The plan launches its blocks longest pass first (Plan::launch_order), and
+  // what it would take in item order (equal to time_us when it does not).
+  bool longest_first = false;
+  double item_order_us = 0.0;
 };
 // Greedy's analytic step time for a total cost and a longest pass (which runs
 // split_solo_speedup times its full-SM pace), in microseconds.
@@ -187,6 +197,18 @@ double simulate_step_ns(const CostModel& model, const std::vector<double>& cta_n
 // throughput, or the longest CTA at a resident's best pace. The planner skips
 // placing candidates this already shows slower than the best so far.
 double step_lower_bound_ns(const CostModel& model, const std::vector<double>& cta_ns);
+// Times the plan in its own launch order (Plan::launch_order, if any).
 CostEstimate estimate_cost(const Plan& plan, const CostModel& model);
+
+// Item indices in the order that launches the KV blocks longest pass first:
+// each block's items together and in item order, blocks by their longest pass
+// (pass_ns + tiles * tile_ns of its tile rows), ties in block order.
+// `item_block` is non-decreasing (a plan's items); `item_pass_ns` the longest
+// pass of each item.
+std::vector<std::int32_t> longest_first_order(const std::vector<std::int32_t>& item_block,
+                                              const std::vector<double>& item_pass_ns);
+// The plan's launch order as the planner sets it: longest_first_order() of its
+// items where estimate_shape() predicts it reorder_gain times faster, else empty.
+std::vector<std::int32_t> plan_launch_order(const Plan& plan, const CostModel& model);
 
 }  // namespace treeattn

@@ -98,6 +98,14 @@ struct Plan {
   std::vector<std::int32_t> merge_partial;  // partial slots, ascending per query (the planner
                                             // numbers them query by query: 0, 1, 2, ...)
 
+  // Launch order: the items in the order a backend launches their passes,
+  // or empty for item order. A permutation that keeps each block's items
+  // together and in item order. The planner sets it where its cost model
+  // predicts the blocks with the longest passes, launched first, finish sooner
+  // (CostModel::reorder_gain). No result depends on it: every item writes its
+  // own partials and the merge folds them in merge_partial's order.
+  std::vector<std::int32_t> launch_order;
+
   std::int32_t num_tokens() const noexcept { return std::int32_t(token_slot.size()); }
   std::int32_t num_segments() const noexcept { return std::int32_t(segment_token_begin.size()); }
   std::int32_t num_blocks() const noexcept {
@@ -112,6 +120,10 @@ struct Plan {
   // merge_partial is 0, 1, 2, ... (the planner numbers partials query by
   // query), so a merge may take a query's partials from merge_begin alone.
   bool merge_in_order() const noexcept;
+  // The item launched `k`-th.
+  std::int32_t launch_item(std::int32_t k) const noexcept {
+    return launch_order.empty() ? k : launch_order[std::size_t(k)];
+  }
 };
 
 // Each work item's tokens as a kernel streams them in tiles of `align` tokens
@@ -131,7 +143,8 @@ ItemTokenMap item_token_map(const Plan& plan, std::int32_t align);
 
 // Throws InvalidPlan naming the first inconsistency (array sizes, CSR order,
 // ranges, mask bits beyond the tile, partial slots not used exactly once,
-// reduction lists that disagree with the tiles).
+// reduction lists that disagree with the tiles, a launch order that is not a
+// permutation keeping each block's items together in item order).
 void validate(const Plan& plan);
 
 // Figures a person or a benchmark reads off a plan.

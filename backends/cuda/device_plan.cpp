@@ -25,11 +25,12 @@ void DevicePlan::upload(const Plan& plan, cudaStream_t stream) {
     }
     std::copy_n(map.visible.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].visible);
   }
-  // Each item's passes: ceil(query rows / tile rows) of them, item-major.
+  // Each item's passes: ceil(query rows / tile rows) of them, item-major in
+  // the plan's launch order.
   std::vector<PassInfo> passes;
   const std::int32_t group = plan.heads.group_size();
-  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
-    const std::size_t item = std::size_t(i);
+  for (std::int32_t k = 0; k < plan.num_items(); ++k) {
+    const std::size_t item = std::size_t(plan.launch_item(k));
     const std::int32_t query_begin = plan.item_query_begin[item];
     const std::int32_t rows = (plan.item_query_begin[item + 1] - query_begin) * group;
     const std::int32_t tile_rows = plan.item_tile_rows[item];

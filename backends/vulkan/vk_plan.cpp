@@ -21,8 +21,10 @@ EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass) {
   const ItemTokenMap map = item_token_map(plan, kKvTileTokens);
   // One record per pass, everything its work group needs before the gather,
   // so a work group starts with one 32-byte load instead of a chain of lookups.
+  // In the plan's launch order.
   const std::int32_t group = plan.heads.group_size();
-  for (std::size_t item = 0; item < std::size_t(plan.num_items()); ++item) {
+  for (std::int32_t k = 0; k < plan.num_items(); ++k) {
+    const std::size_t item = std::size_t(plan.launch_item(k));
     const std::int32_t tokens = plan.block_token_count(plan.item_block[item]);
     const std::int32_t tile_begin = plan.item_query_begin[item];
     const std::int32_t rows = (plan.item_query_begin[item + 1] - tile_begin) * group;

@@ -259,17 +259,36 @@ TEST_CASE("conformance: a plan whose partials are numbered in another valid orde
   REQUIRE(renumbered.merge_partial != planned.merge_partial);
   REQUIRE(planned.merge_in_order());  // the two plans take the two paths
   REQUIRE_FALSE(renumbered.merge_in_order());
-  auto run_plan = [&](const Plan& plan) {
-    const std::int64_t nq = plan.num_queries;
-    Outputs out{HostArray(DType::f32, {nq, tree.heads.heads_q, tree.heads.head_dim}),
-                HostArray(DType::f32, {nq, tree.heads.heads_q})};
-    backend->run(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), out.o.view(), out.lse.view()});
-    return out;
-  };
-  const Outputs expected = run_plan(planned);
-  const Outputs got = run_plan(renumbered);
+  const Outputs expected = run_plan(*backend, tree, in, planned);
+  const Outputs got = run_plan(*backend, tree, in, renumbered);
   CHECK(got.o.bytes == expected.o.bytes);
   CHECK(got.lse.bytes == expected.lse.bytes);
+}
+
+TEST_CASE("conformance: a plan launched in another order gives bitwise the same output") {
+  // Plan::launch_order changes which passes a backend starts first, never what
+  // they compute: here the blocks in reverse, and a plan of several items a
+  // block (two queries an item) in reverse too.
+  auto backend = make_test_backend();
+  const Tree tree = determinism_forest();
+  Inputs in = make_inputs(tree, DType::f16, 4);
+  for (std::int32_t query_tile : {kMaxQueryTile, 2}) {
+    CAPTURE(query_tile);
+    const Plan planned = treeattn::plan(tree, PlanOptions{Strategy::flatten, 32, query_tile, 0});
+    REQUIRE(planned.launch_order.empty());
+    REQUIRE(planned.num_blocks() > 1);
+    Plan reversed = planned;
+    for (std::int32_t b = planned.num_blocks() - 1; b >= 0; --b) {
+      for (std::int32_t i = 0; i < planned.num_items(); ++i) {
+        if (planned.item_block[std::size_t(i)] == b) reversed.launch_order.push_back(i);
+      }
+    }
+    validate(reversed);
+    const Outputs expected = run_plan(*backend, tree, in, planned);
+    const Outputs got = run_plan(*backend, tree, in, reversed);
+    CHECK(got.o.bytes == expected.o.bytes);
+    CHECK(got.lse.bytes == expected.lse.bytes);
+  }
 }
 
 TEST_CASE("conformance: tensors that do not match the plan are rejected by name") {

@@ -30,7 +30,10 @@ Inputs make_inputs(const Tree& tree, DType dtype, std::uint64_t seed, float q_am
 }
 
 Outputs run_backend(Backend& backend, const Tree& tree, Inputs& in, const PlanOptions& options, DType out_dtype) {
-  const Plan plan = treeattn::plan(tree, options);
+  return run_plan(backend, tree, in, treeattn::plan(tree, options), out_dtype);
+}
+
+Outputs run_plan(Backend& backend, const Tree& tree, Inputs& in, const Plan& plan, DType out_dtype) {
   const HeadConfig& h = tree.heads;
   const std::int64_t nq = std::int64_t(tree.query_count());
   Outputs out{HostArray(out_dtype, {nq, h.heads_q, h.head_dim}), HostArray(DType::f32, {nq, h.heads_q})};

@@ -34,6 +34,8 @@ struct Outputs {
 };
 Outputs run_backend(Backend& backend, const Tree& tree, Inputs& in, const PlanOptions& options,
                     DType out_dtype = DType::f32);
+// The same with a plan already made (perhaps altered) for `tree`.
+Outputs run_plan(Backend& backend, const Tree& tree, Inputs& in, const Plan& plan, DType out_dtype = DType::f32);
 
 // Every strategy against the oracle, O and LSE within tolerance(dtype).
 void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude = 1.0f,

@@ -32,6 +32,7 @@ layout(push_constant) uniform Params {
   float scale_log2;      // softmax scale * log2(e): logits in base 2
   uint offsets[6];       // word offset of each plan array (kItemTokenSlot ... kMergePartial)
   uint merge_in_order;   // merge_partial is 0, 1, 2, ...: a query's partials follow from kMergeBegin
+  uint stage1_groups;    // passes x heads_kv: stage 1's work groups (its dispatch may hold more)
 } pc;
 
 // The plan arrays after the pass records (vk_plan.cpp writes them).
@@ -47,6 +48,17 @@ void load_kv_bases() {
   Addresses chunks = Addresses(pc.kv_chunks);
   kv_base[0] = chunks.a[0];
   kv_base[1] = chunks.a[pc.num_chunks];
+}
+
+// Stage 1's work group: its pass and KV head, numbered pass-major with the KV
+// heads adjacent (the plan's launch order, as the CUDA grid and the cost model
+// have it), row after row of a two-dimensional dispatch where one row cannot
+// hold them all. False for the work groups past the last.
+bool stage1_work_group(out uint pass_index, out uint kv_head) {
+  const uint linear = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+  pass_index = linear / pc.heads_kv;
+  kv_head = linear % pc.heads_kv;
+  return linear < pc.stage1_groups;
 }
 
 // A row pass (one work group per KV head), from its 32-byte record at the

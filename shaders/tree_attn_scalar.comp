@@ -26,7 +26,9 @@ shared uvec4 v_tile[CHUNK * QUADS];
 
 void main() {
   load_kv_bases();
-  const uint pass_index = gl_WorkGroupID.x, kv_head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
+  uint pass_index, kv_head;
+  if (!stage1_work_group(pass_index, kv_head)) return;
+  const uint tid = gl_LocalInvocationID.x;
   const Pass pass = load_pass(pass_index);
   const uint row = pass.row0 + tid / LANES, lane = tid % LANES;
   const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows;

@@ -32,6 +32,7 @@ struct PushConstants {
   float scale_log2;
   std::uint32_t offsets[kArrayCount];  // of each Array in the plan's words
   std::uint32_t merge_in_order;        // merge_partial is 0, 1, 2, ...: the merge skips its lookup
+  std::uint32_t stage1_groups;         // passes x heads_kv: stage 1's work groups (its dispatch may hold more)
 };
 static_assert(sizeof(PushConstants) <= 128, "beyond the push-constant space every Vulkan device has");
 

@@ -69,6 +69,7 @@ struct VulkanBackend::Staged {
   Buffer plan, q, o, lse, partial_o, partial_lse, kv_table, readback;
   std::vector<Buffer> kv_chunks;  // pool-major: pool p's K chunks, then its V chunks
   std::uint32_t chunk_slots = 0, chunks = 0;
+  std::uint32_t stage1_groups = 0, stage1_grid[2] = {0, 0};  // work groups, and the dispatch that holds them
 };
 
 VulkanBackend::VulkanBackend(const BackendOptions& options)
@@ -249,8 +250,25 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
   s->variant = variant;
   s->encoded = encode_plan(plan, variant == Variant::coopmat ? kCoopmatRowsPerPass : kScalarRowsPerPass);
 
-  // KV chunks: whole slots, at most one allocation each (or the test limit).
+  // Stage 1's work groups in one row of the dispatch where they fit (any
+  // device holds 65 535), else in as many full rows as they need.
   const DeviceCaps& caps = device_->caps();
+  const std::uint64_t groups = std::uint64_t(s->encoded.passes) * std::uint64_t(plan.heads.heads_kv);
+  std::uint64_t row = std::min<std::uint64_t>(groups, caps.max_work_groups[0]);
+  if (options_.vk_max_dispatch_row > 0) row = std::min<std::uint64_t>(row, options_.vk_max_dispatch_row);
+  const std::uint64_t rows = row == 0 ? 0 : (groups + row - 1) / row;
+  if (groups > 0xffffffffull || rows > caps.max_work_groups[1]) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("Vulkan backend: the plan needs {} stage-1 work groups ({} passes x {} KV heads); device {} "
+                            "dispatches at most {} x {} (plan with longer blocks or more queries per item)",
+                            groups, s->encoded.passes, plan.heads.heads_kv, caps.name, caps.max_work_groups[0],
+                            caps.max_work_groups[1]));
+  }
+  s->stage1_groups = std::uint32_t(groups);
+  s->stage1_grid[0] = std::uint32_t(row);
+  s->stage1_grid[1] = std::uint32_t(rows);
+
+  // KV chunks: whole slots, at most one allocation each (or the test limit).
   const std::size_t slot_bytes = a.k.bytes() / std::size_t(std::max<std::int64_t>(a.k.shape[0], 1));
   std::uint64_t chunk_limit = std::min(caps.max_allocation_bytes, caps.max_buffer_bytes);
   if (options_.vk_max_chunk_bytes > 0) chunk_limit = std::min<std::uint64_t>(chunk_limit, options_.vk_max_chunk_bytes);
@@ -326,9 +344,10 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
   pc.scale_log2 = plan.heads.scale * 1.4426950408889634f;
   std::copy(std::begin(s.encoded.offsets), std::end(s.encoded.offsets), pc.offsets);
   pc.merge_in_order = s.encoded.merge_in_order ? 1 : 0;
+  pc.stage1_groups = s.stage1_groups;
   const int d = plan.heads.head_dim;
-  sequence.dispatch(stage1_pipeline(s.variant, d, a.q.dtype == DType::bf16), &pc, sizeof(pc), s.encoded.passes,
-                    std::uint32_t(plan.heads.heads_kv));
+  sequence.dispatch(stage1_pipeline(s.variant, d, a.q.dtype == DType::bf16), &pc, sizeof(pc), s.stage1_grid[0],
+                    s.stage1_grid[1]);
   if (plan.num_partials > 0) {
     sequence.compute_barrier();
     sequence.dispatch(merge_pipeline(d), &pc, sizeof(pc), std::uint32_t(plan.num_queries), std::uint32_t(plan.heads.heads_q));

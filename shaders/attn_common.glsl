@@ -32,7 +32,9 @@ layout(push_constant) uniform Params {
   float scale_log2;      // softmax scale * log2(e): logits in base 2
   uint offsets[6];       // word offset of each plan array (kItemTokenSlot ... kMergePartial)
   uint merge_in_order;   // merge_partial is 0, 1, 2, ...: a query's partials follow from kMergeBegin
-  uint stage1_groups;    // passes x heads_kv: stage 1's work groups (its dispatch may hold more)
+  uint groups;           // stage 1: its passes x heads_kv work groups; the merge: the queries (each over
+                         // the query heads); the dispatch may hold more
+  uint run;              // of those, the most in a run along x (numbered_work_group)
 } pc;
 
 // The plan arrays after the pass records (vk_plan.cpp writes them).
@@ -50,15 +52,21 @@ void load_kv_bases() {
   kv_base[1] = chunks.a[pc.num_chunks];
 }
 
+// A dispatch's `groups` work groups lie in runs of `run` along x, the runs
+// along y (stage 1) or z (the merge), as many as a device takes in one
+// dimension (at least 65 535): this work group's index among them. The run
+// comes in the push constants rather than from gl_NumWorkGroups, whose use cost
+// a dispatch 0.2-0.3 us on the H100 (benchmarks/README.md, "Launch order").
+uint numbered_work_group(uint run_index) { return run_index * pc.run + gl_WorkGroupID.x; }
+
 // Stage 1's work group: its pass and KV head, numbered pass-major with the KV
 // heads adjacent (the plan's launch order, as the CUDA grid and the cost model
-// have it), row after row of a two-dimensional dispatch where one row cannot
-// hold them all. False for the work groups past the last.
+// have it). False for the work groups past the last.
 bool stage1_work_group(out uint pass_index, out uint kv_head) {
-  const uint linear = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+  const uint linear = numbered_work_group(gl_WorkGroupID.y);
   pass_index = linear / pc.heads_kv;
   kv_head = linear % pc.heads_kv;
-  return linear < pc.stage1_groups;
+  return linear < pc.groups;
 }
 
 // A row pass (one work group per KV head), from its 32-byte record at the

@@ -22,7 +22,11 @@ shared uint batch_row[BATCH];    // partial row (partial x heads_q + head)
 shared float batch_lse[BATCH];   // its LSE (base 2)
 
 void main() {
-  const uint query = gl_WorkGroupID.x, head = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x, d0 = tid * DIMS;
+  // x: the query within its run of queries, y: the query head, z: the run
+  // (runs past the device's dispatch limit; the last one may end early).
+  const uint query = numbered_work_group(gl_WorkGroupID.z), head = gl_WorkGroupID.y;
+  if (query >= pc.groups) return;
+  const uint tid = gl_LocalInvocationID.x, d0 = tid * DIMS;
   const uint first = plan_word(kMergeBegin, query), last = plan_word(kMergeBegin, query + 1u);
   if (first == last) return;
 

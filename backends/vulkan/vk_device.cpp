@@ -227,6 +227,7 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
     c.max_storage_buffer_range = props.properties.limits.maxStorageBufferRange;
     c.max_work_groups[0] = props.properties.limits.maxComputeWorkGroupCount[0];
     c.max_work_groups[1] = props.properties.limits.maxComputeWorkGroupCount[1];
+    c.max_work_groups[2] = props.properties.limits.maxComputeWorkGroupCount[2];
     c.max_allocation_bytes = maintenance3.maxMemoryAllocationSize;
     c.max_buffer_bytes = v13 ? maintenance4.maxBufferSize : maintenance3.maxMemoryAllocationSize;
     c.timestamp_period_ns = props.properties.limits.timestampPeriod;

@@ -54,7 +54,7 @@ struct DeviceCaps {
   bool subgroup_vote = false;         // subgroup votes in compute shaders
   bool subgroup_size_control = false, compute_full_subgroups = false;
   std::uint32_t shared_memory_bytes = 0;
-  std::uint32_t max_work_groups[2] = {0, 0};  // a dispatch's most work groups in x and in y
+  std::uint32_t max_work_groups[3] = {0, 0, 0};  // a dispatch's most work groups in x, y and z
   std::uint64_t max_storage_buffer_range = 0, max_allocation_bytes = 0, max_buffer_bytes = 0;
   std::uint64_t device_local_bytes = 0;
   bool buffer_device_address = false, shader_int64 = false, maintenance4 = false;

@@ -32,7 +32,9 @@ struct PushConstants {
   float scale_log2;
   std::uint32_t offsets[kArrayCount];  // of each Array in the plan's words
   std::uint32_t merge_in_order;        // merge_partial is 0, 1, 2, ...: the merge skips its lookup
-  std::uint32_t stage1_groups;         // passes x heads_kv: stage 1's work groups (its dispatch may hold more)
+  std::uint32_t groups;                // stage 1: passes x heads_kv work groups; the merge: queries (each over
+                                       // the query heads); the dispatch may hold more
+  std::uint32_t run;                   // of those, the most in a run along x
 };
 static_assert(sizeof(PushConstants) <= 128, "beyond the push-constant space every Vulkan device has");
 

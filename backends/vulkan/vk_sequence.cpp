@@ -52,11 +52,11 @@ void CommandSequence::fill(const Buffer& buffer, std::uint32_t value) {
 }
 
 void CommandSequence::dispatch(const ComputePipeline& pipeline, const void* push_constants, std::uint32_t push_bytes,
-                               std::uint32_t groups_x, std::uint32_t groups_y) {
-  if (groups_x == 0 || groups_y == 0) return;
+                               std::uint32_t groups_x, std::uint32_t groups_y, std::uint32_t groups_z) {
+  if (groups_x == 0 || groups_y == 0 || groups_z == 0) return;
   vkCmdBindPipeline(commands_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle());
   vkCmdPushConstants(commands_, pipeline.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push_constants);
-  vkCmdDispatch(commands_, groups_x, groups_y, 1);
+  vkCmdDispatch(commands_, groups_x, groups_y, groups_z);
 }
 
 void CommandSequence::barrier() {

@@ -23,7 +23,7 @@ class CommandSequence {
   void copy(const Buffer& from, const Buffer& to, std::size_t bytes, std::size_t from_offset = 0, std::size_t to_offset = 0);
   void fill(const Buffer& buffer, std::uint32_t value);
   void dispatch(const ComputePipeline& pipeline, const void* push_constants, std::uint32_t push_bytes,
-                std::uint32_t groups_x, std::uint32_t groups_y = 1);
+                std::uint32_t groups_x, std::uint32_t groups_y = 1, std::uint32_t groups_z = 1);
   // Makes every earlier transfer or shader write visible to later commands.
   void barrier();
   // Makes earlier dispatches' writes visible to later dispatches only: no

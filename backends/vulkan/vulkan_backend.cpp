@@ -58,6 +58,25 @@ std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim) {
   return 32u * per_token <= caps.shared_memory_bytes ? 32u : 16u;
 }
 
+// `count` work groups laid out in runs along x: one run where they fit in a
+// dispatch's x (any device takes 65 535), else full runs of the most x takes
+// (or `run_limit`, for tests), the last run ending early. The shaders number
+// them back (numbered_work_group). `runs_axis` is the axis that counts the runs.
+struct Runs {
+  std::uint32_t count = 0, length = 0, runs = 0;
+};
+Runs runs_of(const DeviceCaps& caps, std::uint32_t run_limit, std::uint64_t count, int runs_axis, const std::string& what) {
+  std::uint64_t length = std::min<std::uint64_t>(count, caps.max_work_groups[0]);
+  if (run_limit > 0) length = std::min<std::uint64_t>(length, run_limit);
+  const std::uint64_t runs = length == 0 ? 0 : (count + length - 1) / length;
+  if (count > 0xffffffffull || runs > caps.max_work_groups[runs_axis]) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("Vulkan backend: the plan needs {}; device {} dispatches at most {} x {} x {} work groups", what,
+                            caps.name, caps.max_work_groups[0], caps.max_work_groups[1], caps.max_work_groups[2]));
+  }
+  return {std::uint32_t(count), std::uint32_t(length), std::uint32_t(runs)};
+}
+
 }  // namespace
 
 // One call's device buffers: the encoded plan, the tensors, and `pools` copies
@@ -69,7 +88,8 @@ struct VulkanBackend::Staged {
   Buffer plan, q, o, lse, partial_o, partial_lse, kv_table, readback;
   std::vector<Buffer> kv_chunks;  // pool-major: pool p's K chunks, then its V chunks
   std::uint32_t chunk_slots = 0, chunks = 0;
-  std::uint32_t stage1_groups = 0, stage1_grid[2] = {0, 0};  // work groups, and the dispatch that holds them
+  Runs stage1;  // passes x KV heads, numbered pass-major
+  Runs merge;   // queries, each over the query heads (y)
 };
 
 VulkanBackend::VulkanBackend(const BackendOptions& options)
@@ -250,23 +270,17 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
   s->variant = variant;
   s->encoded = encode_plan(plan, variant == Variant::coopmat ? kCoopmatRowsPerPass : kScalarRowsPerPass);
 
-  // Stage 1's work groups in one row of the dispatch where they fit (any
-  // device holds 65 535), else in as many full rows as they need.
   const DeviceCaps& caps = device_->caps();
-  const std::uint64_t groups = std::uint64_t(s->encoded.passes) * std::uint64_t(plan.heads.heads_kv);
-  std::uint64_t row = std::min<std::uint64_t>(groups, caps.max_work_groups[0]);
-  if (options_.vk_max_dispatch_row > 0) row = std::min<std::uint64_t>(row, options_.vk_max_dispatch_row);
-  const std::uint64_t rows = row == 0 ? 0 : (groups + row - 1) / row;
-  if (groups > 0xffffffffull || rows > caps.max_work_groups[1]) {
-    throw Error(ErrorCategory::InvalidArgument,
-                fmt::format("Vulkan backend: the plan needs {} stage-1 work groups ({} passes x {} KV heads); device {} "
-                            "dispatches at most {} x {} (plan with longer blocks or more queries per item)",
-                            groups, s->encoded.passes, plan.heads.heads_kv, caps.name, caps.max_work_groups[0],
-                            caps.max_work_groups[1]));
+  const std::uint64_t passes = s->encoded.passes;
+  s->stage1 = runs_of(caps, options_.vk_max_dispatch_run, passes * std::uint64_t(plan.heads.heads_kv), 1,
+                      fmt::format("{} passes x {} KV heads stage-1 work groups (plan with longer blocks or more queries "
+                                  "per item)", passes, plan.heads.heads_kv));
+  s->merge = runs_of(caps, options_.vk_max_dispatch_run, std::uint64_t(plan.num_queries), 2,
+                     fmt::format("{} queries x {} query heads merge work groups", plan.num_queries, plan.heads.heads_q));
+  if (std::uint32_t(plan.heads.heads_q) > caps.max_work_groups[1]) {
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("Vulkan backend: {} query heads exceed device {}'s {} work "
+                                                            "groups in y", plan.heads.heads_q, caps.name, caps.max_work_groups[1]));
   }
-  s->stage1_groups = std::uint32_t(groups);
-  s->stage1_grid[0] = std::uint32_t(row);
-  s->stage1_grid[1] = std::uint32_t(rows);
 
   // KV chunks: whole slots, at most one allocation each (or the test limit).
   const std::size_t slot_bytes = a.k.bytes() / std::size_t(std::max<std::int64_t>(a.k.shape[0], 1));
@@ -344,13 +358,16 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
   pc.scale_log2 = plan.heads.scale * 1.4426950408889634f;
   std::copy(std::begin(s.encoded.offsets), std::end(s.encoded.offsets), pc.offsets);
   pc.merge_in_order = s.encoded.merge_in_order ? 1 : 0;
-  pc.stage1_groups = s.stage1_groups;
+  pc.groups = s.stage1.count;
+  pc.run = s.stage1.length;
   const int d = plan.heads.head_dim;
-  sequence.dispatch(stage1_pipeline(s.variant, d, a.q.dtype == DType::bf16), &pc, sizeof(pc), s.stage1_grid[0],
-                    s.stage1_grid[1]);
+  sequence.dispatch(stage1_pipeline(s.variant, d, a.q.dtype == DType::bf16), &pc, sizeof(pc), s.stage1.length,
+                    s.stage1.runs);
   if (plan.num_partials > 0) {
     sequence.compute_barrier();
-    sequence.dispatch(merge_pipeline(d), &pc, sizeof(pc), std::uint32_t(plan.num_queries), std::uint32_t(plan.heads.heads_q));
+    pc.groups = s.merge.count;
+    pc.run = s.merge.length;
+    sequence.dispatch(merge_pipeline(d), &pc, sizeof(pc), s.merge.length, std::uint32_t(plan.heads.heads_q), s.merge.runs);
   }
 }
 

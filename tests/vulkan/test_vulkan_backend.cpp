@@ -106,21 +106,24 @@ TEST_CASE("a KV pool larger than one storage-buffer binding, split into several 
   }
 }
 
-TEST_CASE("stage 1's work groups beyond one row of the dispatch: rows of a two-dimensional grid, the last one partly idle") {
-  // A device takes at least 65 535 work groups in a dispatch's row, and a plan
-  // of many short blocks needs more (lavapipe's limit; the H100's is 2^31 - 1).
-  // Rows of 7 here: the determinism forest's passes x 2 KV heads fill several,
-  // the last one not wholly, and the output is the one-row dispatch's, bit for bit.
+TEST_CASE("work groups beyond one run of a dispatch's x: further runs along y or z, the last one partly idle") {
+  // A device takes at least 65 535 work groups along a dispatch's x, and a plan
+  // of many short blocks, or of many queries, needs more (lavapipe's limit; the
+  // H100's is 2^31 - 1). Runs of 7 here: stage 1's passes x 2 KV heads and the
+  // merge's queries (each over the 8 query heads) fill several, the last one
+  // not wholly, and the output is the one-run dispatches', bit for bit.
   const Tree tree = determinism_forest();
   Inputs in = make_inputs(tree, DType::f16, 3);
   const Plan plan = treeattn::plan(tree, PlanOptions{Strategy::flatten, 32, kMaxQueryTile, 0});
   REQUIRE(plan.num_items() * tree.heads.heads_kv % 7 != 0);
-  auto one_row = make_backend(BackendKind::vulkan, variant_options(g_variant));
+  REQUIRE(plan.num_partials > 0);
+  REQUIRE(plan.num_queries % 7 != 0);
+  auto one_run = make_backend(BackendKind::vulkan, variant_options(g_variant));
   BackendOptions options = variant_options(g_variant);
-  options.vk_max_dispatch_row = 7;
-  auto rows = make_backend(BackendKind::vulkan, options);
-  const Outputs expected = run_plan(*one_row, tree, in, plan);
-  Outputs got = run_plan(*rows, tree, in, plan);
+  options.vk_max_dispatch_run = 7;
+  auto runs = make_backend(BackendKind::vulkan, options);
+  const Outputs expected = run_plan(*one_run, tree, in, plan);
+  Outputs got = run_plan(*runs, tree, in, plan);
   CHECK(got.o.bytes == expected.o.bytes);
   CHECK(got.lse.bytes == expected.lse.bytes);
   const OracleResult oracle = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view());

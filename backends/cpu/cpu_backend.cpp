@@ -58,7 +58,8 @@ void CpuBackend::run(const Plan& plan, const AttentionArgs& args) {
   partial_lse_.resize(std::size_t(plan.num_partials) * std::size_t(hq));
 
   pool_.parallel_for(std::int64_t(plan.num_items()) * hkv, [&](std::int64_t task, int worker) {
-    run_item(plan, args, plan.launch_item(std::int32_t(task / hkv)), std::int32_t(task % hkv), scratch_[std::size_t(worker)]);
+    const std::int32_t item = plan.launch_item(std::int32_t(task / hkv));
+    run_item(plan, args, item, std::int32_t(task % hkv), scratch_[std::size_t(worker)]);
   });
   pool_.parallel_for(plan.num_queries, [&](std::int64_t q, int worker) {
     if (plan.merge_begin[std::size_t(q) + 1] > plan.merge_begin[std::size_t(q)]) {

@@ -278,8 +278,8 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
   s->merge = runs_of(caps, options_.vk_max_dispatch_run, std::uint64_t(plan.num_queries), 2,
                      fmt::format("{} queries x {} query heads merge work groups", plan.num_queries, plan.heads.heads_q));
   if (std::uint32_t(plan.heads.heads_q) > caps.max_work_groups[1]) {
-    throw Error(ErrorCategory::InvalidArgument, fmt::format("Vulkan backend: {} query heads exceed device {}'s {} work "
-                                                            "groups in y", plan.heads.heads_q, caps.name, caps.max_work_groups[1]));
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("Vulkan backend: {} query heads exceed device {}'s {} work groups in y",
+                                                            plan.heads.heads_q, caps.name, caps.max_work_groups[1]));
   }
 
   // KV chunks: whole slots, at most one allocation each (or the test limit).

@@ -223,7 +223,8 @@ std::vector<std::int32_t> longest_first_order(const std::vector<std::int32_t>& i
   std::vector<std::int32_t> order;
   order.reserve(item_block.size());
   for (const Block& b : blocks) {
-    for (std::size_t i = std::size_t(b.first_item); i < item_block.size() && item_block[i] == item_block[std::size_t(b.first_item)]; ++i) {
+    const std::int32_t block = item_block[std::size_t(b.first_item)];
+    for (std::size_t i = std::size_t(b.first_item); i < item_block.size() && item_block[i] == block; ++i) {
       order.push_back(std::int32_t(i));
     }
   }
@@ -251,7 +252,8 @@ CostEstimate estimate_with_order(const PlanShape& shape, const HeadConfig& heads
   const std::int64_t group = heads.group_size(), heads_kv = heads.heads_kv;
   std::vector<ItemCtas> items;
   items.reserve(shape.items.size());
-  std::vector<double> cta_ns;  // launch order: the shape's item order, an item's passes in row order, each over the KV heads
+  // Launch order: the shape's item order, an item's passes in row order, each over the KV heads.
+  std::vector<double> cta_ns;
   for (const ItemShape& item : shape.items) {
     const std::int64_t rows = std::int64_t(item.queries) * group;
     const std::int64_t tiles = ceil_div(item.block_tokens, kKvTileTokens);

@@ -238,7 +238,8 @@ TEST_CASE("the planner launches the blocks with the longest passes first where i
       const std::size_t i = std::size_t(reordered.launch_item(k));
       const std::int32_t rows = (reordered.item_query_begin[i + 1] - reordered.item_query_begin[i]) * group;
       const bool large = reordered.item_tile_rows[i] == kLargeTileRows && rows > kSmallTileRows;
-      const bool small = reordered.item_tile_rows[i] == kSmallTileRows || (rows % kLargeTileRows != 0 && rows % kLargeTileRows <= kSmallTileRows);
+      const std::int32_t last_rows = rows % kLargeTileRows;
+      const bool small = reordered.item_tile_rows[i] == kSmallTileRows || (last_rows != 0 && last_rows <= kSmallTileRows);
       if (large) longest = std::max(longest, m.pass_ns + tiles * m.tile_ns_large);
       if (small) longest = std::max(longest, m.pass_ns + tiles * m.tile_ns_small);
     }

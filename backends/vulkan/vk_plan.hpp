@@ -37,6 +37,7 @@ struct PushConstants {
   std::uint32_t run;                   // of those, the most in a run along x
 };
 static_assert(sizeof(PushConstants) <= 128, "beyond the push-constant space every Vulkan device has");
+static_assert(kArrayCount == 6, "attn_common.glsl's push constants hold six offsets (uint offsets[6])");
 
 struct EncodedPlan {
   std::vector<std::uint32_t> words;

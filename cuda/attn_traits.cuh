@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attn_launch.hpp"
+#include "wgmma.cuh"  // TREEATTN_WGMMA: this compilation has wgmma
 
 namespace treeattn::cuda {
 
@@ -73,8 +74,18 @@ struct AttnTraits {
   // they hold.
   static constexpr int kMergeBytes = kWarps * 16 * (kHeadDim + 8 + 2) * 4 + 16 * 16;
   static constexpr int kSmemBytes = std::max(kMapOffset + kMapStages * int(sizeof(TileMap)), kMergeBytes);
-  // CTAs per SM the registers are capped for (170 registers at three).
+  // CTAs per SM the registers are capped for. With wgmma three (170
+  // registers; the kernel takes 166, and capped for two it takes 183 and ran
+  // 0.97-0.99x). The mma.sync build's fragments need more: capped for three it
+  // spilled at head_dim 128, and capped for two (209 registers, no spills) it
+  // ran 1.19x faster on the H100 even there, where three CTAs fit; the A100's
+  // 164 KB of shared memory holds only two of these 67 KB CTAs anyway
+  // (benchmarks/README.md, "The mma.sync build").
+#if defined(TREEATTN_WGMMA)
   static constexpr int kMinBlocksPerSM = kStages == 2 ? 3 : kStages == 3 ? 2 : 1;
+#else
+  static constexpr int kMinBlocksPerSM = kStages >= 2 ? 2 : 1;
+#endif
 };
 
 }  // namespace treeattn::cuda

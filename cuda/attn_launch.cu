@@ -7,6 +7,14 @@
 namespace treeattn::cuda {
 namespace {
 
+// Which stage-1 path the code the device loaded was compiled with (read back
+// by stage1_occupancy): the host cannot tell sm_90a's cubin from sm_90's.
+#if defined(TREEATTN_WGMMA)
+__device__ int stage1_uses_wgmma = 1;
+#else
+__device__ int stage1_uses_wgmma = 0;
+#endif
+
 template <int HeadDim, typename Element>
 cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
   using Traits = AttnTraits<HeadDim, Element>;
@@ -42,27 +50,37 @@ cudaError_t launch_for_dim(const KernelParams& p, int head_dim, cudaStream_t str
 }
 
 template <int HeadDim>
-int ctas_per_sm() {
+Stage1Occupancy occupancy() {
   using Traits = AttnTraits<HeadDim, __half>;
   auto kernel = tree_attn_partial_kernel<Traits>;
-  int blocks = 0;
+  Stage1Occupancy o;
+  cudaFuncAttributes attributes{};
+  int wgmma = 0;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Traits::kThreads, Traits::kSmemBytes) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.ctas_per_sm, kernel, Traits::kThreads, Traits::kSmemBytes) != cudaSuccess ||
+      cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess ||
+      cudaMemcpyFromSymbol(&wgmma, stage1_uses_wgmma, sizeof(wgmma)) != cudaSuccess) {
     cudaGetLastError();
-    return 0;
+    return Stage1Occupancy{};
   }
-  return blocks;
+  o.binary_arch = attributes.binaryVersion;
+  o.ptx_arch = attributes.ptxVersion;
+  o.wgmma = wgmma != 0;
+  o.registers = attributes.numRegs;
+  o.spill_bytes = int(attributes.localSizeBytes);
+  o.shared_bytes = Traits::kSmemBytes;
+  return o;
 }
 
 }  // namespace
 
-int stage1_ctas_per_sm(int head_dim) {
+Stage1Occupancy stage1_occupancy(int head_dim) {
   switch (head_dim) {
-    case 64: return ctas_per_sm<64>();
-    case 128: return ctas_per_sm<128>();
-    case 256: return ctas_per_sm<256>();
+    case 64: return occupancy<64>();
+    case 128: return occupancy<128>();
+    case 256: return occupancy<256>();
   }
-  return 0;
+  return Stage1Occupancy{};
 }
 
 cudaError_t launch_tree_attention(const KernelParams& params, int head_dim, bool bf16, cudaStream_t stream) {

@@ -13,8 +13,21 @@ namespace treeattn::cuda {
 // most: a pass of a large tile (plan.hpp, kLargeTileRows).
 inline constexpr int kRowsPerPass = 64;
 
-// Stage-1 CTAs (f16, this head_dim) that fit on one SM of the current device.
-int stage1_ctas_per_sm(int head_dim);
+// What the current device runs for stage 1 (f16, this head_dim): which code,
+// its registers and spills, and how many CTAs fit on an SM. The cost model
+// plans with the CTAs; --verbose prints the rest, since occupancy and spills
+// decide the kernel's speed and are otherwise invisible.
+struct Stage1Occupancy {
+  int ctas_per_sm = 0;   // 0: the query failed
+  int binary_arch = 0;   // the machine code's: 90 on the H100, 80 on the A100
+  int ptx_arch = 0;      // the virtual architecture it came from: 90 for the sm_90a cubin, 80 for sm_80's
+                         // (and for the driver's compile of compute_80 PTX on a newer GPU)
+  bool wgmma = false;    // its 64-row passes run wgmma (else mma.sync)
+  int registers = 0;     // per thread
+  int spill_bytes = 0;   // local memory per thread
+  int shared_bytes = 0;  // dynamic shared memory per CTA
+};
+Stage1Occupancy stage1_occupancy(int head_dim);
 
 // Stage 1 over every work item and KV head, then the stage-2 merge.
 // head_dim is 64, 128 or 256; bf16 selects bf16 inputs (else f16).

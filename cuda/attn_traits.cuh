@@ -77,10 +77,10 @@ struct AttnTraits {
   // CTAs per SM the registers are capped for. With wgmma three (170
   // registers; the kernel takes 166, and capped for two it takes 183 and ran
   // 0.97-0.99x). The mma.sync build's fragments need more: capped for three it
-  // spilled at head_dim 128, and capped for two (209 registers, no spills) it
-  // ran 1.19x faster on the H100 even there, where three CTAs fit; the A100's
-  // 164 KB of shared memory holds only two of these 67 KB CTAs anyway
-  // (benchmarks/README.md, "The mma.sync build").
+  // spilled at head_dim 128, and capped for two (209 registers, no spills) an
+  // sm_80-only build ran 1.19x faster even on the H100, where three CTAs fit;
+  // the A100's 164 KB of shared memory holds only two of these 67 KB CTAs
+  // anyway (benchmarks/README.md, "The mma.sync build").
 #if defined(TREEATTN_WGMMA)
   static constexpr int kMinBlocksPerSM = kStages == 2 ? 3 : kStages == 3 ? 2 : 1;
 #else

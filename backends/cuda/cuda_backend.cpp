@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -52,7 +53,7 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(const BackendOptions&) {
+CudaBackend::CudaBackend(const BackendOptions& options) {
   const int count = device_count();
   if (count == 0) {
     int runtime = 0, driver = 0;
@@ -68,7 +69,19 @@ CudaBackend::CudaBackend(const BackendOptions&) {
   int sms = 0;
   TREEATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   sms_ = double(sms);
-  slots_ = double(sms) * double(stage1_ctas_per_sm(128));
+  const Stage1Occupancy stage1 = stage1_occupancy(128);
+  slots_ = double(sms) * double(stage1.ctas_per_sm);
+  if (options.verbose) {
+    cudaDeviceProp prop{};
+    TREEATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::fprintf(stderr, "treeattn: CUDA device 0: %s (sm_%d%d, %d SMs, %.0f GB/s)\n", prop.name, prop.major, prop.minor, sms,
+                 peak_gbps_);
+    std::fprintf(stderr,
+                 "treeattn: CUDA stage 1 (head_dim 128): %s, code for sm_%d from compute_%d, %d registers, %d bytes "
+                 "spilled, %d KiB shared memory, %d CTAs an SM\n",
+                 stage1.wgmma ? "wgmma" : "mma.sync", stage1.binary_arch, stage1.ptx_arch, stage1.registers, stage1.spill_bytes,
+                 (stage1.shared_bytes + 1023) / 1024, stage1.ctas_per_sm);
+  }
 }
 
 CostModel CudaBackend::cost_model() const {

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "../backends/cuda/cuda_backend.hpp"
+#include "../cuda/attn_launch.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
 #include "treeattn/error.hpp"
@@ -91,6 +92,30 @@ TEST_CASE("the cost model's slots are the device's: SMs x stage-1 CTAs per SM") 
   CHECK(slots >= sms);  // at least one CTA per SM
   CHECK(std::fmod(slots, double(sms)) == 0.0);
   CHECK(slots <= 8.0 * sms);
+}
+
+TEST_CASE("stage 1's occupancy: the cubin the device runs, no spills at head_dim 64 and 128, the cost model's CTAs") {
+  int sms = 0, major = 0, minor = 0;
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess);
+  for (int head_dim : {64, 128, 256}) {
+    CAPTURE(head_dim);
+    const cuda::Stage1Occupancy o = cuda::stage1_occupancy(head_dim);
+    REQUIRE(o.ctas_per_sm >= 1);
+    CHECK(o.binary_arch / 10 == major);  // machine code runs within its major version only
+    CHECK(o.binary_arch <= major * 10 + minor);
+    CHECK(o.ptx_arch >= 80);
+    CHECK(o.ptx_arch <= o.binary_arch);
+    if (o.wgmma) CHECK(o.ptx_arch >= 90);
+    CHECK(o.registers > 0);
+    CHECK(o.registers <= 255);
+    CHECK(o.shared_bytes > 0);
+    // Each cubin's register cap is set so that these do not spill (attn_traits.cuh).
+    if (head_dim <= 128) CHECK(o.spill_bytes == 0);
+    if (head_dim == 128) CHECK(make_test_backend()->cost_model().slots == double(sms) * o.ctas_per_sm);
+  }
+  CHECK(cuda::stage1_occupancy(96).ctas_per_sm == 0);  // no such kernel
 }
 
 int main(int argc, char** argv) {

@@ -57,7 +57,8 @@ Stage1Occupancy occupancy() {
   cudaFuncAttributes attributes{};
   int wgmma = 0;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.ctas_per_sm, kernel, Traits::kThreads, Traits::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.ctas_per_sm, kernel, Traits::kThreads, Traits::kSmemBytes) !=
+          cudaSuccess ||
       cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess ||
       cudaMemcpyFromSymbol(&wgmma, stage1_uses_wgmma, sizeof(wgmma)) != cudaSuccess) {
     cudaGetLastError();

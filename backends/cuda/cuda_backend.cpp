@@ -74,13 +74,13 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   if (options.verbose) {
     cudaDeviceProp prop{};
     TREEATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::fprintf(stderr, "treeattn: CUDA device 0: %s (sm_%d%d, %d SMs, %.0f GB/s)\n", prop.name, prop.major, prop.minor, sms,
-                 peak_gbps_);
+    std::fprintf(stderr, "treeattn: CUDA device 0: %s (sm_%d%d, %d SMs, %.0f GB/s)\n", prop.name, prop.major,
+                 prop.minor, sms, peak_gbps_);
     std::fprintf(stderr,
                  "treeattn: CUDA stage 1 (head_dim 128): %s, code for sm_%d from compute_%d, %d registers, %d bytes "
                  "spilled, %d KiB shared memory, %d CTAs an SM\n",
-                 stage1.wgmma ? "wgmma" : "mma.sync", stage1.binary_arch, stage1.ptx_arch, stage1.registers, stage1.spill_bytes,
-                 (stage1.shared_bytes + 1023) / 1024, stage1.ctas_per_sm);
+                 stage1.wgmma ? "wgmma" : "mma.sync", stage1.binary_arch, stage1.ptx_arch, stage1.registers,
+                 stage1.spill_bytes, (stage1.shared_bytes + 1023) / 1024, stage1.ctas_per_sm);
   }
 }
 

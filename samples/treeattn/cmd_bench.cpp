@@ -255,7 +255,8 @@ Command add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"f16", "bf16"}))
       ->capture_default_str();
   o->backend_flags.add_to(*sub);
-  sub->add_flag("--verbose", o->verbose, "Say on stderr which device each backend runs, and its kernels: variant, registers, occupancy");
+  sub->add_flag("--verbose", o->verbose,
+                "Say on stderr which device each backend runs, and its kernels: variant, registers, occupancy");
   sub->add_option("--peak-gbps", o->peak_gbps,
                   "Roofline bandwidth in GB/s (default: the backend's: the device's HBM peak, or the measured host "
                   "read bandwidth for the CPU)")

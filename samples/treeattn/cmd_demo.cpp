@@ -218,7 +218,8 @@ Command add_demo_command(CLI::App& app) {
       ->check(CLI::IsMember(backend_names()))
       ->capture_default_str();
   o->backend_flags.add_to(*sub);
-  sub->add_flag("--verbose", o->verbose, "Say on stderr which device each backend runs, and its kernels: variant, registers, occupancy");
+  sub->add_flag("--verbose", o->verbose,
+                "Say on stderr which device each backend runs, and its kernels: variant, registers, occupancy");
   sub->add_option("--page-size", o->page_size, "Tokens per KV cache page")->check(CLI::Range(1, 4096))->capture_default_str();
   sub->add_option("--svg", o->svg, "Draw the tree and its plan at --svg-step as SVG");
   sub->add_option("--svg-step", o->svg_step, "Step to draw (0: the last)")->check(CLI::NonNegativeNumber);

@@ -73,7 +73,8 @@ Command add_run_command(CLI::App& app) {
       ->capture_default_str();
   o->plan.add_to(*sub);
   o->backend_flags.add_to(*sub);
-  sub->add_flag("--verbose", o->verbose, "Say which backend ran (device; kernel variant, registers, occupancy) and the size of the plan");
+  sub->add_flag("--verbose", o->verbose,
+                "Say which backend ran (device; kernel variant, registers, occupancy) and the size of the plan");
   return {sub, [o] { run(*o); }};
 }
 

@@ -94,7 +94,7 @@ TEST_CASE("the cost model's slots are the device's: SMs x stage-1 CTAs per SM") 
   CHECK(slots <= 8.0 * sms);
 }
 
-TEST_CASE("stage 1's occupancy: the cubin the device runs, no spills at head_dim 64 and 128, the cost model's CTAs") {
+TEST_CASE("stage 1's occupancy: the code the device runs, no spills at head_dim 64 and 128, the cost model's CTAs") {
   int sms = 0, major = 0, minor = 0;
   REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);

@@ -314,7 +314,8 @@ CostEstimate estimate_with_order(const PlanShape& shape, const HeadConfig& heads
 }
 
 // The plan's items as a shape: in its launch order, to time it as it runs, or
-// in item order with the launch order still to be chosen.
+// in item order. Either way in that order only (no reorder): the caller says
+// where the launch order is still to be chosen.
 PlanShape plan_shape(const Plan& plan, bool in_launch_order) {
   PlanShape shape;
   shape.items.reserve(std::size_t(plan.num_items()));
@@ -326,7 +327,7 @@ PlanShape plan_shape(const Plan& plan, bool in_launch_order) {
   }
   shape.partials = plan.num_partials;
   shape.max_fanin = plan.max_merge_fanin();
-  shape.reorder = !in_launch_order;
+  shape.reorder = false;
   return shape;
 }
 
@@ -339,17 +340,17 @@ CostEstimate estimate_shape(const PlanShape& shape, const HeadConfig& heads, con
 CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
   CostEstimate e = estimate_shape(plan_shape(plan, true), plan.heads, model);
   if (!plan.launch_order.empty()) {
-    PlanShape item_order = plan_shape(plan, false);
-    item_order.reorder = false;
     e.longest_first = true;
-    e.item_order_us = estimate_shape(item_order, plan.heads, model).time_us;
+    e.item_order_us = estimate_shape(plan_shape(plan, false), plan.heads, model).time_us;
   }
   return e;
 }
 
 std::vector<std::int32_t> plan_launch_order(const Plan& plan, const CostModel& model) {
+  PlanShape shape = plan_shape(plan, false);
+  shape.reorder = true;
   std::vector<std::int32_t> order;
-  estimate_with_order(plan_shape(plan, false), plan.heads, model, std::numeric_limits<double>::infinity(), &order);
+  estimate_with_order(shape, plan.heads, model, std::numeric_limits<double>::infinity(), &order);
   return order;
 }
 

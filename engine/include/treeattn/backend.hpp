@@ -26,7 +26,7 @@ struct BackendOptions {
   std::string vk_variant = "auto";   // Vulkan stage-1 shaders: auto, scalar or coopmat
   std::size_t vk_max_chunk_bytes = 0;  // split Vulkan KV pools into buffers of at most this size (0: the device's limit)
   std::uint32_t vk_max_dispatch_run = 0;  // most Vulkan work groups in a run along a dispatch's x (0: the device's limit)
-  bool verbose = false;              // say on stderr which device and shader variant run
+  bool verbose = false;              // say on stderr which device and kernel variant run (CUDA: its occupancy too)
 };
 
 class Backend {

@@ -51,6 +51,7 @@ const uint TOKEN_STEP = THREADS / QUADS;         // tokens between one thread's 
 const uint S_STRIDE = TILE + 4u;                 // floats per column of S / the factor matrix
 const uint P_STRIDE = TILE + 8u;                 // halves per column of P (48 bytes: 16-byte aligned)
 const float kSlack = 8.0;                        // log2 of how far P may exceed 1 before O is rescaled
+const float kNoReference = -1.0e30;              // a row's reference before it sees a token (below any logit)
 const uint COLUMNS = CHUNK / 2u;                 // softmax columns per lane
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
@@ -74,22 +75,17 @@ void subgroup_sync() {
 // A load is only in flight until something reads its register: a select on
 // the loaded value (`past_end ? 0 : value`), or a copy where two branches
 // join, waits for the data right there. So the pipeline below issues every
-// load unconditionally — positions past the block read the block's first
-// token, which is cached — and records in separate bits which positions are
-// past the end, applied only where the data is consumed anyway.
+// load unconditionally: positions past the block read the block's first
+// token, which is cached, and the visibility masks them where they are used.
 
 // The gather's indices for the chunk after the one in flight: the pool slot of
-// each token this thread loads; bit j of next_past marks a position past the
-// block.
+// each token this thread loads.
 uint next_slot[LOADS];
-uint next_past;
 
 void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
-  next_past = 0u;
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
     const uint t = chunk0 + tid / QUADS + j * TOKEN_STEP;
     next_slot[j] = plan_word(kItemTokenSlot, token_begin + (t < tokens ? t : 0u));
-    if (t >= tokens) next_past |= 1u << j;
   }
 }
 
@@ -101,13 +97,10 @@ uint fetch_visible(uint token_begin, uint tile_query, uint tokens, uint chunk0) 
   return visible_word((token_begin + c) / kKvTileTokens, tile_query, (c / 32u) % 2u);
 }
 
-// The K and V rows of next_slot[] (16 bytes each), issued and left in flight;
-// rows_past takes next_past along for the store.
+// The K and V rows of next_slot[] (16 bytes each), issued and left in flight.
 uvec4 k_rows[LOADS], v_rows[LOADS];
-uint rows_past;
 
 void gather_rows(uint kv_head, uint quad) {
-  rows_past = next_past;
   if (pc.num_chunks == 1u) {
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
       const uint index = (next_slot[j] * pc.heads_kv + kv_head) * QUADS + quad;
@@ -175,22 +168,23 @@ void main() {
 
   ACC o[DTILES];
   [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = ACC(0.0);
-  float running_max = -1.0 / 0.0, running_sum = 0.0;
+  float running_max = kNoReference, running_sum = 0.0;
 
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
     barrier();  // every subgroup is done with the previous chunk's K and V
+    // Positions past the block hold its first token's rows: finite, and no row
+    // sees them, so their P is exactly 0 and they add nothing to O.
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-      // Past the block: zeros (finite; masked out by visibility anyway).
-      const bool past = (rows_past >> j & 1u) != 0u;
-      const uvec4 k = past ? uvec4(0u) : k_rows[j], v = past ? uvec4(0u) : v_rows[j];
       const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_QUADS + quad;
-      k_tile[at] = k;
-      v_tile[at] = v;
+      k_tile[at] = k_rows[j];
+      v_tile[at] = v_rows[j];
     }
     barrier();
 
     // Bit c: the row sees token chunk0 + c (rows past the pass see nothing).
     const uint visible = row_live ? row_word >> (chunk0 % 32u) : 0u;
+    // Bit 2j: this lane's column j (shifted once here, so each column tests a constant bit).
+    const uint lane_visible = visible >> half_index;
 
     // Issue the next chunk's loads now; they land while this chunk is computed.
     // After the last chunk they reread the block's first token (cached), so no
@@ -226,22 +220,23 @@ void main() {
     float x[COLUMNS];
     float chunk_max = -1.0 / 0.0;
     [[unroll]] for (uint j = 0u; j < COLUMNS; ++j) {
-      const uint c = 2u * j + half_index;
-      const float logit = scores[sg_s + r + c * S_STRIDE] * pc.scale_log2;
-      x[j] = ((visible >> c) & 1u) != 0u ? logit : -1.0 / 0.0;
+      const float logit = scores[sg_s + r + (2u * j + half_index) * S_STRIDE] * pc.scale_log2;
+      x[j] = ((lane_visible >> (2u * j)) & 1u) != 0u ? logit : -1.0 / 0.0;
       chunk_max = max(chunk_max, x[j]);
     }
     chunk_max = max(chunk_max, subgroupShuffleXor(chunk_max, 1u));
     // The row's reference moves only when a logit passes it by more than
     // kSlack, so P stays below 2^kSlack (well inside f16) and O, whose rescale
     // goes through shared memory and two subgroup barriers, is rescaled about
-    // once per row instead of on most of a block's first chunks.
-    const float new_max = running_max == -1.0 / 0.0 || chunk_max > running_max + kSlack ? chunk_max : running_max;
+    // once per row instead of on most of a block's first chunks. Until the row
+    // sees a token its reference is kNoReference, finite, so a masked logit's
+    // exp2(-inf - reference) is exactly 0 with no select.
+    const float new_max = chunk_max > running_max + kSlack ? chunk_max : running_max;
     // alpha = 1 while the row has seen nothing (O is still zero) or its reference stayed.
-    const float alpha = new_max == running_max || running_max == -1.0 / 0.0 ? 1.0 : exp2(running_max - new_max);
+    const float alpha = new_max == running_max || running_max == kNoReference ? 1.0 : exp2(running_max - new_max);
     float sum = 0.0;
     [[unroll]] for (uint j = 0u; j < COLUMNS; ++j) {
-      const float p = x[j] == -1.0 / 0.0 ? 0.0 : exp2(x[j] - new_max);
+      const float p = exp2(x[j] - new_max);
       sum += p;
       probs[sg_p + (2u * j + half_index) * P_STRIDE + r] = float16_t(p);
     }

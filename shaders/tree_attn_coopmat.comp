@@ -9,7 +9,7 @@
 // computes S = Q K^T, runs the masked online softmax on it in shared memory in
 // base 2 (two lanes per row), and accumulates O += P V in accumulator
 // matrices. The per-row rescale of O is a component-wise product with a matrix
-// whose row r holds row r's factor, skipped when no row's reference moved.
+// whose row r holds row r's factor (ones while no row's reference moved).
 //
 // Visibility comes as one word per row and chunk (bit = chunk column), half of
 // the plan's visibility word for the row's tile query and 64-token tile
@@ -251,11 +251,13 @@ void main() {
       [[unroll]] for (uint c = half_index * 8u; c < half_index * 8u + 8u; ++c) scores[sg_s + c * S_STRIDE + r] = alpha;
     }
     subgroup_sync();
-    if (rescale) {
-      ACC factor;
-      coopMatLoad(factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
-      [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = o[n] * factor;
-    }
+    // O is multiplied on every chunk, by ones unless a reference moved: only
+    // the factor matrix differs between the paths, so O keeps its registers
+    // (a rescale in the branch made the driver copy half of O's accumulators
+    // out and back around each chunk's P V products).
+    ACC factor = ACC(1.0);
+    if (rescale) coopMatLoad(factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
+    [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = o[n] * factor;
     [[unroll]] for (uint nb = 0u; nb < CHUNK / TILE; ++nb) {
       MAT_A p;
       coopMatLoad(p, probs, sg_p + nb * TILE * P_STRIDE, P_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);

@@ -1,0 +1,170 @@
+// Shared by the two cooperative-matrix stage-1 shaders (VK_KHR_cooperative_matrix,
+// 16x16x16 f16 -> f32): tree_attn_coopmat.comp runs the softmax through shared
+// memory and works with any accumulator layout; tree_attn_coopmat_fragments.comp
+// runs it in registers where the layout is known (coopmat_layout.comp probes it).
+//
+// One work group per (64-row pass, KV head): four subgroups of 32, each owning
+// 16 rows (tile query x query head). The block's K/V rows reach shared memory
+// CHUNK tokens at a time through registers, software-pipelined: while the
+// subgroups compute chunk c from shared memory, every thread's loads of chunk
+// c+1's rows (and of chunk c+2's slot indices) are in flight, so the gather's
+// latency overlaps the math instead of preceding it. Each subgroup computes
+// S = Q K^T, the masked online softmax in base 2, and O += P V in accumulator
+// matrices.
+//
+// Visibility comes as one word per row and chunk (bit = chunk column), half of
+// the plan's visibility word for the row's tile query and 64-token tile
+// (item_token_map), loaded a chunk ahead, so the softmax tests a register bit
+// per column.
+//
+// K/V rows in shared memory are padded by 16 bytes so the 8 rows one matrix
+// load reads start on different banks.
+//
+// bf16 inputs run the same SPIR-V with its 16-bit float type declared bfloat16
+// (backends/vulkan/spirv_bf16.hpp), which only works while 16-bit floats are
+// bitcast, converted, stored, loaded and multiplied as matrices, never computed
+// with (test_vulkan retypes both embedded modules to check).
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
+#include "attn_common.glsl"
+
+layout(local_size_x = 128) in;
+layout(constant_id = 0) const uint HEAD_DIM = 128;
+layout(constant_id = 1) const uint CHUNK = 32;  // tokens per shared-memory stage: 16 or 32 (one visibility word)
+
+const uint SUBGROUPS = 4u, TILE = 16u, THREADS = 128u;
+const uint DTILES = HEAD_DIM / TILE;             // 16-column tiles of a head row
+const uint STILES = CHUNK / TILE;                // 16-token tiles of a chunk
+const uint QUADS = HEAD_DIM / 8u;                // 16-byte pieces of a K/V row
+const uint ROW_QUADS = QUADS + 1u;              // 16-byte pieces per shared K/V row, one of padding
+const uint LOADS = CHUNK * QUADS / THREADS;      // 16-byte K (and V) loads per thread per chunk
+const uint TOKEN_STEP = THREADS / QUADS;         // tokens between one thread's successive loads
+const uint Q_STRIDE = TILE + 8u;                 // halves per column of a staged Q tile (48 bytes: 16-byte aligned)
+const float kSlack = 8.0;                        // log2 of how far P may exceed 1 before O is rescaled
+const float kNoReference = -1.0e30;              // a row's reference before it sees a token (below any logit)
+
+#define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define MAT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define MAT_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+
+// K and V rows as they arrive (16 bytes per element: one store per load);
+// matrix loads reinterpret them as f16, offsets and strides in 16-byte units.
+shared uvec4 k_tile[CHUNK * ROW_QUADS];
+shared uvec4 v_tile[CHUNK * ROW_QUADS];
+shared float16_t q_stage[SUBGROUPS * TILE * Q_STRIDE];  // one 16x16 Q tile per subgroup on its way to registers
+
+// Orders this subgroup's shared-memory accesses, and nothing else: subgroupBarrier()
+// also acquires and releases buffer memory, which would wait for the next chunk's
+// gather loads in flight and serialise the pipeline.
+void subgroup_sync() {
+  controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
+}
+
+// A load is only in flight until something reads its register: a select on
+// the loaded value (`past_end ? 0 : value`), or a copy where two branches
+// join, waits for the data right there. So the pipeline issues every load
+// unconditionally: positions past the block read the block's first token,
+// which is cached, and the visibility masks them where they are used.
+
+// The gather's indices for the chunk after the one in flight: the pool slot of
+// each token this thread loads.
+uint next_slot[LOADS];
+
+void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
+  [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+    const uint t = chunk0 + tid / QUADS + j * TOKEN_STEP;
+    next_slot[j] = plan_word(kItemTokenSlot, token_begin + (t < tokens ? t : 0u));
+  }
+}
+
+// The 32-bit half of a row's tile visibility word that holds the chunk at
+// chunk0 (its tokens from bit chunk0 % 32 on; zero past the block); a chunk
+// past the block reads the first one's, which is never used.
+uint fetch_visible(uint token_begin, uint tile_query, uint tokens, uint chunk0) {
+  const uint c = chunk0 < tokens ? chunk0 : 0u;
+  return visible_word((token_begin + c) / kKvTileTokens, tile_query, (c / 32u) % 2u);
+}
+
+// The K and V rows of next_slot[] (16 bytes each), issued and left in flight.
+uvec4 k_rows[LOADS], v_rows[LOADS];
+
+void gather_rows(uint kv_head, uint quad) {
+  if (pc.num_chunks == 1u) {
+    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      const uint index = (next_slot[j] * pc.heads_kv + kv_head) * QUADS + quad;
+      k_rows[j] = Quads(kv_base[0]).q[index];
+      v_rows[j] = Quads(kv_base[1]).q[index];
+    }
+  } else {
+    [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+      k_rows[j] = kv_quad_chunked(0u, next_slot[j], kv_head, quad, QUADS);
+      v_rows[j] = kv_quad_chunked(1u, next_slot[j], kv_head, quad, QUADS);
+    }
+  }
+}
+
+// The landed rows into the K/V tiles (between the chunk's two barriers).
+// Positions past the block hold its first token's rows: finite, and no row
+// sees them, so their P is exactly 0 and they add nothing to O.
+void store_rows(uint tid, uint quad) {
+  [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
+    const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_QUADS + quad;
+    k_tile[at] = k_rows[j];
+    v_tile[at] = v_rows[j];
+  }
+}
+
+// Row r of Q (a query head of one query), lane h of pair (2r, 2r+1) holding
+// columns 8h..8h+7 of each 16-column tile. All of the row's loads are issued
+// together: between syncs they would be issued one after another, each paying
+// the full memory latency. (A row past the pass reads a live row's query; its
+// results are never written.)
+void load_q_row(uint query, uint head, uint half_index, out uvec4 quads[DTILES]) {
+  [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
+    quads[k] = Quads(pc.q).q[((query * pc.heads_q + head) * HEAD_DIM + k * TILE) / 8u + half_index];
+  }
+}
+
+// Q's rows into A matrices, one 16x16 tile at a time through the subgroup's staging tile.
+void stage_q(uvec4 quads[DTILES], uint r, uint half_index, uint sg, out MAT_A q[DTILES]) {
+  const uint at = sg * TILE * Q_STRIDE;
+  [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
+    [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+      const f16vec2 pair = unpackFloat2x16(quads[k][c]);
+      q_stage[at + (half_index * 8u + 2u * c) * Q_STRIDE + r] = pair.x;
+      q_stage[at + (half_index * 8u + 2u * c + 1u) * Q_STRIDE + r] = pair.y;
+    }
+    subgroup_sync();
+    coopMatLoad(q[k], q_stage, at, Q_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
+    subgroup_sync();
+  }
+}
+
+// S = Q K^T over the chunk: B(k, n) = K[token n][dim k] (K read column-major).
+// The 16-token tiles' accumulations are interleaved: independent chains of
+// matrix products overlap their latency instead of queueing behind one another.
+void compute_s(MAT_A q[DTILES], out ACC s[STILES]) {
+  [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) s[nb] = ACC(0.0);
+  [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
+    [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
+      MAT_B kt;
+      coopMatLoad(kt, k_tile, nb * TILE * ROW_QUADS + k * (TILE / 8u), ROW_QUADS, gl_CooperativeMatrixLayoutColumnMajor);
+      s[nb] = coopMatMulAdd(q[k], kt, s[nb]);
+    }
+  }
+}
+
+// O += P V for the chunk's 16-token tile nb.
+void accumulate_pv(MAT_A p, uint nb, inout ACC o[DTILES]) {
+  [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
+    MAT_B v;
+    coopMatLoad(v, v_tile, nb * TILE * ROW_QUADS + n * (TILE / 8u), ROW_QUADS, gl_CooperativeMatrixLayoutRowMajor);
+    o[n] = coopMatMulAdd(p, v, o[n]);
+  }
+}

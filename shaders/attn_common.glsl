@@ -12,6 +12,7 @@ layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Qu
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer OutWords { uint w[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer Floats { float f[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Vec4s { vec4 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer Vec2s { vec2 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Addresses { uint64_t a[]; };
 
 // Mirrors vulkan::PushConstants (vk_plan.hpp).

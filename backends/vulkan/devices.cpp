@@ -4,6 +4,7 @@
 
 #include "treeattn/backend.hpp"
 #include "treeattn/error.hpp"
+#include "coopmat_layout.hpp"
 #include "vulkan_backend.hpp"
 
 namespace treeattn {
@@ -54,12 +55,22 @@ std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions& options) {
     for (const CoopmatShape& s : c.coopmat_shapes) {
       r.cooperative_matrix_shapes.push_back(fmt::format("{}x{}x{} {}->{}", s.m, s.n, s.k, component_name(s.a), component_name(s.c)));
     }
+    // Which coopmat shader a device runs depends on its elements' layout, which
+    // only a dispatch shows: probed on a device opened for it.
+    bool fragment_layout = false;
+    if (options.vk_variant != "scalar" && c.coopmat_unsupported(false).empty()) {
+      try {
+        fragment_layout = coopmat_fragment_layout(Device(instance, c));
+      } catch (const Error&) {
+        // A device that cannot run the probe runs the shared-memory shader.
+      }
+    }
     for (auto [dtype, out] : {std::pair{DType::f16, &r.variant_f16}, std::pair{DType::bf16, &r.variant_bf16}}) {
       if (std::string why = c.scalar_unsupported(); !why.empty()) {
         *out = "none (" + why + ")";
       } else {
         try {
-          choose_variant(c, options.vk_variant, dtype, out);
+          choose_variant(c, options.vk_variant, dtype, fragment_layout, out);
         } catch (const Error& e) {
           *out = std::string("none (") + e.what() + ")";
         }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "coopmat_layout.hpp"
 #include "shaders.hpp"
 #include "spirv_bf16.hpp"
 #include "vk_check.hpp"
@@ -162,7 +163,8 @@ VulkanBackend::~VulkanBackend() {
   vkDestroyPipelineCache(device_->handle(), cache_, nullptr);
 }
 
-Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, std::string* reason) {
+Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, bool fragment_layout,
+                       std::string* reason) {
   const bool bf16 = inputs == DType::bf16;
   std::string why_not_coopmat;
 #ifdef TREEATTN_HAVE_VK_COOPMAT
@@ -173,32 +175,39 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
   auto say = [&](std::string text) {
     if (reason) *reason = std::move(text);
   };
+  const std::string shape = bf16 ? "VK_KHR_cooperative_matrix 16x16x16 bf16 -> f32, VK_KHR_shader_bfloat16"
+                                 : "VK_KHR_cooperative_matrix 16x16x16 f16 -> f32";
+  // Which coopmat shader, and why, once coopmat is decided.
+  auto coopmat = [&](bool shared_forced, const std::string& how) {
+    if (fragment_layout && !shared_forced) {
+      say("coopmat, softmax in registers (" + shape + ", elements in mma's fragment layout" + how + ")");
+      return Variant::coopmat_fragments;
+    }
+    say("coopmat, softmax through shared memory (" + shape +
+        (shared_forced ? ", forced by --vk-variant" : ", elements not in mma's fragment layout") + ")");
+    return Variant::coopmat_shared;
+  };
   if (forced == "scalar") {
     say("scalar (forced by --vk-variant)");
     return Variant::scalar;
   }
-  if (forced == "coopmat") {
+  if (forced == "coopmat" || forced == "coopmat-shared") {
     if (bf16 && !why_not_coopmat.empty() && caps.coopmat_unsupported(false).empty()) {
-      // The device runs the coopmat shader on f16 only.
-      say("scalar for bf16 inputs (coopmat forced, but " + why_not_coopmat + ")");
+      // The device runs the coopmat shaders on f16 only.
+      say("scalar for bf16 inputs (" + forced + " forced, but " + why_not_coopmat + ")");
       return Variant::scalar;
     }
     if (!why_not_coopmat.empty()) {
       throw Error(ErrorCategory::Backend,
-                  fmt::format("--vk-variant coopmat: Vulkan device {} cannot run it: {}", caps.name, why_not_coopmat));
+                  fmt::format("--vk-variant {}: Vulkan device {} cannot run it: {}", forced, caps.name, why_not_coopmat));
     }
-    say("coopmat (forced by --vk-variant)");
-    return Variant::coopmat;
+    return coopmat(forced == "coopmat-shared", ", forced by --vk-variant");
   }
   if (forced != "auto" && !forced.empty()) {
     throw Error(ErrorCategory::InvalidArgument,
-                fmt::format("unknown Vulkan variant '{}' (choose auto, scalar or coopmat)", forced));
+                fmt::format("unknown Vulkan variant '{}' (choose auto, scalar, coopmat or coopmat-shared)", forced));
   }
-  if (why_not_coopmat.empty()) {
-    say(bf16 ? "coopmat (VK_KHR_cooperative_matrix 16x16x16 bf16 -> f32, VK_KHR_shader_bfloat16)"
-             : "coopmat (VK_KHR_cooperative_matrix 16x16x16 f16 -> f32)");
-    return Variant::coopmat;
-  }
+  if (why_not_coopmat.empty()) return coopmat(false, "");
   say("scalar (coopmat: " + why_not_coopmat + ")");
   return Variant::scalar;
 }
@@ -227,17 +236,20 @@ const ComputePipeline& VulkanBackend::stage1_pipeline(Variant variant, int head_
       log_statistics(fmt::format("tree_attn_scalar (head_dim {}, {}-token stages)", head_dim, chunk), *slot);
     } else {
 #ifdef TREEATTN_HAVE_VK_COOPMAT
+      const bool fragments = variant == Variant::coopmat_fragments;
+      const SpirvModule f16 = fragments ? SpirvModule{spirv::tree_attn_coopmat_fragments, spirv::tree_attn_coopmat_fragments_words}
+                                        : SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words};
       // bf16 inputs: the same shader with its 16-bit float type declared bfloat16.
       const std::vector<std::uint32_t> bf16_words =
-          bf16 ? retype_f16_as_bf16(spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words) : std::vector<std::uint32_t>{};
-      const SpirvModule module = bf16 ? SpirvModule{bf16_words.data(), bf16_words.size()}
-                                      : SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words};
+          bf16 ? retype_f16_as_bf16(f16.words, f16.word_count) : std::vector<std::uint32_t>{};
+      const SpirvModule module = bf16 ? SpirvModule{bf16_words.data(), bf16_words.size()} : f16;
       const std::uint32_t chunk = coopmat_chunk_tokens(device_->caps(), head_dim);
       slot = std::make_unique<ComputePipeline>(*device_, cache_, module,
                                                std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk},
                                                std::uint32_t(sizeof(PushConstants)), 32, capture);
-      log_statistics(fmt::format("tree_attn_coopmat ({}, head_dim {}, {}-token stages)", bf16 ? "bf16" : "f16", head_dim,
-                                 chunk),
+      log_statistics(fmt::format("{} ({}, head_dim {}, {}-token stages)",
+                                 fragments ? "tree_attn_coopmat_fragments" : "tree_attn_coopmat", bf16 ? "bf16" : "f16",
+                                 head_dim, chunk),
                      *slot);
 #endif
     }
@@ -260,7 +272,12 @@ const ComputePipeline& VulkanBackend::merge_pipeline(int head_dim) {
 void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools) {
   check_supported(plan, a);
   std::string reason;
-  const Variant variant = choose_variant(device_->caps(), options_.vk_variant, a.q.dtype, &reason);
+  if (!fragment_layout_) {
+    // Probed once, and only where a coopmat shader may run.
+    fragment_layout_ = options_.vk_variant != "scalar" && device_->caps().coopmat_unsupported(false).empty() &&
+                       coopmat_fragment_layout(*device_);
+  }
+  const Variant variant = choose_variant(device_->caps(), options_.vk_variant, a.q.dtype, *fragment_layout_, &reason);
   if (options_.verbose && reason != logged_variant_) {
     std::fprintf(stderr, "treeattn: Vulkan shader variant: %s\n", reason.c_str());
     logged_variant_ = reason;
@@ -268,7 +285,7 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
   staged_.reset();  // frees the previous call's memory first
   auto s = std::make_unique<Staged>();
   s->variant = variant;
-  s->encoded = encode_plan(plan, variant == Variant::coopmat ? kCoopmatRowsPerPass : kScalarRowsPerPass);
+  s->encoded = encode_plan(plan, variant == Variant::scalar ? kScalarRowsPerPass : kCoopmatRowsPerPass);
 
   const DeviceCaps& caps = device_->caps();
   const std::uint64_t passes = s->encoded.passes;
@@ -372,10 +389,12 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
 }
 
 CostModel VulkanBackend::cost_model() const {
-  // The coopmat shader's coefficients, fitted to its timings on the H100
-  // (benchmarks/README.md, "Block size" under Vulkan): every pass runs 64 rows,
-  // so a 16-row tile costs the same, and two work groups share an SM (231
-  // registers).
+  // The coopmat shaders' coefficients, fitted to the shared-memory one's
+  // timings on the H100 (benchmarks/README.md, "Block size" under Vulkan):
+  // every pass runs 64 rows, so a 16-row tile costs the same, and two work
+  // groups share an SM (225-231 registers). The fragments shader, 1.11x faster
+  // there, plans as well with them: its tiles' costs scaled by 0.85 or 0.75
+  // moved DESIGN 1.001x and 0.993x (benchmarks/README.md, "Session 28").
   CostModel model = cost_model_for("h100");
   model.pass_ns = 1469.0;
   model.tile_ns_large = 3993.0;

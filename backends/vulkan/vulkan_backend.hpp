@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -19,13 +20,21 @@ namespace treeattn::vulkan {
 
 class CommandSequence;
 
-enum class Variant { scalar, coopmat };
+// scalar: tree_attn_scalar.comp (any device); coopmat_shared:
+// tree_attn_coopmat.comp (cooperative matrices, softmax through shared memory,
+// any layout); coopmat_fragments: tree_attn_coopmat_fragments.comp (softmax in
+// registers, where the matrices keep mma.sync's fragment layout).
+enum class Variant { scalar, coopmat_shared, coopmat_fragments };
 
 // The stage-1 shader variant for inputs of this dtype on this device: `forced`
 // is "auto" (coopmat where the device and this build can, else scalar),
-// "scalar" or "coopmat" (throws Backend saying why the device cannot). `reason`
+// "scalar", "coopmat" (throws Backend saying why the device cannot) or
+// "coopmat-shared" (the shared-memory softmax even where the fragments one
+// runs). The coopmat variants take the fragments shader when
+// `fragment_layout` (coopmat_fragment_layout() of the device). `reason`
 // receives the choice and why, for --verbose and `treeattn devices`.
-Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, std::string* reason = nullptr);
+Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, bool fragment_layout,
+                       std::string* reason = nullptr);
 
 class VulkanBackend final : public Backend {
  public:
@@ -65,6 +74,7 @@ class VulkanBackend final : public Backend {
   std::map<int, std::unique_ptr<ComputePipeline>> merge_;
   std::unique_ptr<Staged> staged_;
   std::string logged_variant_;
+  std::optional<bool> fragment_layout_;  // coopmat_fragment_layout() of the device, once probed
 };
 
 }  // namespace treeattn::vulkan

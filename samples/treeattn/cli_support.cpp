@@ -69,8 +69,10 @@ void BackendFlags::add_to(CLI::App& sub) {
                  "discrete GPU)")
       ->check(CLI::NonNegativeNumber);
   sub.add_option("--vk-variant", options.vk_variant,
-                 "Vulkan stage-1 shaders: auto (cooperative matrices where the device has them), scalar or coopmat")
-      ->check(CLI::IsMember({"auto", "scalar", "coopmat"}))
+                 "Vulkan stage-1 shaders: auto (cooperative matrices where the device has them), scalar, coopmat "
+                 "(softmax in registers where the matrices keep mma's fragment layout, probed; else through shared "
+                 "memory) or coopmat-shared (the shared-memory softmax anyway)")
+      ->check(CLI::IsMember({"auto", "scalar", "coopmat", "coopmat-shared"}))
       ->capture_default_str();
 }
 

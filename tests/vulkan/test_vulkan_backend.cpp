@@ -1,6 +1,7 @@
 // The Vulkan backend: the conformance suite (test_conformance.cpp) once per
 // shader variant this device runs (scalar everywhere, coopmat where the device
-// and the build have it), plus what is particular to Vulkan. The Khronos
+// and the build have it, and coopmat-shared too where coopmat runs the
+// fragments shader), plus what is particular to Vulkan. The Khronos
 // validation layer is on (ctest sets TREEATTN_VK_VALIDATION=1) and any message
 // it reports fails the program. Without a Vulkan device the program says so and
 // exits 77, which ctest reports as skipped.
@@ -8,6 +9,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,9 +19,11 @@
 
 #include <unistd.h>
 
+#include "../backends/vulkan/coopmat_layout.hpp"
 #include "../backends/vulkan/shaders.hpp"
 #include "../backends/vulkan/spirv_bf16.hpp"
 #include "../backends/vulkan/vk_device.hpp"
+#include "../backends/vulkan/vk_pipeline.hpp"
 #include "../backends/vulkan/vk_plan.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
@@ -238,13 +242,34 @@ TEST_CASE("the bf16 coopmat shader: the f16 build with its 16-bit float type dec
   const std::vector<std::uint32_t> truncated(in.begin(), in.end() - 1);
   CHECK_THROWS_WITH_AS(vulkan::retype_f16_as_bf16(truncated.data(), truncated.size()), doctest::Contains("malformed"), Error);
 #ifdef TREEATTN_HAVE_VK_COOPMAT
-  // The embedded coopmat shader keeps its 16-bit floats out of arithmetic, so
-  // it retypes (checked here, where no device runs it): two capabilities, the
+  // The embedded coopmat shaders keep their 16-bit floats out of arithmetic, so
+  // they retype (checked here, where no device runs them): two capabilities, the
   // extension (five words of name) and the encoding operand added.
-  const std::vector<std::uint32_t> shader =
-      vulkan::retype_f16_as_bf16(vulkan::spirv::tree_attn_coopmat, vulkan::spirv::tree_attn_coopmat_words);
-  CHECK(shader.size() == vulkan::spirv::tree_attn_coopmat_words + 2 * 2 + 6 + 1);
+  for (const vulkan::SpirvModule& m : {vulkan::SpirvModule{vulkan::spirv::tree_attn_coopmat, vulkan::spirv::tree_attn_coopmat_words},
+                                       vulkan::SpirvModule{vulkan::spirv::tree_attn_coopmat_fragments,
+                                                           vulkan::spirv::tree_attn_coopmat_fragments_words}}) {
+    const std::vector<std::uint32_t> shader = vulkan::retype_f16_as_bf16(m.words, m.word_count);
+    CHECK(shader.size() == m.word_count + 2 * 2 + 6 + 1);
+  }
 #endif
+}
+
+TEST_CASE("mma's fragment layout, as the fragments shader and the probe read it, covers each 16x16 element once") {
+  // 32 lanes x 8 elements onto 256 positions, and a lane's elements 2k and
+  // 2k + 1 adjacent in one row (the shader stores them as a pair).
+  std::vector<int> seen(256, 0);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 8; ++i) {
+      const int row = vulkan::fragment_row(lane, i), column = vulkan::fragment_column(lane, i);
+      REQUIRE((row >= 0 && row < 16 && column >= 0 && column < 16));
+      ++seen[row * 16 + column];
+      if (i % 2 == 1) {
+        CHECK(vulkan::fragment_row(lane, i - 1) == row);
+        CHECK(vulkan::fragment_column(lane, i - 1) == column - 1);
+      }
+    }
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 256);
 }
 
 TEST_CASE("the shaders' plan encoding: each pass row's tile words hold exactly the tokens its query sees") {
@@ -323,8 +348,11 @@ int main(int argc, char** argv) {
     std::printf("test_vulkan: no Vulkan device can run treeattn's shaders: skipping the Vulkan suite\n");
     return 77;
   }
+  // Where the device runs the fragments shader, the shared-memory one (what
+  // other layouts run) is tested on it too.
   std::vector<std::string> variants = {"scalar"};
   if (device->variant_f16.rfind("coopmat", 0) == 0) variants.push_back("coopmat");
+  if (device->variant_f16.rfind("coopmat, softmax in registers", 0) == 0) variants.push_back("coopmat-shared");
   int status = 0;
   for (const std::string& variant : variants) {
     std::printf("test_vulkan: %s, %s variant\n", device->name.c_str(), variant.c_str());

@@ -23,7 +23,7 @@ BackendKind parse_backend(const std::string& name);
 struct BackendOptions {
   int threads = 0;                   // CPU worker threads; 0: one per hardware thread
   int device = -1;                   // Vulkan device index; -1: TREEATTN_VK_DEVICE, else the first discrete GPU
-  std::string vk_variant = "auto";   // Vulkan stage-1 shaders: auto, scalar or coopmat
+  std::string vk_variant = "auto";   // Vulkan stage-1 shaders: auto, scalar, coopmat or coopmat-shared
   std::size_t vk_max_chunk_bytes = 0;  // split Vulkan KV pools into buffers of at most this size (0: the device's limit)
   std::uint32_t vk_max_dispatch_run = 0;  // most Vulkan work groups in a run along a dispatch's x (0: the device's limit)
   bool verbose = false;              // say on stderr which device and kernel variant run (CUDA: its occupancy too)

@@ -154,7 +154,8 @@ void compute_s(MAT_A q[DTILES], out ACC s[STILES]) {
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
     [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
       MAT_B kt;
-      coopMatLoad(kt, k_tile, nb * TILE * ROW_QUADS + k * (TILE / 8u), ROW_QUADS, gl_CooperativeMatrixLayoutColumnMajor);
+      coopMatLoad(kt, k_tile, nb * TILE * ROW_QUADS + k * (TILE / 8u), ROW_QUADS,
+                  gl_CooperativeMatrixLayoutColumnMajor);
       s[nb] = coopMatMulAdd(q[k], kt, s[nb]);
     }
   }

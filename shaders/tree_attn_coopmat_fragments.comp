@@ -84,7 +84,9 @@ void main() {
 
     // Issue the next chunk's loads now; they land while this chunk is computed.
     gather_rows(kv_head, quad);
-    [[unroll]] for (uint h = 0u; h < 2u; ++h) own_word[h] = fetch_visible(token_begin, own_tile_query[h], tokens, chunk0 + CHUNK);
+    [[unroll]] for (uint h = 0u; h < 2u; ++h) {
+      own_word[h] = fetch_visible(token_begin, own_tile_query[h], tokens, chunk0 + CHUNK);
+    }
     fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
     if (!subgroup_live) continue;
     // A chunk that none of the subgroup's rows sees would leave their state as it is.
@@ -110,7 +112,8 @@ void main() {
       chunk_max[h] = max(chunk_max[h], subgroupShuffleXor(chunk_max[h], 1u));
       chunk_max[h] = max(chunk_max[h], subgroupShuffleXor(chunk_max[h], 2u));
       new_max[h] = chunk_max[h] > running_max[h] + kSlack ? chunk_max[h] : running_max[h];
-      alpha[h] = new_max[h] == running_max[h] || running_max[h] == kNoReference ? 1.0 : exp2(running_max[h] - new_max[h]);
+      alpha[h] = new_max[h] == running_max[h] || running_max[h] == kNoReference ? 1.0
+                                                                                : exp2(running_max[h] - new_max[h]);
     }
     MAT_A p[STILES];
     float sum[2] = {0.0, 0.0};

@@ -33,7 +33,8 @@ bool coopmat_fragment_layout(const Device& device) {
   for (int lane = 0; lane < kLanes; ++lane) {
     for (int i = 0; i < kElements; ++i) {
       const float expected = float(fragment_row(lane, i) * 16 + fragment_column(lane, i));
-      if (words[(lane * kElements + i) * 2] != expected || words[(lane * kElements + i) * 2 + 1] != expected) return false;
+      const float* accumulator_and_a = &words[(lane * kElements + i) * 2];
+      if (accumulator_and_a[0] != expected || accumulator_and_a[1] != expected) return false;
     }
   }
   return true;

@@ -237,8 +237,9 @@ const ComputePipeline& VulkanBackend::stage1_pipeline(Variant variant, int head_
     } else {
 #ifdef TREEATTN_HAVE_VK_COOPMAT
       const bool fragments = variant == Variant::coopmat_fragments;
-      const SpirvModule f16 = fragments ? SpirvModule{spirv::tree_attn_coopmat_fragments, spirv::tree_attn_coopmat_fragments_words}
-                                        : SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words};
+      const SpirvModule f16 =
+          fragments ? SpirvModule{spirv::tree_attn_coopmat_fragments, spirv::tree_attn_coopmat_fragments_words}
+                    : SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words};
       // bf16 inputs: the same shader with its 16-bit float type declared bfloat16.
       const std::vector<std::uint32_t> bf16_words =
           bf16 ? retype_f16_as_bf16(f16.words, f16.word_count) : std::vector<std::uint32_t>{};

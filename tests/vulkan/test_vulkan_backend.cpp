@@ -245,9 +245,10 @@ TEST_CASE("the bf16 coopmat shader: the f16 build with its 16-bit float type dec
   // The embedded coopmat shaders keep their 16-bit floats out of arithmetic, so
   // they retype (checked here, where no device runs them): two capabilities, the
   // extension (five words of name) and the encoding operand added.
-  for (const vulkan::SpirvModule& m : {vulkan::SpirvModule{vulkan::spirv::tree_attn_coopmat, vulkan::spirv::tree_attn_coopmat_words},
-                                       vulkan::SpirvModule{vulkan::spirv::tree_attn_coopmat_fragments,
-                                                           vulkan::spirv::tree_attn_coopmat_fragments_words}}) {
+  using vulkan::SpirvModule;
+  for (const SpirvModule& m : {SpirvModule{vulkan::spirv::tree_attn_coopmat, vulkan::spirv::tree_attn_coopmat_words},
+                               SpirvModule{vulkan::spirv::tree_attn_coopmat_fragments,
+                                           vulkan::spirv::tree_attn_coopmat_fragments_words}}) {
     const std::vector<std::uint32_t> shader = vulkan::retype_f16_as_bf16(m.words, m.word_count);
     CHECK(shader.size() == m.word_count + 2 * 2 + 6 + 1);
   }

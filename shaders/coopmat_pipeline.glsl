@@ -55,8 +55,11 @@ const float kNoReference = -1.0e30;              // a row's reference before it 
 
 // K and V rows as they arrive (16 bytes per element: one store per load);
 // matrix loads reinterpret them as f16, offsets and strides in 16-byte units.
-shared uvec4 k_tile[CHUNK * ROW_QUADS];
-shared uvec4 v_tile[CHUNK * ROW_QUADS];
+// KV_STAGES chunks of them (the including shader declares KV_STAGES: with two,
+// a chunk's rows go into one stage while subgroups still read the other).
+const uint STAGE_QUADS = CHUNK * ROW_QUADS;  // one stage of the K (or V) tile
+shared uvec4 k_tile[KV_STAGES * STAGE_QUADS];
+shared uvec4 v_tile[KV_STAGES * STAGE_QUADS];
 shared float16_t q_stage[SUBGROUPS * TILE * Q_STRIDE];  // one 16x16 Q tile per subgroup on its way to registers
 
 // Orders this subgroup's shared-memory accesses, and nothing else: subgroupBarrier()
@@ -109,12 +112,12 @@ void gather_rows(uint kv_head, uint quad) {
   }
 }
 
-// The landed rows into the K/V tiles (between the chunk's two barriers).
+// The landed rows into the K/V tiles' stage at `base` (STAGE_QUADS apart).
 // Positions past the block hold its first token's rows: finite, and no row
 // sees them, so their P is exactly 0 and they add nothing to O.
-void store_rows(uint tid, uint quad) {
+void store_rows(uint tid, uint quad, uint base) {
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-    const uint at = (tid / QUADS + j * TOKEN_STEP) * ROW_QUADS + quad;
+    const uint at = base + (tid / QUADS + j * TOKEN_STEP) * ROW_QUADS + quad;
     k_tile[at] = k_rows[j];
     v_tile[at] = v_rows[j];
   }
@@ -149,12 +152,12 @@ void stage_q(uvec4 quads[DTILES], uint r, uint half_index, uint sg, out MAT_A q[
 // S = Q K^T over the chunk: B(k, n) = K[token n][dim k] (K read column-major).
 // The 16-token tiles' accumulations are interleaved: independent chains of
 // matrix products overlap their latency instead of queueing behind one another.
-void compute_s(MAT_A q[DTILES], out ACC s[STILES]) {
+void compute_s(MAT_A q[DTILES], uint base, out ACC s[STILES]) {
   [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) s[nb] = ACC(0.0);
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
     [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
       MAT_B kt;
-      coopMatLoad(kt, k_tile, nb * TILE * ROW_QUADS + k * (TILE / 8u), ROW_QUADS,
+      coopMatLoad(kt, k_tile, base + nb * TILE * ROW_QUADS + k * (TILE / 8u), ROW_QUADS,
                   gl_CooperativeMatrixLayoutColumnMajor);
       s[nb] = coopMatMulAdd(q[k], kt, s[nb]);
     }
@@ -162,10 +165,11 @@ void compute_s(MAT_A q[DTILES], out ACC s[STILES]) {
 }
 
 // O += P V for the chunk's 16-token tile nb.
-void accumulate_pv(MAT_A p, uint nb, inout ACC o[DTILES]) {
+void accumulate_pv(MAT_A p, uint nb, uint base, inout ACC o[DTILES]) {
   [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
     MAT_B v;
-    coopMatLoad(v, v_tile, nb * TILE * ROW_QUADS + n * (TILE / 8u), ROW_QUADS, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatLoad(v, v_tile, base + nb * TILE * ROW_QUADS + n * (TILE / 8u), ROW_QUADS,
+                gl_CooperativeMatrixLayoutRowMajor);
     o[n] = coopMatMulAdd(p, v, o[n]);
   }
 }

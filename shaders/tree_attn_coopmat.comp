@@ -9,6 +9,7 @@
 // S, P and the factor matrix are column-major with padded columns so the lanes
 // of a softmax step (16 rows of one column) hit 16 different banks.
 #extension GL_GOOGLE_include_directive : require
+const uint KV_STAGES = 1u;  // S and P take the shared memory a second stage would
 #include "coopmat_pipeline.glsl"
 
 const uint S_STRIDE = TILE + 4u;  // floats per column of S / the factor matrix
@@ -57,7 +58,7 @@ void main() {
 
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
     barrier();  // every subgroup is done with the previous chunk's K and V
-    store_rows(tid, quad);
+    store_rows(tid, quad, 0u);
     barrier();
 
     // Bit c: the row sees token chunk0 + c (rows past the pass see nothing).
@@ -77,7 +78,7 @@ void main() {
     if (subgroupAll(visible << (32u - CHUNK) == 0u)) continue;
 
     ACC s[STILES];
-    compute_s(q, s);
+    compute_s(q, 0u, s);
     [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
       coopMatStore(s[nb], scores, sg_s + nb * TILE * S_STRIDE, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
     }
@@ -128,7 +129,7 @@ void main() {
     [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
       MAT_A p;
       coopMatLoad(p, probs, sg_p + nb * TILE * P_STRIDE, P_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
-      accumulate_pv(p, nb, o);
+      accumulate_pv(p, nb, 0u, o);
     }
     subgroup_sync();  // P and the factors are read before the next chunk's S overwrites them
   }

@@ -11,6 +11,7 @@
 // accumulators straight to memory. Nothing of S or P goes through shared
 // memory (coopmat_pipeline.glsl has the pipeline both coopmat shaders share).
 #extension GL_GOOGLE_include_directive : require
+const uint KV_STAGES = 2u;  // one barrier a chunk (the chunk loop's comment says why)
 #include "coopmat_pipeline.glsl"
 
 const uint ELEMENTS = 8u;  // a lane's elements of a 16x16 matrix (subgroups of 32)
@@ -70,30 +71,33 @@ void main() {
   // lane's share of the sum (the four lanes' shares are added at the end).
   float running_max[2] = {kNoReference, kNoReference}, running_sum[2] = {0.0, 0.0};
 
-  for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
-    barrier();  // every subgroup is done with the previous chunk's K and V
-    store_rows(tid, quad);
-    barrier();
-
+  // Two K/V stages, one barrier a chunk: the stage written at the top of chunk
+  // c was last read in chunk c - 2, which every subgroup left before chunk
+  // c - 1's barrier. What needs no stage goes before the barrier: the next
+  // chunk's loads (in flight through it) and lookups, and this chunk's
+  // visibility bits (work for the wait). Over one stage and two barriers the
+  // loads after the barrier gained 1.009x, before it 1.02x; the landed rows
+  // stored after the math instead ran 0.88x (benchmarks/README.md, "Session 29").
+  for (uint chunk0 = 0u, base = 0u; chunk0 < tokens; chunk0 += CHUNK, base ^= STAGE_QUADS) {
+    store_rows(tid, quad, base);
+    gather_rows(kv_head, quad);
     // Bit c of row g + 8h's word: it sees token chunk0 + c (rows past the pass
     // see nothing). Shifted by 2t, each element tests a constant bit.
     uint lane_visible[2];
     [[unroll]] for (uint h = 0u; h < 2u; ++h) lane_visible[h] = own_live[h] ? own_word[h] >> (chunk0 % 32u) : 0u;
     const bool chunk_unseen = ((lane_visible[0] | lane_visible[1]) << (32u - CHUNK)) == 0u;
     [[unroll]] for (uint h = 0u; h < 2u; ++h) lane_visible[h] >>= 2u * t;
-
-    // Issue the next chunk's loads now; they land while this chunk is computed.
-    gather_rows(kv_head, quad);
     [[unroll]] for (uint h = 0u; h < 2u; ++h) {
       own_word[h] = fetch_visible(token_begin, own_tile_query[h], tokens, chunk0 + CHUNK);
     }
     fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
+    barrier();
     if (!subgroup_live) continue;
     // A chunk that none of the subgroup's rows sees would leave their state as it is.
     if (subgroupAll(chunk_unseen)) continue;
 
     ACC s[STILES];
-    compute_s(q, s);
+    compute_s(q, base, s);
 
     // Masked online softmax of rows g and g + 8, branch-free: the visibility
     // bit selects, and a masked logit's exp2(-inf - reference) is exactly 0.
@@ -132,7 +136,7 @@ void main() {
     [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
       [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) o[n][i] *= alpha[i >> 2];
     }
-    [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) accumulate_pv(p[nb], nb, o);
+    [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) accumulate_pv(p[nb], nb, base, o);
   }
   if (!subgroup_live) return;
 

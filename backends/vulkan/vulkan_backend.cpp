@@ -50,13 +50,17 @@ std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim) {
   return 8;
 }
 
-// Tokens per stage of the cooperative-matrix shader (tree_attn_coopmat.comp):
-// 32 (one 32-bit visibility word per query and stage) when its shared memory
-// fits — K and V rows padded by 16 bytes, per subgroup (4) one column of S (f32,
-// 20 per column) and of P (f16, 24 per column) per token — else 16.
-std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim) {
-  const std::uint32_t per_token = 2u * (2u * std::uint32_t(head_dim) + 16u) + 4u * (20u * 4u + 24u * 2u);
-  return 32u * per_token <= caps.shared_memory_bytes ? 32u : 16u;
+// Tokens per stage of the cooperative-matrix shaders: 32 (one 32-bit
+// visibility word per query and stage) when their shared memory fits, else 16.
+// Both hold each subgroup's 16x16 Q staging tile (48-byte columns) and K and V
+// rows padded by 16 bytes; the shared-memory softmax adds per subgroup a column
+// of S (f32, 20 per column) and of P (f16, 24 per column) per token, the
+// register one a second K/V stage (coopmat_pipeline.glsl).
+std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim, bool fragments) {
+  const std::uint32_t q_staging = 4u * 16u * 24u * 2u;
+  const std::uint32_t kv_stage = 2u * (2u * std::uint32_t(head_dim) + 16u);
+  const std::uint32_t per_token = fragments ? 2u * kv_stage : kv_stage + 4u * (20u * 4u + 24u * 2u);
+  return q_staging + 32u * per_token <= caps.shared_memory_bytes ? 32u : 16u;
 }
 
 // `count` work groups laid out in runs along x: one run where they fit in a
@@ -244,7 +248,7 @@ const ComputePipeline& VulkanBackend::stage1_pipeline(Variant variant, int head_
       const std::vector<std::uint32_t> bf16_words =
           bf16 ? retype_f16_as_bf16(f16.words, f16.word_count) : std::vector<std::uint32_t>{};
       const SpirvModule module = bf16 ? SpirvModule{bf16_words.data(), bf16_words.size()} : f16;
-      const std::uint32_t chunk = coopmat_chunk_tokens(device_->caps(), head_dim);
+      const std::uint32_t chunk = coopmat_chunk_tokens(device_->caps(), head_dim, fragments);
       slot = std::make_unique<ComputePipeline>(*device_, cache_, module,
                                                std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk},
                                                std::uint32_t(sizeof(PushConstants)), 32, capture);

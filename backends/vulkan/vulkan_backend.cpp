@@ -50,19 +50,6 @@ std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim) {
   return 8;
 }
 
-// Tokens per stage of the cooperative-matrix shaders: 32 (one 32-bit
-// visibility word per query and stage) when their shared memory fits, else 16.
-// Both hold each subgroup's 16x16 Q staging tile (48-byte columns) and K and V
-// rows padded by 16 bytes; the shared-memory softmax adds per subgroup a column
-// of S (f32, 20 per column) and of P (f16, 24 per column) per token, the
-// register one a second K/V stage (coopmat_pipeline.glsl).
-std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim, bool fragments) {
-  const std::uint32_t q_staging = 4u * 16u * 24u * 2u;
-  const std::uint32_t kv_stage = 2u * (2u * std::uint32_t(head_dim) + 16u);
-  const std::uint32_t per_token = fragments ? 2u * kv_stage : kv_stage + 4u * (20u * 4u + 24u * 2u);
-  return q_staging + 32u * per_token <= caps.shared_memory_bytes ? 32u : 16u;
-}
-
 // `count` work groups laid out in runs along x: one run where they fit in a
 // dispatch's x (any device takes 65 535), else full runs of the most x takes
 // (or `run_limit`, for tests), the last run ending early. The shaders number
@@ -216,6 +203,20 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
   return Variant::scalar;
 }
 
+// Both coopmat shaders hold each subgroup's 16x16 Q staging tile (48-byte
+// columns) and K and V rows padded by 16 bytes; the shared-memory softmax adds
+// per subgroup a column of S (f32, 20 per column) and of P (f16, 24 per column)
+// per token, the register one a second K/V stage (coopmat_pipeline.glsl).
+std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim, bool fragments) {
+  const std::uint32_t q_staging = 4u * 16u * 24u * 2u;
+  const std::uint32_t kv_stage = 2u * (2u * std::uint32_t(head_dim) + 16u);
+  const std::uint32_t per_token = fragments ? 2u * kv_stage : kv_stage + 4u * (20u * 4u + 24u * 2u);
+  for (std::uint32_t chunk : {32u, 16u}) {
+    if (q_staging + chunk * per_token <= caps.shared_memory_bytes) return chunk;
+  }
+  return 0;
+}
+
 // At --verbose, what the driver's compiler made of a pipeline (registers,
 // spills, shared memory, as far as the driver reports them): occupancy and
 // spills decide these shaders' speed and are otherwise invisible.
@@ -282,7 +283,13 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
     fragment_layout_ = options_.vk_variant != "scalar" && device_->caps().coopmat_unsupported(false).empty() &&
                        coopmat_fragment_layout(*device_);
   }
-  const Variant variant = choose_variant(device_->caps(), options_.vk_variant, a.q.dtype, *fragment_layout_, &reason);
+  Variant variant = choose_variant(device_->caps(), options_.vk_variant, a.q.dtype, *fragment_layout_, &reason);
+  if (variant == Variant::coopmat_fragments && coopmat_chunk_tokens(device_->caps(), plan.heads.head_dim, true) == 0) {
+    variant = Variant::coopmat_shared;
+    reason = fmt::format("coopmat, softmax through shared memory (the fragments shader's two K/V stages of head_dim {} "
+                         "exceed the device's {} KiB of shared memory)",
+                         plan.heads.head_dim, device_->caps().shared_memory_bytes / 1024);
+  }
   if (options_.verbose && reason != logged_variant_) {
     std::fprintf(stderr, "treeattn: Vulkan shader variant: %s\n", reason.c_str());
     logged_variant_ = reason;

@@ -36,6 +36,13 @@ enum class Variant { scalar, coopmat_shared, coopmat_fragments };
 Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, bool fragment_layout,
                        std::string* reason = nullptr);
 
+// Tokens per shared-memory stage of a coopmat stage-1 shader at `head_dim`
+// (`fragments`: tree_attn_coopmat_fragments.comp, else tree_attn_coopmat.comp):
+// 32 (one 32-bit visibility word per query and stage) or 16, the most that fit
+// the device's shared memory; 0 when neither does (the backend then runs the
+// shared-memory shader in place of the fragments one).
+std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim, bool fragments);
+
 class VulkanBackend final : public Backend {
  public:
   // Throws Backend naming the reason when no usable Vulkan device exists.

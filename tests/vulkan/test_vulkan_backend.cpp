@@ -25,6 +25,7 @@
 #include "../backends/vulkan/vk_device.hpp"
 #include "../backends/vulkan/vk_pipeline.hpp"
 #include "../backends/vulkan/vk_plan.hpp"
+#include "../backends/vulkan/vulkan_backend.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
 #include "support/plan_check.hpp"
@@ -271,6 +272,25 @@ TEST_CASE("mma's fragment layout, as the fragments shader and the probe read it,
     }
   }
   CHECK(std::count(seen.begin(), seen.end(), 1) == 256);
+}
+
+TEST_CASE("the coopmat shaders' stages: 32 tokens where they fit the shared memory, else 16, else none") {
+  // Sizes from the shaders' shared arrays: Q staging 3 072 bytes, a K and a V
+  // row of 2 head_dim + 16 bytes per token and stage, and per token either a
+  // second stage (fragments) or four subgroups' S and P columns (512 bytes).
+  vulkan::DeviceCaps nvidia;
+  nvidia.shared_memory_bytes = 48 * 1024;
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 64, true) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, true) == 32);  // 37 888 bytes
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, true) == 16);  // 36 864 (70 656 at 32)
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, false) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, false) == 16);
+  vulkan::DeviceCaps least;  // the least shared memory a coopmat device has (coopmat_unsupported)
+  least.shared_memory_bytes = 32 * 1024;
+  CHECK(vulkan::coopmat_chunk_tokens(least, 64, true) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 128, true) == 16);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 256, true) == 0);  // the backend runs the shared-memory shader
+  CHECK(vulkan::coopmat_chunk_tokens(least, 256, false) == 16);
 }
 
 TEST_CASE("the shaders' plan encoding: each pass row's tile words hold exactly the tokens its query sees") {

@@ -71,8 +71,9 @@ void main() {
   float running_max = -1.0 / 0.0, sum = 0.0;
   // Eight partials a step where more than four are left, else four: one round
   // of loads for a query's usual 5-8 partials, and no rereads for the 2-4 of
-  // short trees (eight on every step lost up to 0.7 % there, sixteen 0.8 %
-  // overall; benchmarks/README.md, "Session 30").
+  // short trees (eight on every step cost those up to 0.7 %; sixteen where
+  // more than eight are left cost 0.4 % overall: benchmarks/README.md,
+  // "Session 30").
   for (uint m = first; m < last;) {
     if (last - m > 4u) {
       add_partials(m, last, 8u, head, d0, acc, running_max, sum);

@@ -407,8 +407,16 @@ CostModel VulkanBackend::cost_model() const {
   // groups share an SM (225-231 registers). The fragments shader, 1.11x faster
   // there, plans as well with them: its tiles' costs scaled by 0.85 or 0.75
   // moved DESIGN 1.001x and 0.993x (benchmarks/README.md, "Session 28").
+  //
+  // A pass's fixed cost is 2 500 ns, not the fit's 1 469: the fragments
+  // shader's clock counters put a work group's start at 5 000-9 000 cycles
+  // (its chain of loads before the first chunk) and its end at 600-2 500.
+  // Only one DESIGN plan moves, 1x1024/4x256/16x128/512x32 with flatten to
+  // 512-token blocks, 1.087x (DESIGN flatten 1.009x, three rounds); four
+  // greedy peer plans move, 0.97-1.07x, 1.000x over the 57
+  // (benchmarks/README.md, "Session 31").
   CostModel model = cost_model_for("h100");
-  model.pass_ns = 1469.0;
+  model.pass_ns = 2500.0;
   model.tile_ns_large = 3993.0;
   model.tile_ns_small = 3972.0;
   model.slots = 2.0 * model.sms;

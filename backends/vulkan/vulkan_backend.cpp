@@ -155,7 +155,7 @@ VulkanBackend::~VulkanBackend() {
 }
 
 Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, bool fragment_layout,
-                       std::string* reason) {
+                       int head_dim, std::string* reason) {
   const bool bf16 = inputs == DType::bf16;
   std::string why_not_coopmat;
 #ifdef TREEATTN_HAVE_VK_COOPMAT
@@ -171,8 +171,14 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
   // Which coopmat shader, and why, once coopmat is decided.
   auto coopmat = [&](bool shared_forced, const std::string& how) {
     if (fragment_layout && !shared_forced) {
-      say("coopmat, softmax in registers (" + shape + ", elements in mma's fragment layout" + how + ")");
-      return Variant::coopmat_fragments;
+      if (head_dim == 0 || coopmat_chunk_tokens(caps, head_dim, true) > 0) {
+        say("coopmat, softmax in registers (" + shape + ", elements in mma's fragment layout" + how + ")");
+        return Variant::coopmat_fragments;
+      }
+      say(fmt::format("coopmat, softmax through shared memory (the fragments shader's two K/V stages of head_dim {} "
+                      "exceed the device's {} KiB of shared memory)",
+                      head_dim, caps.shared_memory_bytes / 1024));
+      return Variant::coopmat_shared;
     }
     say("coopmat, softmax through shared memory (" + shape +
         (shared_forced ? ", forced by --vk-variant" : ", elements not in mma's fragment layout") + ")");
@@ -283,13 +289,8 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
     fragment_layout_ = options_.vk_variant != "scalar" && device_->caps().coopmat_unsupported(false).empty() &&
                        coopmat_fragment_layout(*device_);
   }
-  Variant variant = choose_variant(device_->caps(), options_.vk_variant, a.q.dtype, *fragment_layout_, &reason);
-  if (variant == Variant::coopmat_fragments && coopmat_chunk_tokens(device_->caps(), plan.heads.head_dim, true) == 0) {
-    variant = Variant::coopmat_shared;
-    reason = fmt::format("coopmat, softmax through shared memory (the fragments shader's two K/V stages of head_dim {} "
-                         "exceed the device's {} KiB of shared memory)",
-                         plan.heads.head_dim, device_->caps().shared_memory_bytes / 1024);
-  }
+  const Variant variant = choose_variant(device_->caps(), options_.vk_variant, a.q.dtype, *fragment_layout_,
+                                         plan.heads.head_dim, &reason);
   if (options_.verbose && reason != logged_variant_) {
     std::fprintf(stderr, "treeattn: Vulkan shader variant: %s\n", reason.c_str());
     logged_variant_ = reason;

@@ -31,9 +31,11 @@ enum class Variant { scalar, coopmat_shared, coopmat_fragments };
 // "scalar", "coopmat" (throws Backend saying why the device cannot) or
 // "coopmat-shared" (the shared-memory softmax even where the fragments one
 // runs). The coopmat variants take the fragments shader when
-// `fragment_layout` (coopmat_fragment_layout() of the device). `reason`
-// receives the choice and why, for --verbose and `treeattn devices`.
-Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, bool fragment_layout,
+// `fragment_layout` (coopmat_fragment_layout() of the device) and its two K/V
+// stages of `head_dim` fit the shared memory (0: any head_dim, as `treeattn
+// devices` lists them). `reason` receives the choice and why, for --verbose
+// and `treeattn devices`.
+Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, bool fragment_layout, int head_dim,
                        std::string* reason = nullptr);
 
 // Tokens per shared-memory stage of a coopmat stage-1 shader at `head_dim`

@@ -2,6 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <filesystem>
+
+#ifdef _WIN32
+#include <windows.h>
+#endif
+
 #include "treeattn/error.hpp"
 
 namespace treeattn::cli {
@@ -30,7 +37,39 @@ const ReasoningTree& complete_tree(const std::vector<ReasoningTree>& trees, std:
   throw Error(ErrorCategory::InvalidArgument, fmt::format("{}: fewer complete trees than asked for", file));
 }
 
+std::filesystem::path executable_path() {
+#ifdef _WIN32
+  std::wstring path(MAX_PATH, L'\0');
+  for (;;) {
+    const DWORD n = GetModuleFileNameW(nullptr, path.data(), DWORD(path.size()));
+    if (n < path.size()) return std::filesystem::path(path.substr(0, n));
+    path.resize(path.size() * 2);
+  }
+#else
+  std::error_code error;
+  return std::filesystem::read_symlink("/proc/self/exe", error);
+#endif
+}
+
+// A workload file, or an error that says where it was looked for and how to point elsewhere.
+std::string workload_file(const WorkloadOptions& o, const std::string& relative) {
+  const std::string path = fmt::format("{}/{}", o.workloads_dir, relative);
+  if (!std::filesystem::exists(path)) {
+    throw Error(ErrorCategory::Io, fmt::format("workload file {} not found (the DeFT workloads directory is {}; "
+                                               "set --workloads-dir or TREEATTN_WORKLOADS_DIR)",
+                                               path, o.workloads_dir));
+  }
+  return path;
+}
+
 }  // namespace
+
+std::string default_workloads_dir() {
+  if (const char* dir = std::getenv("TREEATTN_WORKLOADS_DIR"); dir != nullptr && *dir != '\0') return dir;
+  const std::filesystem::path exe = executable_path();
+  if (exe.empty()) return TREEATTN_WORKLOADS_FROM_BINDIR;
+  return (exe.parent_path() / TREEATTN_WORKLOADS_FROM_BINDIR).lexically_normal().string();
+}
 
 const std::vector<std::string>& workload_kinds() {
   static const std::vector<std::string> kinds = {"fewshot", "speculative", "reasoning", "levels", "random"};
@@ -38,7 +77,7 @@ const std::vector<std::string>& workload_kinds() {
 }
 
 void WorkloadOptions::add_to(CLI::App& sub) {
-  sub.add_option("--workloads-dir", workloads_dir, "DeFT workload files (speculative/*.json, reasoning/*.json)")
+  sub.add_option("--workloads-dir", workloads_dir, "DeFT workload files (speculative/*.json, reasoning/*.json); default: $TREEATTN_WORKLOADS_DIR, else share/treeattn/workloads/deft beside the executable")
       ->capture_default_str();
   sub.add_option("--prompt", prompt, "fewshot: prompt tokens")->check(CLI::PositiveNumber)->capture_default_str();
   sub.add_option("--branches", branches, "fewshot: branches (comma-separated)")->delimiter(',')->check(CLI::PositiveNumber)->capture_default_str();
@@ -77,12 +116,12 @@ std::vector<NamedScenario> make_scenarios(const std::string& kind, const Workloa
     }
   } else if (kind == "speculative") {
     for (int t : o.tree_sizes) {
-      const MedusaWorkload w = load_medusa(fmt::format("{}/speculative/APPS_tree_size{}.json", o.workloads_dir, t));
+      const MedusaWorkload w = load_medusa(workload_file(o, fmt::format("speculative/APPS_tree_size{}.json", t)));
       out.push_back({fmt::format("speculative t={}", t), speculative_scenario(w, o.spec_record)});
     }
   } else if (kind == "reasoning") {
     for (const std::string& file : o.reasoning) {
-      const std::string path = fmt::format("{}/reasoning/{}.json", o.workloads_dir, file);
+      const std::string path = workload_file(o, fmt::format("reasoning/{}.json", file));
       const std::vector<ReasoningTree> trees = load_reasoning(path);
       out.push_back({fmt::format("reasoning {}", file), reasoning_scenario(complete_tree(trees, o.reasoning_tree, path))});
     }

@@ -14,8 +14,14 @@
 
 namespace treeattn::cli {
 
+// Where `bench` and `demo` find the DeFT workload files (speculative/, reasoning/):
+// $TREEATTN_WORKLOADS_DIR when it is set, else the directory installed beside the
+// executable (share/treeattn/workloads/deft under the prefix; the build tree
+// mirrors that layout). --workloads-dir overrides both.
+std::string default_workloads_dir();
+
 struct WorkloadOptions {
-  std::string workloads_dir = TREEATTN_DEFAULT_WORKLOADS;  // holds speculative/ and reasoning/
+  std::string workloads_dir = default_workloads_dir();     // holds speculative/ and reasoning/
   std::int64_t prompt = 4000;                              // few-shot prompt tokens
   std::vector<int> branches = {20, 30, 50};
   std::int64_t generated = 400;

@@ -23,9 +23,10 @@ struct Result {
 };
 
 // Runs the CLI with `args`; captures stderr (and stdout unless `stderr_only`).
-Result cli(const std::string& args, bool stderr_only = false) {
+// `shell_prefix` goes before the program (a `cd`, environment settings).
+Result cli(const std::string& args, bool stderr_only = false, const std::string& shell_prefix = "") {
   const std::string command =
-      std::string(TREEATTN_CLI) + " " + args + (stderr_only ? " 2>&1 >/dev/null" : " 2>&1");
+      shell_prefix + std::string(TREEATTN_CLI) + " " + args + (stderr_only ? " 2>&1 >/dev/null" : " 2>&1");
   FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string output;
@@ -325,6 +326,25 @@ TEST_CASE("bench covers the paper workloads and model shapes") {
   CHECK(rows[0]["kv_io_reduction"].get<double>() == doctest::Approx(20.0 * 4400 / 12000));
   CHECK(rows[4]["model"] == "codellama-34b");
   CHECK(rows[4]["heads_q"] == 64);
+}
+
+TEST_CASE("the workload records ship beside the executable; --workloads-dir and the variable override them") {
+  // From another directory, with no variable set: the copy under share/treeattn/workloads.
+  TempDir dir;
+  const std::string speculative = "bench --workload speculative --tree-size 32 --backend none --repeat 1";
+  const Result found = cli(speculative, false, "cd " + dir.path + " && env -u TREEATTN_WORKLOADS_DIR ");
+  CHECK_MESSAGE(found.status == 0, found.output);
+  CHECK(found.output.find("speculative t=32") != std::string::npos);
+
+  // A directory without them: the error names the file, the directory and both ways to set it.
+  const Result flag = cli(speculative + " --workloads-dir " + dir.path, true);
+  CHECK(flag.status == 1);
+  CHECK(flag.output.find(dir.path + "/speculative/APPS_tree_size32.json not found") != std::string::npos);
+  CHECK(flag.output.find("--workloads-dir or TREEATTN_WORKLOADS_DIR") != std::string::npos);
+  const Result variable = cli("bench --workload reasoning --reasoning keywordToT --backend none", true,
+                              "TREEATTN_WORKLOADS_DIR=" + dir.path + " ");
+  CHECK(variable.status == 1);
+  CHECK(variable.output.find(dir.path + "/reasoning/keywordToT.json not found") != std::string::npos);
 }
 
 TEST_CASE("bench snapshots a reasoning tree at any iteration") {

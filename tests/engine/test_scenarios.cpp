@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -20,7 +21,11 @@ using namespace treeattn;
 
 namespace {
 
-const std::string kWorkloads = TREEATTN_WORKLOADS;
+// ctest sets TREEATTN_WORKLOADS_DIR to the repository's data/workloads/deft.
+const std::string kWorkloads = [] {
+  const char* dir = std::getenv("TREEATTN_WORKLOADS_DIR");
+  return std::string(dir != nullptr ? dir : "data/workloads/deft");
+}();
 const HeadConfig kHeads{32, 8, 128, 0.0f};
 
 std::map<std::int64_t, int> depth_histogram(const Tree& tree, bool leaves_only) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Compares a `treeattn bench --workload levels --json` run with the peer timings
-of ../shared/anchors/peers_h100.csv (same tree shapes and head configurations).
+of benchmarks/peers_h100.csv (same tree shapes and head configurations; docs/performance.md
+says how the peers were measured).
 
 usage: benchmarks/compare_peers.py BENCH.json [PEERS.csv] [--strategy flatten] [--block-tokens auto] [--bound]
        benchmarks/compare_peers.py --bench-args [PEERS.csv]
@@ -23,7 +24,7 @@ from statistics import geometric_mean as geomean
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("bench", nargs="?")
-parser.add_argument("peers", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "anchors", "peers_h100.csv"))
+parser.add_argument("peers", nargs="?", default=os.path.join(os.path.dirname(__file__), "peers_h100.csv"))
 parser.add_argument("--strategy", default="flatten")
 parser.add_argument("--block-tokens", help="only the rows of this --block-tokens value (a bench sweep has several)")
 parser.add_argument("--bound", action="store_true", help="add the roofline bound on each speedup (see above)")

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Compares `treeattn bench --json` runs: the A/B behind every speedup the README and the
-measurement log (benchmarks/README.md) quote.
+"""Compares `treeattn bench --json` runs: the A/B behind every speedup docs/performance.md quotes.
 
 Two forms:
     compare_runs.py BASE.json VARIANT.json [VARIANT2.json ...]   builds against each other

@@ -13,10 +13,10 @@ fitted by least squares on relative error (every row weighs the same whatever it
 kept non-negative: for each solo_speedup of a grid, the rows are split by which term the model says
 binds, the linear fit is redone on that split until it stops changing, and the solo_speedup with the
 smallest median error wins (rows without the longest pass only take the throughput term; fanin_ns is held
-at 0 when no row has the plan's max_fanin, which bench reports since session 23). Prints the
+at 0 when no row has the plan's max_fanin). Prints the
 coefficients as `--cost` takes them and the fit's error.
 
-Example: benchmarks/fit_cost_model.py benchmarks/h100/anchors_cuda_flatten_greedy.json --slots 396
+Example: benchmarks/fit_cost_model.py benchmarks/h100/greedy_fit_flatten_greedy.json --slots 396
          benchmarks/fit_cost_model.py vulkan_rows.json --slots 264 --fix partial_ns=169
 """
 import argparse

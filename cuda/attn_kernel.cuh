@@ -129,7 +129,7 @@ __device__ __forceinline__ void store_out_pair(void* o, OutType type, std::int64
 // Partials are written to be read once by the merge: kept in L2 ahead of the
 // KV lines streaming past (evict_last), so the merge finds them there — as far
 // as the L2 set-aside for such lines goes (about 10 MB on the H100; larger
-// partial sets still reach HBM; benchmarks/README.md, "Kernel history").
+// partial sets still reach HBM; docs/performance.md).
 __device__ __forceinline__ std::uint64_t l2_keep_policy() {
   std::uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));

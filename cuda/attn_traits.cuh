@@ -80,7 +80,7 @@ struct AttnTraits {
   // spilled at head_dim 128, and capped for two (209 registers, no spills) an
   // sm_80-only build ran 1.19x faster even on the H100, where three CTAs fit;
   // the A100's 164 KB of shared memory holds only two of these 67 KB CTAs
-  // anyway (benchmarks/README.md, "The mma.sync build").
+  // anyway (docs/performance.md).
 #if defined(TREEATTN_WGMMA)
   static constexpr int kMinBlocksPerSM = kStages == 2 ? 3 : kStages == 3 ? 2 : 1;
 #else

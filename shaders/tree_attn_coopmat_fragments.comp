@@ -77,7 +77,7 @@ void main() {
   // chunk's loads (in flight through it) and lookups, and this chunk's
   // visibility bits (work for the wait). Over one stage and two barriers the
   // loads after the barrier gained 1.009x, before it 1.02x; the landed rows
-  // stored after the math instead ran 0.88x (benchmarks/README.md, "Session 29").
+  // stored after the math instead ran 0.88x (docs/performance.md).
   for (uint chunk0 = 0u, base = 0u; chunk0 < tokens; chunk0 += CHUNK, base ^= STAGE_QUADS) {
     store_rows(tid, quad, base);
     gather_rows(kv_head, quad);

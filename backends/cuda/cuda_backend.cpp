@@ -85,7 +85,7 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
 }
 
 CostModel CudaBackend::cost_model() const {
-  CostModel model = cost_model_for("h100");  // fitted on the H100 (README); other GPUs scale by their slots
+  CostModel model = cost_model_for("h100");  // fitted on the H100 (docs/greedy.md); other GPUs scale by their slots
   if (slots_ > 0.0) {
     model.slots = slots_;
     model.sms = sms_;

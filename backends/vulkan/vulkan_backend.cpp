@@ -403,11 +403,11 @@ void VulkanBackend::record_layer(CommandSequence& sequence, const Plan& plan, co
 
 CostModel VulkanBackend::cost_model() const {
   // The coopmat shaders' coefficients, fitted to the shared-memory one's
-  // timings on the H100 (benchmarks/README.md, "Block size" under Vulkan):
+  // timings on the H100 (docs/performance.md under Vulkan):
   // every pass runs 64 rows, so a 16-row tile costs the same, and two work
   // groups share an SM (225-231 registers). The fragments shader, 1.11x faster
   // there, plans as well with them: its tiles' costs scaled by 0.85 or 0.75
-  // moved DESIGN 1.001x and 0.993x (benchmarks/README.md, "Session 28").
+  // moved DESIGN 1.001x and 0.993x (docs/performance.md).
   //
   // A pass's fixed cost is 2 500 ns, not the fit's 1 469: the fragments
   // shader's clock counters put a work group's start at 5 000-9 000 cycles
@@ -415,7 +415,7 @@ CostModel VulkanBackend::cost_model() const {
   // Only one DESIGN plan moves, 1x1024/4x256/16x128/512x32 with flatten to
   // 512-token blocks, 1.087x (DESIGN flatten 1.009x, three rounds); four
   // greedy peer plans move, 0.97-1.07x, 1.000x over the 57
-  // (benchmarks/README.md, "Session 31").
+  // (benchmarks/h100/vulkan_start_latency_and_pass_cost.json).
   CostModel model = cost_model_for("h100");
   model.pass_ns = 2500.0;
   model.tile_ns_large = 3993.0;
@@ -443,7 +443,7 @@ CostModel VulkanBackend::cost_model() const {
   // the small 16/1 and 32/8 peer trees (0.998x). Up to 2048 tokens: long
   // prompts under many queries and the wide 32/32 trees take longer blocks
   // (the peer shapes 1.020x over 1024, up to 1.23x; few-shot b=50 0.982x at
-  // 1216 tokens instead of 384, DESIGN 0.999x; benchmarks/README.md, "Vulkan").
+  // 1216 tokens instead of 384, DESIGN 0.999x; docs/performance.md).
   model.auto_block_min = 192;
   model.auto_block_max = 2048;
   // Greedy's own layouts are mispredicted more here than on CUDA, so flatten's

@@ -283,7 +283,7 @@ std::vector<std::int64_t> query_path_tokens(const Topology& topo, const Visibili
 // runs, which the model's coefficients charge every plan a share of: it
 // replaces a layout with partials when predicted faster than that layout's
 // time plus merge_ns. It wins where a tree's KV is small and the merge is a
-// large part of the step (the one-KV-head peer shapes; README, "greedy").
+// large part of the step (the one-KV-head peer shapes; docs/greedy.md).
 void consider_one_item_per_query(const Tree& tree, const Topology& topo, const Visibility& vis,
                                  const PlanOptions& options, GreedyDecision& decision) {
   if (!decision.partials || options.cost.switch_gain == 0.0) return;  // 0: greedy's own layout, always

@@ -214,7 +214,7 @@ TEST_CASE("the planner launches the blocks with the longest passes first where i
   // Greedy's groups of a FastTree shape are blocks of very different lengths:
   // launched depth-first, the 1 024-token prefix's passes start last and run
   // on a few SMs after the others have emptied (H100: 29.8 -> 26.3 us a layer
-  // launched longest first; benchmarks/README.md, "Launch order").
+  // launched longest first; benchmarks/h100/launch_order.json).
   const Tree tree = level_tree({16, 1, 128}, {1, 4, 16, 512}, {1024, 256, 128, 32});
   PlanOptions options;
   options.strategy = Strategy::greedy;

@@ -15,8 +15,8 @@
 // estimate_cost() times a whole plan by placing its CTAs on the SMs in launch
 // order (simulate_step_ns), plus the partials over the slots and fanin_ns per
 // partial of the query with the most (the merge's latency). The H100 defaults
-// were fitted to the CUDA backend's timings (README, "The greedy strategy";
-// benchmarks/README.md, "Block size").
+// were fitted to the CUDA backend's timings (docs/greedy.md and
+// docs/performance.md).
 
 #include <cstdint>
 #include <string>
@@ -44,7 +44,7 @@ struct CostModel {
   // Few-shot blocks on the H100 ran a 64-token tile in 1.65 us alone, 2.19
   // with two CTAs on the SM and 2.72 with three, but a lone CTA of a tree at
   // the HBM limit streams about twice its full-SM pace, and 2 plans few-shot's
-  // blocks better than 1.75 (benchmarks/README.md, "Block size").
+  // blocks better than 1.75 (docs/performance.md).
   double solo_speedup = 2.0;
   // The same speedup in greedy's analytic step time (step_time_us), which
   // decides its long-context splits: at 2 it split small trees' passes too
@@ -53,7 +53,7 @@ struct CostModel {
   // Slots that free at the same moment (equal CTAs finish together): any
   // positive value refills them one CTA per SM a round, as at launch, which
   // the H100's CUDA timings bear out (a plan of 1.3 waves runs as 1.3, not 2;
-  // benchmarks/README.md, "Block size"); 0 fills each such SM's slots before
+  // docs/performance.md); 0 fills each such SM's slots before
   // the next SM's, the placement the Vulkan backend's plans were measured
   // better with.
   double refill_spread = 1.0;
@@ -71,7 +71,7 @@ struct CostModel {
   double switch_gain = 1.2;
   // The merge kernel's cost beyond its partial rows: its launch and its chain
   // of dependent loads (H100: 2.0-3.2 us on the DESIGN trees, plus 0.8 us of
-  // launch gap; benchmarks/README.md, "Timelines"). The coefficients above
+  // launch gap; docs/performance.md). The coefficients above
   // were fitted to plans that all had partials and carry it spread over their
   // terms, so it is charged only where a plan without partials competes with
   // one that has them: greedy's layout of one item per query, which skips the
@@ -85,7 +85,7 @@ struct CostModel {
   // against 18.1 at 512). Swept on the H100 (0, 250, 500, 1000): 500 ran the
   // CUDA backend's DESIGN trees 1.013-1.015x (flatten) and 1.011x (greedy)
   // faster, the peer shapes 1.001x, the Vulkan backend's 1.002x and 1.000x;
-  // 1000 cost the Vulkan backend 2 % (benchmarks/README.md, "The merge's fan-in").
+  // 1000 cost the Vulkan backend 2 % (docs/performance.md).
   double fanin_ns = 500.0;
   // Launch order: the plan's KV blocks (each with its items) go out longest
   // pass first when the placement predicts that order this many times faster

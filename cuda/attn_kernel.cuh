@@ -299,8 +299,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int head = row_head(thread_row(h));
-    const std::uint32_t* q_row = reinterpret_cast<const std::uint32_t*>(static_cast<const Element*>(p.q) +
-                                                                      (std::int64_t(max(q_query[h], 0)) * p.heads_q + head) * D);
+    const std::uint32_t* q_row = reinterpret_cast<const std::uint32_t*>(
+        static_cast<const Element*>(p.q) + std::int64_t(max(q_query[h], 0)) * p.q_row_stride + head * D);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       qf[kk][h] = q_query[h] < 0 ? 0u : q_row[kk * 8 + t4];
@@ -486,15 +486,20 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   // Where row `row` of the pass goes: the query's O and LSE when this item is its
   // only one, else its partial slot (looked up once per row, not per element).
   struct RowDest {
-    std::int64_t index;  // (query or partial) * heads_q + head
+    std::int64_t out;    // the row's first element in O (strided rows) or in the partials
+    std::int32_t index;  // (query or partial) * heads_q + head: its element of LSE or of the partial LSEs
     bool direct;
+  };
+  static_assert(sizeof(RowDest) == 16, "the split-KV path keeps 16 of them in shared memory (AttnTraits::kMergeBytes)");
+  auto make_dest = [&](std::int32_t target, int head, bool direct) {
+    const std::int32_t index = target * p.heads_q + head;
+    return RowDest{direct ? std::int64_t(target) * p.o_row_stride + head * D : std::int64_t(index) * D, index, direct};
   };
   auto row_dest = [&](int row) {
     const int entry = c.q0 + (c.row0 + row) / p.group;
-    const int head = row_head(c.row0 + row);
     const int partial = p.tile_partial[entry];
     const bool direct = partial == kDirectWrite;
-    return RowDest{std::int64_t(direct ? p.tile_query[entry] : partial) * p.heads_q + head, direct};
+    return make_dest(direct ? p.tile_query[entry] : partial, row_head(c.row0 + row), direct);
   };
   auto write_lse = [&](const RowDest& d, float lse) {
     if (!d.direct) p.partial_lse[d.index] = lse;
@@ -508,15 +513,15 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       if (thread_row(h) >= c.row_end) continue;
       const int head = row_head(thread_row(h));
       const bool direct = row_target[h] < 0;
-      const RowDest d{std::int64_t(direct ? -2 - row_target[h] : row_target[h]) * p.heads_q + head, direct};
+      const RowDest d = make_dest(direct ? -2 - row_target[h] : row_target[h], head, direct);
       const float inv = 1.0f / row_sum[h];
       if (d.direct) {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-          store_out_pair(p.o, p.out_type, d.index * D + n * 8 + t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
+          store_out_pair(p.o, p.out_type, d.out + n * 8 + t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
         }
       } else {
-        float* out = p.partial_o + d.index * D;
+        float* out = p.partial_o + d.out;
         const std::uint64_t keep = l2_keep_policy();
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) store_partial2(out + n * 8 + t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv, keep);
@@ -549,7 +554,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     }
     RowDest* dests = reinterpret_cast<RowDest*>(red_sum + Traits::kWarps * 16);  // [16]
     const int rows_here = min(16, c.row_end - c.row0);
-    const RowDest my_dest = tid < rows_here ? row_dest(tid) : RowDest{0, false};  // in flight over the barrier
+    const RowDest my_dest = tid < rows_here ? row_dest(tid) : RowDest{0, 0, false};  // in flight over the barrier
     __syncthreads();
     // One thread per row: the row's log-sum-exp, its destination, and each
     // warp's weight exp2(max_w - max) / sum (in place of the warp's row sum).
@@ -586,10 +591,10 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       }
       const RowDest d = dests[row];
       if (d.direct) {
-        store_out_pair(p.o, p.out_type, d.index * D + col, value.x, value.y);
-        store_out_pair(p.o, p.out_type, d.index * D + col + 2, value.z, value.w);
+        store_out_pair(p.o, p.out_type, d.out + col, value.x, value.y);
+        store_out_pair(p.o, p.out_type, d.out + col + 2, value.z, value.w);
       } else {
-        store_partial4(p.partial_o + d.index * D + col, value, keep);
+        store_partial4(p.partial_o + d.out + col, value, keep);
       }
     }
   }
@@ -605,6 +610,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
   const int pass = int(blockIdx.x / unsigned(p.heads_kv));
   const int kv_head = int(blockIdx.x % unsigned(p.heads_kv));
   const PassInfo info = p.passes[pass];
+  if (info.row_end <= info.row_begin) return;  // past the plan's passes (a graph-stable grid holds more)
   const PassContext ctx{p, info.tile_begin, info.tile_end - info.tile_begin, info.row_end, info.row_begin, info.query_begin, kv_head};
   // A pass of at most 16 rows (a small tile, or a large tile's last rows) splits
   // the KV tile among the warps instead of giving three of them padding rows.
@@ -615,8 +621,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
 // One warp per (query, query head), kMergeWarps to a CTA, each lane owning
 // head_dim / 32 adjacent channels (one 16-byte load per partial at head_dim
-// 128). The warp reads 32 partials' slots (merge_begin's range itself when
-// the planner numbered them in order) and LSEs at a time, one per lane,
+// 128). The warp reads 32 partials' LSEs at a time (the query's slots are
+// merge_begin's range itself: KernelParams), one per lane,
 // takes their maximum with shuffles, and then every lane folds the partials in
 // CSR order with a running max, so the merge is one pass and deterministic; the
 // loads of kBatch partials are in flight together (the merge is latency-bound).
@@ -626,7 +632,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 // held to the eight CTAs (64 registers) it ran at before it was a template.
 constexpr int kMergeWarps = 4;
 constexpr int kMergeBatch = 8;
-constexpr int kMergeLeanBatch = 4;
 template <int HeadDim, int kBatch>
 constexpr int merge_min_blocks() {
   if (HeadDim > 128) return 1;
@@ -638,10 +643,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kB
   constexpr int kChannels = HeadDim / 32;  // per lane: 2, 4 or 8
   const int lane = threadIdx.x % 32;
   const std::int64_t pair = std::int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
-  if (pair >= std::int64_t(p.num_queries) * p.heads_q) return;
+  if (pair >= std::int64_t(p.max_queries) * p.heads_q) return;
   const int query = int(pair / p.heads_q), head = int(pair % p.heads_q);
   const int m0 = p.merge_begin[query], m1 = p.merge_begin[query + 1];
-  if (m0 == m1) return;  // written directly by stage 1
+  if (m0 == m1) return;  // written directly by stage 1, or past the plan's queries
 
   float max_lse = TREEATTN_NEG_INF, sum = 0.0f, acc[kChannels];
 #pragma unroll
@@ -651,7 +656,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kB
     int my_slot = 0;
     float my_lse = TREEATTN_NEG_INF;
     if (lane < n) {
-      my_slot = p.merge_in_order ? c0 + lane : p.merge_partial[c0 + lane];
+      my_slot = c0 + lane;
       my_lse = p.partial_lse[std::int64_t(my_slot) * p.heads_q + head];
     }
     // kBatch partials' loads go out before any of them is summed: one
@@ -694,7 +699,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kB
       }
     }
   }
-  const std::int64_t out = (std::int64_t(query) * p.heads_q + head) * HeadDim + lane * kChannels;
+  const std::int64_t out = std::int64_t(query) * p.o_row_stride + head * HeadDim + lane * kChannels;
 #pragma unroll
   for (int c = 0; c < kChannels; c += 2) store_out_pair(p.o, p.out_type, out + c, acc[c] / sum, acc[c + 1] / sum);
   if (p.lse != nullptr && lane == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);

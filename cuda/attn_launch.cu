@@ -16,20 +16,25 @@ __device__ int stage1_uses_wgmma = 0;
 #endif
 
 template <int HeadDim, typename Element>
-cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
+cudaError_t set_shared_memory() {
   using Traits = AttnTraits<HeadDim, Element>;
-  auto kernel = tree_attn_partial_kernel<Traits>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  if (p.num_passes > 0) {
-    const unsigned ctas = unsigned(p.num_passes) * unsigned(p.heads_kv);
-    kernel<<<ctas, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  return cudaFuncSetAttribute(tree_attn_partial_kernel<Traits>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              Traits::kSmemBytes);
+}
+
+template <int HeadDim, typename Element>
+cudaError_t launch(const KernelParams& p, const LaunchGeometry& g, cudaStream_t stream) {
+  using Traits = AttnTraits<HeadDim, Element>;
+  cudaError_t err = cudaSuccess;
+  if (g.passes > 0) {
+    const unsigned ctas = unsigned(g.passes) * unsigned(p.heads_kv);
+    tree_attn_partial_kernel<Traits><<<ctas, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  if (p.num_partials > 0) {  // else stage 1 wrote every query: the merge would only return
-    const std::int64_t pairs = std::int64_t(p.num_queries) * p.heads_q;
+  if (g.queries > 0) {
+    const std::int64_t pairs = std::int64_t(g.queries) * p.heads_q;
     const unsigned ctas = unsigned((pairs + kMergeWarps - 1) / kMergeWarps);
-    if (p.merge_fanin <= kMergeLeanBatch) {
+    if (g.lean_merge) {
       tree_attn_merge_kernel<HeadDim, kMergeLeanBatch><<<ctas, kMergeWarps * 32, 0, stream>>>(p);
     } else {
       tree_attn_merge_kernel<HeadDim, kMergeBatch><<<ctas, kMergeWarps * 32, 0, stream>>>(p);
@@ -40,11 +45,11 @@ cudaError_t launch(const KernelParams& p, cudaStream_t stream) {
 }
 
 template <typename Element>
-cudaError_t launch_for_dim(const KernelParams& p, int head_dim, cudaStream_t stream) {
+cudaError_t launch_for_dim(const KernelParams& p, const LaunchGeometry& g, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch<64, Element>(p, stream);
-    case 128: return launch<128, Element>(p, stream);
-    case 256: return launch<256, Element>(p, stream);
+    case 64: return launch<64, Element>(p, g, stream);
+    case 128: return launch<128, Element>(p, g, stream);
+    case 256: return launch<256, Element>(p, g, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -84,9 +89,19 @@ Stage1Occupancy stage1_occupancy(int head_dim) {
   return Stage1Occupancy{};
 }
 
-cudaError_t launch_tree_attention(const KernelParams& params, int head_dim, bool bf16, cudaStream_t stream) {
-  return bf16 ? launch_for_dim<__nv_bfloat16>(params, head_dim, stream)
-              : launch_for_dim<__half>(params, head_dim, stream);
+cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim, bool bf16,
+                                  cudaStream_t stream) {
+  return bf16 ? launch_for_dim<__nv_bfloat16>(params, geometry, head_dim, stream)
+              : launch_for_dim<__half>(params, geometry, head_dim, stream);
+}
+
+cudaError_t prepare_kernels() {
+  for (cudaError_t err : {set_shared_memory<64, __half>(), set_shared_memory<128, __half>(),
+                          set_shared_memory<256, __half>(), set_shared_memory<64, __nv_bfloat16>(),
+                          set_shared_memory<128, __nv_bfloat16>(), set_shared_memory<256, __nv_bfloat16>()}) {
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace treeattn::cuda

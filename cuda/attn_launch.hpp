@@ -29,8 +29,23 @@ struct Stage1Occupancy {
 };
 Stage1Occupancy stage1_occupancy(int head_dim);
 
+// The grids of one call. A growing workspace launches exactly its plan's
+// passes and queries; a graph-stable one launches its capacities, so the grids
+// never change between decode steps, and the kernels skip what the plan's
+// StepCounts leave out.
+struct LaunchGeometry {
+  std::int32_t passes = 0;   // stage-1 CTAs per KV head
+  std::int32_t queries = 0;  // merge (query, head) warps over heads_q; 0: no merge
+  bool lean_merge = false;   // every query merges at most kMergeLeanBatch partials
+};
+
 // Stage 1 over every work item and KV head, then the stage-2 merge.
 // head_dim is 64, 128 or 256; bf16 selects bf16 inputs (else f16).
-cudaError_t launch_tree_attention(const KernelParams& params, int head_dim, bool bf16, cudaStream_t stream);
+cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim, bool bf16,
+                                  cudaStream_t stream);
+
+// Sets the stage-1 kernels' shared-memory limit, once per process and device
+// before any launch (not per launch: a graph capture must hold kernels only).
+cudaError_t prepare_kernels();
 
 }  // namespace treeattn::cuda

@@ -7,6 +7,11 @@
 
 namespace treeattn::cuda {
 
+// The merge's lean variant takes a query's partials four at a time (half the
+// registers in flight, more CTAs an SM): launched for plans whose queries
+// merge at most that many (attn_kernel.cuh, tree_attn_merge_kernel).
+inline constexpr int kMergeLeanBatch = 4;
+
 enum class OutType : std::int32_t { f16 = 0, bf16 = 1, f32 = 2 };
 
 // The token map of one 64-token KV tile of a work item: each token's KV-pool
@@ -36,39 +41,41 @@ struct alignas(16) PassInfo {
 static_assert(sizeof(PassInfo) == 32, "a pass is two 16-byte loads");
 
 struct KernelParams {
-  // Tensors (DESIGN §2 layouts).
+  // Tensors (DESIGN §2 layouts). Q and O rows (one per query) may be strided:
+  // row i starts at element i * row stride; heads and head_dim are dense.
   const void* q;      // [num_queries, heads_q, head_dim]  f16 or bf16
   const void* k;      // [slots, heads_kv, head_dim]
   const void* v;
   void* o;            // [num_queries, heads_q, head_dim]  out_type
   float* lse;         // [num_queries, heads_q] or null
+  std::int64_t q_row_stride;  // elements between queries' rows of Q (heads_q * head_dim when dense)
+  std::int64_t o_row_stride;  // and of O
   float* partial_o;   // [num_partials, heads_q, head_dim]
   float* partial_lse; // [num_partials, heads_q]
 
   // The Plan's arrays the kernels read (plan.hpp documents them).
   const std::int32_t* tile_query;
   const std::int32_t* tile_partial;
-  const std::int32_t* merge_begin;
-  const std::int32_t* merge_partial;
-  // Derived at upload (DevicePlan): each item's tokens as KV-pool slots and
+  const std::int32_t* merge_begin;  // partial slots are numbered in CSR order (Workspace::upload renumbers a
+                                    // plan that numbers them otherwise), so a query's are [begin, next begin)
+  // Derived at upload (Workspace::upload): each item's tokens as KV-pool slots and
   // masks (item_token_map in plan.hpp), one record per 64-token tile, so a CTA
   // fetches each tile's map beside the tiles before it, at any block length;
   // and every item's passes, item-major, so the grid is exactly the passes.
   const TileMap* tile_map;
-  const PassInfo* passes;  // [num_passes]
+  // [the workspace's passes]: the plan's, then empty records (no rows), so a
+  // graph-stable grid's CTAs past the plan's return at once.
+  const PassInfo* passes;
 
-  std::int32_t num_passes;
-  std::int32_t num_queries;
-  std::int32_t num_partials;  // 0: every query is written by stage 1, and no merge runs
+  // The workspace's queries: merge_begin holds max_queries + 1 offsets, the
+  // plan's and then its last repeated (queries without partials), so merge
+  // warps past the plan's queries return at once.
+  std::int32_t max_queries;
   std::int32_t heads_q;
   std::int32_t heads_kv;
   std::int32_t group;       // heads_q / heads_kv
   OutType out_type;
   float scale_log2;         // softmax scale * log2(e): logits in base 2
-  // merge_partial is 0, 1, 2, ... (as the planner numbers partials): the merge
-  // takes a query's slots from merge_begin alone, one dependent load fewer.
-  std::int32_t merge_in_order;
-  std::int32_t merge_fanin;  // the most partials one query merges (picks the merge's variant)
 };
 
 }  // namespace treeattn::cuda

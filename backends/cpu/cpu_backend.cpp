@@ -110,7 +110,7 @@ void CpuBackend::run_item(const Plan& plan, const AttentionArgs& a, std::int32_t
     const std::uint64_t bit = std::uint64_t(1) << j;
     for (int r = 0; r < group; ++r) {
       const int head = kv_head * group + r;
-      load_row(a.q, (std::size_t(query) * std::size_t(hq) + std::size_t(head)) * std::size_t(d), d, sc.q.data());
+      load_row(a.q, std::size_t(query) * std::size_t(a.q.row_pitch()) + std::size_t(head) * std::size_t(d), d, sc.q.data());
 
       float max_score = -std::numeric_limits<float>::infinity();
       local = 0;
@@ -145,7 +145,7 @@ void CpuBackend::run_item(const Plan& plan, const AttentionArgs& a, std::int32_t
       const float inv = 1.0f / sum;
       const float lse = max_score + std::log(sum);
       if (partial == kDirect) {
-        const std::size_t out = (std::size_t(query) * std::size_t(hq) + std::size_t(head)) * std::size_t(d);
+        const std::size_t out = std::size_t(query) * std::size_t(a.o.row_pitch()) + std::size_t(head) * std::size_t(d);
         for (int c = 0; c < d; ++c) store_from_float(a.o.data, a.o.dtype, out + std::size_t(c), sc.acc[std::size_t(c)] * inv);
         if (a.lse.data) static_cast<float*>(a.lse.data)[std::size_t(query) * std::size_t(hq) + std::size_t(head)] = lse;
       } else {
@@ -180,7 +180,7 @@ void CpuBackend::merge_query(const Plan& plan, const AttentionArgs& a, std::int3
       for (int c = 0; c < d; ++c) acc[std::size_t(c)] += w * o[c];
     }
     const float inv = 1.0f / sum;
-    const std::size_t out = (std::size_t(query) * std::size_t(hq) + std::size_t(head)) * std::size_t(d);
+    const std::size_t out = std::size_t(query) * std::size_t(a.o.row_pitch()) + std::size_t(head) * std::size_t(d);
     for (int c = 0; c < d; ++c) store_from_float(a.o.data, a.o.dtype, out + std::size_t(c), acc[std::size_t(c)] * inv);
     if (a.lse.data) static_cast<float*>(a.lse.data)[std::size_t(query) * std::size_t(hq) + std::size_t(head)] = max_lse + std::log(sum);
   }

@@ -9,40 +9,10 @@
 #include <vector>
 
 #include "../../cuda/attn_launch.hpp"
+#include "device_scope.hpp"
 
 namespace treeattn::cuda {
-
-void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
-  throw Error(ErrorCategory::Backend, fmt::format("CUDA: {} failed: {} ({}) at {}:{}", call, cudaGetErrorName(err),
-                                                  cudaGetErrorString(err), file, line));
-}
-
-int device_count() noexcept {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
-}
-
 namespace {
-
-// HBM peak from the memory clock and bus width (double data rate).
-double device_peak_gbps(int device) {
-  int clock_khz = 0, bus_bits = 0;
-  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0.0;
-  }
-  return 2.0 * double(clock_khz) * 1e3 * double(bus_bits) / 8.0 / 1e9;
-}
-
-OutType out_type(DType dtype) {
-  switch (dtype) {
-    case DType::f16: return OutType::f16;
-    case DType::bf16: return OutType::bf16;
-    case DType::f32: return OutType::f32;
-  }
-  return OutType::f32;
-}
 
 void check_supported(const Plan& plan, const AttentionArgs& args) {
   check_args(plan, args);
@@ -51,31 +21,28 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
   }
 }
 
+// Copies `rows` rows of `row_bytes` between memories whose rows are `from_pitch` and `to_pitch` bytes apart.
+void copy_rows(void* to, std::size_t to_pitch, const void* from, std::size_t from_pitch, std::size_t row_bytes,
+               std::size_t rows, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (rows == 0) return;
+  TREEATTN_CUDA_CHECK(cudaMemcpy2DAsync(to, to_pitch, from, from_pitch, row_bytes, rows, kind, stream));
+}
+
+std::size_t pitch_bytes(const TensorRef& t) { return std::size_t(t.row_pitch()) * dtype_size(t.dtype); }
+std::size_t row_bytes(const TensorRef& t) { return std::size_t(t.row_elements()) * dtype_size(t.dtype); }
+std::size_t rows(const TensorRef& t) { return t.shape.empty() ? 0 : std::size_t(t.shape[0]); }
+
 }  // namespace
 
-CudaBackend::CudaBackend(const BackendOptions& options) {
-  const int count = device_count();
-  if (count == 0) {
-    int runtime = 0, driver = 0;
-    cudaRuntimeGetVersion(&runtime);
-    cudaDriverGetVersion(&driver);
-    cudaGetLastError();
-    throw Error(ErrorCategory::Backend,
-                fmt::format("no CUDA device (runtime {}, driver {}): use --backend cpu", runtime, driver));
-  }
-  TREEATTN_CUDA_CHECK(cudaSetDevice(0));
+CudaBackend::CudaBackend(const BackendOptions& options)
+    : options_(options), context_(options.device >= 0 ? options.device : 0), workspace_(context_) {
+  DeviceScope scope(context_.device());
   TREEATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  peak_gbps_ = device_peak_gbps(0);
-  int sms = 0;
-  TREEATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  sms_ = double(sms);
-  const Stage1Occupancy stage1 = stage1_occupancy(128);
-  slots_ = double(sms) * double(stage1.ctas_per_sm);
   if (options.verbose) {
-    cudaDeviceProp prop{};
-    TREEATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::fprintf(stderr, "treeattn: CUDA device 0: %s (sm_%d%d, %d SMs, %.0f GB/s)\n", prop.name, prop.major,
-                 prop.minor, sms, peak_gbps_);
+    const DeviceInfo& d = context_.info();
+    std::fprintf(stderr, "treeattn: CUDA device %d: %s (sm_%d%d, %d SMs, %.0f GB/s)\n", d.index, d.name.c_str(),
+                 d.sm_major, d.sm_minor, d.sms, d.peak_gbps);
+    const Stage1Occupancy stage1 = stage1_occupancy(128);
     std::fprintf(stderr,
                  "treeattn: CUDA stage 1 (head_dim 128): %s, code for sm_%d from compute_%d, %d registers, %d bytes "
                  "spilled, %d KiB shared memory, %d CTAs an SM\n",
@@ -84,53 +51,39 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
   }
 }
 
-CostModel CudaBackend::cost_model() const {
-  CostModel model = cost_model_for("h100");  // fitted on the H100 (docs/greedy.md); other GPUs scale by their slots
-  if (slots_ > 0.0) {
-    model.slots = slots_;
-    model.sms = sms_;
-  }
-  return model;
-}
-
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-void CudaBackend::enqueue(const DevicePlan& plan, const AttentionArgs& a, cudaStream_t stream) {
-  KernelParams p = plan.params();
-  p.q = a.q.data;
-  p.k = a.k.data;
-  p.v = a.v.data;
-  p.o = a.o.data;
-  p.lse = static_cast<float*>(a.lse.data);
-  p.out_type = out_type(a.o.dtype);
-  TREEATTN_CUDA_CHECK(launch_tree_attention(p, plan.head_dim(), a.q.dtype == DType::bf16, stream));
-}
-
-void CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a) {
-  plan_.upload(plan, stream_);
-  q_.reserve(a.q.bytes());
-  k_.reserve(a.k.bytes());
-  v_.reserve(a.v.bytes());
+AttentionArgs CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a) {
+  check_supported(plan, a);
+  workspace_.upload(plan, stream_);
+  q_.reserve(std::max<std::size_t>(a.q.bytes(), 16));
+  k_.reserve(std::max<std::size_t>(a.k.bytes(), 16));
+  v_.reserve(std::max<std::size_t>(a.v.bytes(), 16));
   o_.reserve(std::max<std::size_t>(a.o.bytes(), 16));
   lse_.reserve(std::max<std::size_t>(a.lse.data ? a.lse.bytes() : 0, 16));
-  TREEATTN_CUDA_CHECK(cudaMemcpyAsync(q_.data(), a.q.data, a.q.bytes(), cudaMemcpyHostToDevice, stream_));
+  copy_rows(q_.data(), row_bytes(a.q), a.q.data, pitch_bytes(a.q), row_bytes(a.q), rows(a.q), cudaMemcpyHostToDevice,
+            stream_);
   TREEATTN_CUDA_CHECK(cudaMemcpyAsync(k_.data(), a.k.data, a.k.bytes(), cudaMemcpyHostToDevice, stream_));
   TREEATTN_CUDA_CHECK(cudaMemcpyAsync(v_.data(), a.v.data, a.v.bytes(), cudaMemcpyHostToDevice, stream_));
-}
-
-void CudaBackend::run(const Plan& plan, const AttentionArgs& a) {
-  check_supported(plan, a);
-  stage_inputs(plan, a);
-  AttentionArgs device = a;
+  AttentionArgs device = a;  // dense on the device
   device.q.data = q_.data();
+  device.q.row_stride = 0;
   device.k.data = k_.data();
   device.v.data = v_.data();
   device.o.data = o_.data();
+  device.o.row_stride = 0;
   device.lse.data = a.lse.data ? lse_.data() : nullptr;
-  enqueue(plan_, device, stream_);
-  TREEATTN_CUDA_CHECK(cudaMemcpyAsync(a.o.data, o_.data(), a.o.bytes(), cudaMemcpyDeviceToHost, stream_));
+  return device;
+}
+
+void CudaBackend::run(const Plan& plan, const AttentionArgs& a) {
+  DeviceScope scope(context_.device());
+  const AttentionArgs device = stage_inputs(plan, a);
+  workspace_.enqueue(device, stream_);
+  copy_rows(a.o.data, pitch_bytes(a.o), o_.data(), row_bytes(a.o), row_bytes(a.o), rows(a.o), cudaMemcpyDeviceToHost,
+            stream_);
   if (a.lse.data) {
     TREEATTN_CUDA_CHECK(cudaMemcpyAsync(a.lse.data, lse_.data(), a.lse.bytes(), cudaMemcpyDeviceToHost, stream_));
   }
@@ -138,8 +91,16 @@ void CudaBackend::run(const Plan& plan, const AttentionArgs& a) {
 }
 
 std::vector<double> CudaBackend::time_layers(const Plan& plan, const AttentionArgs& a, int layers, int repeats) {
-  check_supported(plan, a);
-  stage_inputs(plan, a);
+  DeviceScope scope(context_.device());
+  const AttentionArgs staged = stage_inputs(plan, a);
+  // The layers run on the growing workspace staged_inputs uploaded to, or on a
+  // graph-stable one of the plan's limits times the headroom.
+  std::unique_ptr<Workspace> fixed;
+  if (options_.cuda_graph_headroom >= 1.0) {
+    fixed = std::make_unique<Workspace>(context_, WorkspaceLimits::of(plan).with_headroom(options_.cuda_graph_headroom));
+    fixed->upload(plan, stream_);
+  }
+  const Workspace& workspace = fixed ? *fixed : workspace_;
   // Each layer reads its own copy of the KV pool, as a model's layers do, so L2
   // carries nothing from one layer to the next; as many pools as fit in 80 % of
   // free memory, the layers cycling over them beyond that.
@@ -173,13 +134,11 @@ std::vector<double> CudaBackend::time_layers(const Plan& plan, const AttentionAr
   } release{graph, exec, start, stop};
   TREEATTN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   for (int l = 0; l < layers; ++l) {
-    AttentionArgs device = a;
-    device.q.data = q_.data();
+    AttentionArgs device = staged;
     device.k.data = kv[std::size_t(l % pools)].data();
     device.v.data = kv[std::size_t(l % pools)].as<unsigned char>() + a.k.bytes();
-    device.o.data = o_.data();
     device.lse.data = nullptr;
-    enqueue(plan_, device, stream_);
+    workspace.enqueue(device, stream_);
   }
   TREEATTN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   TREEATTN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -199,7 +158,8 @@ std::vector<double> CudaBackend::time_layers(const Plan& plan, const AttentionAr
     TREEATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     us.push_back(double(ms) * 1e3);
   }
-  TREEATTN_CUDA_CHECK(cudaMemcpyAsync(a.o.data, o_.data(), a.o.bytes(), cudaMemcpyDeviceToHost, stream_));
+  copy_rows(a.o.data, pitch_bytes(a.o), o_.data(), row_bytes(a.o), row_bytes(a.o), rows(a.o), cudaMemcpyDeviceToHost,
+            stream_);
   TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return us;
 }

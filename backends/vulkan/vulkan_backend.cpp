@@ -38,6 +38,10 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
   if (args.q.dtype == DType::f32) {
     throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
   }
+  if (!args.q.dense() || !args.o.dense()) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("Vulkan backend: Q and O must be dense (got Q {}, O {})", describe(args.q), describe(args.o)));
+  }
 }
 
 // Tokens per shared-memory stage of the scalar shader: K and V (2 bytes each)

@@ -44,9 +44,26 @@ void expect_shape(const char* name, const TensorRef& t, std::vector<std::int64_t
   if (t.data == nullptr && t.numel() > 0) fail(ErrorCategory::InvalidArgument, "{} has no data", name);
 }
 
+// Q and O rows may be strided (16-byte aligned: the kernels load and store
+// element pairs and vectors); every other tensor is dense.
+void expect_row_stride(const char* name, const TensorRef& t, bool strided_ok) {
+  if (t.dense()) return;
+  if (!strided_ok) {
+    fail(ErrorCategory::InvalidArgument, "{} is {}: it must be dense (row stride 0 or {})", name, describe(t),
+         t.row_elements());
+  }
+  const std::int64_t align = std::int64_t(16 / dtype_size(t.dtype));
+  if (t.row_stride < t.row_elements() || t.row_stride % align != 0) {
+    fail(ErrorCategory::InvalidArgument, "{} is {}: the row stride must be at least {} and a multiple of {} (16 bytes)",
+         name, describe(t), t.row_elements(), align);
+  }
+}
+
 }  // namespace
 
-void check_args(const Plan& plan, const AttentionArgs& a) {
+CallShape CallShape::of(const Plan& plan) { return CallShape{plan.heads, plan.num_queries, plan.min_kv_slots}; }
+
+void check_args(const CallShape& plan, const AttentionArgs& a) {
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, hkv = plan.heads.heads_kv,
                      d = plan.heads.head_dim;
   expect_shape("Q", a.q, {nq, hq, d}, "queries, heads_q, head_dim");
@@ -69,6 +86,11 @@ void check_args(const Plan& plan, const AttentionArgs& a) {
     expect_shape("LSE", a.lse, {nq, hq}, "queries, heads_q");
     if (a.lse.dtype != DType::f32) fail(ErrorCategory::InvalidArgument, "LSE must be f32, got {}", to_string(a.lse.dtype));
   }
+  expect_row_stride("Q", a.q, true);
+  expect_row_stride("K", a.k, false);
+  expect_row_stride("V", a.v, false);
+  expect_row_stride("O", a.o, true);
+  expect_row_stride("LSE", a.lse, false);
 }
 
 }  // namespace treeattn

@@ -15,6 +15,10 @@ std::int64_t product(const std::vector<std::int64_t>& shape) noexcept {
 
 std::int64_t TensorRef::numel() const noexcept { return product(shape); }
 
+std::int64_t TensorRef::row_elements() const noexcept {
+  return shape.empty() ? 1 : product(std::vector<std::int64_t>(shape.begin() + 1, shape.end()));
+}
+
 HostArray::HostArray(DType dtype_, std::vector<std::int64_t> shape_)
     : dtype(dtype_), shape(std::move(shape_)) {
   bytes.assign(std::size_t(numel()) * dtype_size(dtype), 0);
@@ -23,7 +27,8 @@ HostArray::HostArray(DType dtype_, std::vector<std::int64_t> shape_)
 std::int64_t HostArray::numel() const noexcept { return product(shape); }
 
 std::string describe(const TensorRef& t) {
-  return fmt::format("[{}] {}", fmt::join(t.shape, ", "), to_string(t.dtype));
+  if (t.dense()) return fmt::format("[{}] {}", fmt::join(t.shape, ", "), to_string(t.dtype));
+  return fmt::format("[{}] {} row stride {}", fmt::join(t.shape, ", "), to_string(t.dtype), t.row_stride);
 }
 
 }  // namespace treeattn

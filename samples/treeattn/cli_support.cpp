@@ -65,8 +65,8 @@ void BackendFlags::add_to(CLI::App& sub) {
   sub.add_option("--threads", options.threads, "CPU backend threads (0: one per hardware thread)")
       ->check(CLI::NonNegativeNumber);
   sub.add_option("--device", options.device,
-                 "Vulkan device index (`treeattn devices` lists them; default: $TREEATTN_VK_DEVICE, else the first "
-                 "discrete GPU)")
+                 "GPU index: CUDA device (default 0), or Vulkan device (`treeattn devices` lists them; default: "
+                 "$TREEATTN_VK_DEVICE, else the first discrete GPU)")
       ->check(CLI::NonNegativeNumber);
   sub.add_option("--vk-variant", options.vk_variant,
                  "Vulkan stage-1 shaders: auto (cooperative matrices where the device has them), scalar, coopmat "

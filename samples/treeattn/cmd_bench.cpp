@@ -187,6 +187,7 @@ void run_bench(const BenchOptions& o) {
       row["backend"] = backend.name();
       row["dtype"] = o.dtype;
       row["layers"] = o.layers;
+      if (std::string(backend.name()) == "cuda") row["graph_headroom"] = o.backend_flags.options.cuda_graph_headroom;
       row["run_median_us"] = per_layer;
       row["run_min_us"] = run_time.min_us / o.layers;
       row["effective_gbps"] = gbps;
@@ -255,6 +256,20 @@ Command add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"f16", "bf16"}))
       ->capture_default_str();
   o->backend_flags.add_to(*sub);
+  sub->add_option("--graph-headroom", o->backend_flags.options.cuda_graph_headroom,
+                  "CUDA: time the graph-stable device path, a Workspace whose limits are each plan's times this "
+                  "factor (e.g. 1.5: grids fixed for plans half again as large, as a serving engine's captured graph "
+                  "has them); 0: a workspace sized to each plan")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              const double h = std::stod(text);
+              if (h == 0.0 || (h >= 1.0 && h <= 1000.0)) return {};
+            } catch (const std::exception&) {
+            }
+            return "must be 0 or a factor from 1 to 1000, got " + text;
+          },
+          "0|FACTOR>=1"));
   sub->add_flag("--verbose", o->verbose,
                 "Say on stderr which device each backend runs, and its kernels: variant, registers, occupancy");
   sub->add_option("--peak-gbps", o->peak_gbps,

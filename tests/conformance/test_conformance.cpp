@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -232,6 +233,26 @@ TEST_CASE("conformance: the same inputs give bitwise the same output, run after 
       CHECK(again.o.bytes == first.o.bytes);
       CHECK(again.lse.bytes == first.lse.bytes);
     }
+  }
+}
+
+TEST_CASE("conformance: two threads, each planning and running on its own backend, give bitwise one thread's output") {
+  // Backends (contexts) are one per thread; the planner is re-entrant.
+  const Tree tree = determinism_forest();
+  Inputs in = make_inputs(tree, DType::f16, 5);
+  const Outputs alone = run_backend(*make_test_backend(), tree, in, PlanOptions{Strategy::flatten, 32, kMaxQueryTile, 0});
+  std::vector<Outputs> got(2 * 4);
+  auto worker = [&](int t) {
+    auto backend = make_test_backend();
+    Inputs mine = in;
+    for (int r = 0; r < 4; ++r) got[std::size_t(t * 4 + r)] = run_backend(*backend, tree, mine, PlanOptions{Strategy::flatten, 32, kMaxQueryTile, 0});
+  };
+  std::thread first(worker, 0), second(worker, 1);
+  first.join();
+  second.join();
+  for (const Outputs& o : got) {
+    CHECK(o.o.bytes == alone.o.bytes);
+    CHECK(o.lse.bytes == alone.lse.bytes);
   }
 }
 

@@ -69,12 +69,13 @@ TEST_CASE("back-to-back calls on one uploaded plan keep their own results") {
   cudaStream_t stream = nullptr;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
   {
-    cuda::DevicePlan device_plan;
-    device_plan.upload(plan, stream);
+    const cuda::Context context(0);
+    cuda::Workspace workspace(context);
+    workspace.upload(plan, stream);
     DeviceCall call_a(a, out_a), call_b(b, out_b);
     for (int round = 0; round < 8; ++round) {
-      cuda::CudaBackend::enqueue(device_plan, call_a.args(a, out_a), stream);
-      cuda::CudaBackend::enqueue(device_plan, call_b.args(b, out_b), stream);
+      workspace.enqueue(call_a.args(a, out_a), stream);
+      workspace.enqueue(call_b.args(b, out_b), stream);
     }
     REQUIRE(cudaMemcpyAsync(out_a.bytes.data(), call_a.o.data(), out_a.bytes.size(), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
     REQUIRE(cudaMemcpyAsync(out_b.bytes.data(), call_b.o.data(), out_b.bytes.size(), cudaMemcpyDeviceToHost, stream) == cudaSuccess);

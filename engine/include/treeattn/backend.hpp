@@ -22,11 +22,16 @@ BackendKind parse_backend(const std::string& name);
 
 struct BackendOptions {
   int threads = 0;                   // CPU worker threads; 0: one per hardware thread
-  int device = -1;                   // Vulkan device index; -1: TREEATTN_VK_DEVICE, else the first discrete GPU
+  int device = -1;                   // CUDA device index (-1: 0); Vulkan device index (-1: TREEATTN_VK_DEVICE,
+                                     // else the first discrete GPU)
   std::string vk_variant = "auto";   // Vulkan stage-1 shaders: auto, scalar, coopmat or coopmat-shared
   std::size_t vk_max_chunk_bytes = 0;  // split Vulkan KV pools into buffers of at most this size (0: the device's limit)
   std::uint32_t vk_max_dispatch_run = 0;  // most Vulkan work groups in a run along a dispatch's x (0: the device's limit)
   bool verbose = false;              // say on stderr which device and kernel variant run (CUDA: its occupancy too)
+  // CUDA time_layers on a graph-stable Workspace whose limits are the plan's
+  // times this factor (>= 1; 0: a growing workspace sized to the plan), so a
+  // benchmark sees what fixed grids cost a serving engine's captured graph.
+  double cuda_graph_headroom = 0.0;
 };
 
 class Backend {
@@ -73,8 +78,21 @@ struct VulkanDeviceReport {
 // Throws Backend when this build has no Vulkan backend or there is no loader.
 std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions& options = {});
 
+// What an attention call's tensors must match: a plan's heads, queries and
+// the KV rows it reads (what a device workspace keeps of its uploaded plan).
+struct CallShape {
+  HeadConfig heads;
+  std::int32_t num_queries = 0;
+  std::int64_t min_kv_slots = 0;
+
+  static CallShape of(const Plan& plan);
+};
+
 // Checks every tensor of `args` against the plan (shapes, dtypes, KV rows the
-// plan reads). Backends call it first; throws InvalidArgument naming the tensor.
-void check_args(const Plan& plan, const AttentionArgs& args);
+// plan reads, row strides: Q and O rows at least a row apart and 16-byte
+// aligned, the rest dense). Backends call it first; throws InvalidArgument
+// naming the tensor.
+void check_args(const CallShape& shape, const AttentionArgs& args);
+inline void check_args(const Plan& plan, const AttentionArgs& args) { check_args(CallShape::of(plan), args); }
 
 }  // namespace treeattn

@@ -1,5 +1,6 @@
 #pragma once
-// A non-owning view of a dense, C-ordered tensor in host or device memory.
+// A non-owning view of a C-ordered tensor in host or device memory: dense,
+// or with its rows (the first dimension) `row_stride` elements apart.
 
 #include <cstdint>
 #include <string>
@@ -13,8 +14,18 @@ struct TensorRef {
   void* data = nullptr;
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;
+  // Elements from one row's start to the next's; 0: dense (the product of the
+  // other dimensions). Q and O accept a larger one (a slice of a fused QKV
+  // projection or of a wider output); every other tensor is dense.
+  std::int64_t row_stride = 0;
 
   std::int64_t numel() const noexcept;
+  // Elements of one row (the product of the dimensions after the first).
+  std::int64_t row_elements() const noexcept;
+  // Elements from one row's start to the next's: row_stride, or row_elements() when dense.
+  std::int64_t row_pitch() const noexcept { return row_stride != 0 ? row_stride : row_elements(); }
+  bool dense() const noexcept { return row_stride == 0 || row_stride == row_elements(); }
+  // Bytes of the elements (rows only, not the gaps between strided rows).
   std::size_t bytes() const noexcept { return std::size_t(numel()) * dtype_size(dtype); }
 };
 
@@ -30,7 +41,7 @@ struct HostArray {
   std::int64_t numel() const noexcept;
 };
 
-// "[4, 32, 128] f16", for error messages.
+// "[4, 32, 128] f16" (and " row stride 12288" when strided), for error messages.
 std::string describe(const TensorRef& t);
 
 // Arguments of one attention call. Layouts (DESIGN §2):

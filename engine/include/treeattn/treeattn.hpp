@@ -12,6 +12,7 @@
 //   backend->run(plan, {q, k, v, o, lse});                   // once per layer
 
 #include "treeattn/backend.hpp"
+#include "treeattn/config.hpp"
 #include "treeattn/dtype.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/kv_cache.hpp"
@@ -24,3 +25,6 @@
 #include "treeattn/tree.hpp"
 #include "treeattn/tree_json.hpp"
 #include "treeattn/workloads.hpp"
+#if TREEATTN_HAS_CUDA
+#include "treeattn/cuda.hpp"
+#endif

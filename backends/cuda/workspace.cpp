@@ -1,0 +1,366 @@
+// treeattn::cuda::Workspace: a plan's arrays on the device at offsets fixed by
+// the workspace's limits, padded so that a grid of the limits' size finds
+// nothing to do past the plan; the partial buffers; and two pinned staging
+// buffers for the uploads.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../../cuda/attn_launch.hpp"
+#include "device_buffer.hpp"
+#include "device_scope.hpp"
+#include "treeattn/backend.hpp"
+#include "treeattn/cuda.hpp"
+
+namespace treeattn::cuda {
+
+static_assert(kRowsPerPass == kLargeTileRows && kSmallTileRows <= 16,
+              "a stage-1 CTA takes a large tile's 64 rows; small tiles run its 16-row split-KV path");
+static_assert(kTileTokens == kKvTileTokens, "the kernels' KV tile is the one the cost model prices");
+
+namespace {
+
+std::int32_t ceil_div(std::int32_t a, std::int32_t b) { return (a + b - 1) / b; }
+std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// The arrays of the plan workspace, in order; the staging buffers share the layout.
+enum Array { kTileQuery, kTilePartial, kMergeBegin, kTileMap, kPasses, kArrays };
+
+struct Layout {
+  std::size_t offset[kArrays + 1] = {};  // offset[kArrays]: the total
+
+  explicit Layout(const WorkspaceLimits& l) {
+    const std::size_t bytes[kArrays] = {
+        std::size_t(l.tile_entries) * 4,
+        std::size_t(l.tile_entries) * 4,
+        std::size_t(l.queries + 1) * 4,
+        std::size_t(l.kv_tiles) * sizeof(TileMap),
+        std::size_t(l.passes) * sizeof(PassInfo),
+    };
+    for (int a = 0; a < kArrays; ++a) offset[a + 1] = offset[a] + align16(bytes[a]);
+  }
+  std::size_t total() const noexcept { return offset[kArrays]; }
+};
+
+std::size_t partial_bytes(const WorkspaceLimits& l) {
+  const std::size_t rows = std::size_t(l.partials) * std::size_t(l.heads.heads_q);
+  return std::max<std::size_t>(rows * std::size_t(l.heads.head_dim + 1) * 4, 16);
+}
+
+bool same_heads(const HeadConfig& a, const HeadConfig& b) {
+  return a.heads_q == b.heads_q && a.heads_kv == b.heads_kv && a.head_dim == b.head_dim &&
+         a.effective_scale() == b.effective_scale();
+}
+
+std::string describe_heads(const HeadConfig& h) {
+  return fmt::format("{}/{}/{} scale {}", h.heads_q, h.heads_kv, h.head_dim, h.effective_scale());
+}
+
+OutType out_type(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return OutType::f16;
+    case DType::bf16: return OutType::bf16;
+    case DType::f32: return OutType::f32;
+  }
+  return OutType::f32;
+}
+
+}  // namespace
+
+// --- WorkspaceLimits ---------------------------------------------------------
+
+WorkspaceLimits WorkspaceLimits::of(const Plan& plan) {
+  WorkspaceLimits l;
+  l.heads = plan.heads;
+  l.queries = plan.num_queries;
+  l.tile_entries = std::int32_t(plan.tile_query.size());
+  l.partials = plan.num_partials;
+  const std::int32_t group = plan.heads.group_size();
+  for (std::int32_t item = 0; item < plan.num_items(); ++item) {
+    const std::int32_t rows = (plan.item_query_begin[std::size_t(item) + 1] - plan.item_query_begin[std::size_t(item)]) * group;
+    l.passes += ceil_div(rows, plan.item_tile_rows[std::size_t(item)]);
+    l.kv_tiles += ceil_div(plan.block_token_count(plan.item_block[std::size_t(item)]), kTileTokens);
+  }
+  return l;
+}
+
+WorkspaceLimits& WorkspaceLimits::include(const WorkspaceLimits& o) {
+  if (heads.heads_q == 0) heads = o.heads;
+  if (!same_heads(heads, o.heads)) {
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("workspace limits: heads {} and {} differ",
+                                                            describe_heads(heads), describe_heads(o.heads)));
+  }
+  queries = std::max(queries, o.queries);
+  tile_entries = std::max(tile_entries, o.tile_entries);
+  partials = std::max(partials, o.partials);
+  passes = std::max(passes, o.passes);
+  kv_tiles = std::max(kv_tiles, o.kv_tiles);
+  return *this;
+}
+
+WorkspaceLimits WorkspaceLimits::with_headroom(double factor) const {
+  auto scale = [&](std::int32_t n) { return std::int32_t(std::ceil(double(n) * factor)); };
+  WorkspaceLimits l = *this;
+  l.queries = scale(queries);
+  l.tile_entries = scale(tile_entries);
+  l.partials = scale(partials);
+  l.passes = scale(passes);
+  l.kv_tiles = scale(kv_tiles);
+  return l;
+}
+
+std::string WorkspaceLimits::first_excess(const WorkspaceLimits& need) const {
+  const struct {
+    const char* what;
+    std::int32_t need, have;
+  } counts[] = {{"queries", need.queries, queries},
+                {"tile entries (work item x query)", need.tile_entries, tile_entries},
+                {"partial results", need.partials, partials},
+                {"stage-1 passes", need.passes, passes},
+                {"64-token KV tiles", need.kv_tiles, kv_tiles}};
+  for (const auto& c : counts) {
+    if (c.need > c.have) return fmt::format("plan has {} {}, the workspace holds {}", c.need, c.what, c.have);
+  }
+  return {};
+}
+
+std::size_t WorkspaceLimits::device_bytes() const noexcept {
+  return Layout(*this).total() + partial_bytes(*this);
+}
+
+// --- Workspace ---------------------------------------------------------------
+
+struct Workspace::State {
+  explicit State(const Context& c) : context(c) {}
+  // Released on the buffers' device, once their last copies are done; the
+  // caller's current device given back.
+  ~State() {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(context.device());
+    for (int b = 0; b < 2; ++b) {
+      if (copy_pending[b]) cudaEventSynchronize(copied[b]);
+      if (copied[b]) cudaEventDestroy(copied[b]);
+      staging[b] = PinnedBuffer();
+    }
+    arrays = DeviceBuffer();
+    partials = DeviceBuffer();
+    cudaSetDevice(previous);
+  }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  Context context;
+  bool graph_stable;
+  WorkspaceLimits limits;
+  DeviceBuffer arrays;    // Layout(limits)
+  DeviceBuffer partials;  // partial O, then partial LSE
+  PinnedBuffer staging[2];
+  cudaEvent_t copied[2] = {nullptr, nullptr};  // each staging buffer's last copy
+  bool copy_pending[2] = {false, false};
+  int next = 0;
+  std::size_t passes_filled = 0;  // pass records on the device that are not empty
+  KernelParams params{};      // the plan's part; enqueue adds the tensors
+  LaunchGeometry geometry;
+  CallShape shape;            // of the uploaded plan, for enqueue's checks
+  bool uploaded = false;
+
+  // (Re)allocates everything for `limits` and points the params at it; the
+  // arrays are zeroed on `stream`, ahead of any upload ordered after it.
+  void allocate(cudaStream_t stream) {
+    const Layout layout(limits);
+    arrays.reserve(layout.total());
+    // Zero pass records are empty: a graph-stable grid's CTAs past a plan's passes return at once.
+    TREEATTN_CUDA_CHECK(cudaMemsetAsync(arrays.data(), 0, layout.total(), stream));
+    passes_filled = 0;
+    partials.reserve(partial_bytes(limits));
+    for (int b = 0; b < 2; ++b) {
+      wait_for_copy(b);
+      staging[b].reserve(layout.total());
+    }
+    const auto at = [&](Array a) { return arrays.as<unsigned char>() + layout.offset[a]; };
+    params.tile_query = reinterpret_cast<const std::int32_t*>(at(kTileQuery));
+    params.tile_partial = reinterpret_cast<const std::int32_t*>(at(kTilePartial));
+    params.merge_begin = reinterpret_cast<const std::int32_t*>(at(kMergeBegin));
+    params.tile_map = reinterpret_cast<const TileMap*>(at(kTileMap));
+    params.passes = reinterpret_cast<const PassInfo*>(at(kPasses));
+    const std::size_t partial_rows = std::size_t(limits.partials) * std::size_t(limits.heads.heads_q);
+    params.partial_o = partials.as<float>();
+    params.partial_lse = partials.as<float>() + partial_rows * std::size_t(limits.heads.head_dim);
+    params.max_queries = std::max(limits.queries, 1);
+    params.heads_q = limits.heads.heads_q;
+    params.heads_kv = limits.heads.heads_kv;
+    params.group = limits.heads.group_size();
+    params.scale_log2 = limits.heads.effective_scale() * 1.4426950408889634f;
+  }
+
+  void wait_for_copy(int b) {
+    if (copy_pending[b]) TREEATTN_CUDA_CHECK(cudaEventSynchronize(copied[b]));
+    copy_pending[b] = false;
+  }
+};
+
+Workspace::Workspace(const Context& context, const WorkspaceLimits& limits) : state_(std::make_unique<State>(context)) {
+  if (limits.heads.heads_q <= 0 || limits.heads.heads_kv <= 0 || limits.heads.head_dim <= 0) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("workspace limits: heads {} are not set (take them from WorkspaceLimits::of(plan))",
+                            describe_heads(limits.heads)));
+  }
+  State& s = *state_;
+  s.graph_stable = true;
+  s.limits = limits;
+  DeviceScope scope(context.device());
+  for (cudaEvent_t& e : s.copied) TREEATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  // A stream of its own for the zeroing, waited for here: the caller's streams are not touched.
+  cudaStream_t stream = nullptr;
+  TREEATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  s.allocate(stream);
+  const cudaError_t zeroed = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  TREEATTN_CUDA_CHECK(zeroed);
+  s.geometry = LaunchGeometry{limits.passes, limits.queries, false};
+}
+
+Workspace::Workspace(const Context& context) : state_(std::make_unique<State>(context)) {
+  State& s = *state_;
+  s.graph_stable = false;
+  DeviceScope scope(context.device());
+  for (cudaEvent_t& e : s.copied) TREEATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+Workspace::~Workspace() = default;
+
+Workspace::Workspace(Workspace&&) noexcept = default;
+Workspace& Workspace::operator=(Workspace&&) noexcept = default;
+
+bool Workspace::graph_stable() const noexcept { return state_->graph_stable; }
+const WorkspaceLimits& Workspace::limits() const noexcept { return state_->limits; }
+const Context& Workspace::context() const noexcept { return state_->context; }
+
+void Workspace::upload(const Plan& plan, Stream stream) {
+  State& s = *state_;
+  DeviceScope scope(s.context.device());
+  const WorkspaceLimits need = WorkspaceLimits::of(plan);
+  if (s.graph_stable) {
+    if (!same_heads(s.limits.heads, plan.heads)) {
+      throw Error(ErrorCategory::InvalidArgument, fmt::format("plan has heads {}, the workspace was made for {}",
+                                                              describe_heads(plan.heads), describe_heads(s.limits.heads)));
+    }
+    if (const std::string excess = s.limits.first_excess(need); !excess.empty()) {
+      throw Error(ErrorCategory::InvalidPlan, fmt::format("graph-stable workspace: {}", excess));
+    }
+  } else if (!s.uploaded || !same_heads(s.limits.heads, plan.heads) || !s.limits.first_excess(need).empty()) {
+    WorkspaceLimits grown = same_heads(s.limits.heads, plan.heads) ? s.limits : WorkspaceLimits{};
+    grown.include(need);
+    // Kernels of an earlier call may still read the buffers being replaced.
+    if (s.uploaded) TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    s.limits = grown;
+    s.allocate(stream);
+  }
+
+  // The staging buffer filled now was last copied from two uploads back.
+  const int b = s.next;
+  s.wait_for_copy(b);
+  unsigned char* host = s.staging[b].data();
+  const Layout layout(s.limits);
+
+  std::memcpy(host + layout.offset[kTileQuery], plan.tile_query.data(), plan.tile_query.size() * 4);
+  // The merge takes a query's partials from merge_begin's range: a plan that
+  // numbers them in another order gets them renumbered here, the CSR order
+  // kept (so the same sums in the same order: bitwise the same output).
+  auto* tile_partial = reinterpret_cast<std::int32_t*>(host + layout.offset[kTilePartial]);
+  std::copy(plan.tile_partial.begin(), plan.tile_partial.end(), tile_partial);
+  if (!plan.merge_in_order()) {
+    std::vector<std::int32_t> renumbered(std::size_t(plan.num_partials));
+    for (std::size_t m = 0; m < plan.merge_partial.size(); ++m) renumbered[std::size_t(plan.merge_partial[m])] = std::int32_t(m);
+    for (std::size_t k = 0; k < plan.tile_partial.size(); ++k) {
+      if (tile_partial[k] != kDirect) tile_partial[k] = renumbered[std::size_t(tile_partial[k])];
+    }
+  }
+  // merge_begin up to the workspace's queries: the queries past the plan's
+  // have no partials (the merge's grid may reach them).
+  auto* merge_begin = reinterpret_cast<std::int32_t*>(host + layout.offset[kMergeBegin]);
+  std::copy(plan.merge_begin.begin(), plan.merge_begin.end(), merge_begin);
+  std::fill(merge_begin + plan.merge_begin.size(), merge_begin + s.limits.queries + 1, plan.merge_begin.back());
+
+  // Each item's token map as one record per 64-token tile.
+  const ItemTokenMap map = item_token_map(plan, kTileTokens);
+  auto* tile_map = reinterpret_cast<TileMap*>(host + layout.offset[kTileMap]);
+  const std::size_t tiles = map.slot.size() / kTileTokens;
+  for (std::size_t t = 0; t < tiles; ++t) {
+    std::copy_n(map.slot.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].slot);
+    // Past the item's end (slot -1, only in its last tile, after a real one):
+    // the last real slot again (TileMap says why).
+    for (int k = 1; k < kTileTokens; ++k) {
+      if (tile_map[t].slot[k] < 0) tile_map[t].slot[k] = tile_map[t].slot[k - 1];
+    }
+    std::copy_n(map.visible.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].visible);
+  }
+  // Each item's passes: ceil(query rows / tile rows) of them, item-major in
+  // the plan's launch order.
+  auto* passes = reinterpret_cast<PassInfo*>(host + layout.offset[kPasses]);
+  std::size_t pass = 0;
+  const std::int32_t group = plan.heads.group_size();
+  for (std::int32_t k = 0; k < plan.num_items(); ++k) {
+    const std::size_t item = std::size_t(plan.launch_item(k));
+    const std::int32_t query_begin = plan.item_query_begin[item];
+    const std::int32_t rows = (plan.item_query_begin[item + 1] - query_begin) * group;
+    const std::int32_t tile_rows = plan.item_tile_rows[item];
+    for (std::int32_t row = 0; row < rows; row += tile_rows) {
+      passes[pass++] = PassInfo{query_begin, map.begin[item] / kTileTokens, map.begin[item + 1] / kTileTokens, row,
+                                std::min(rows, row + tile_rows), {}};
+    }
+  }
+
+  // The records past this plan's that an earlier plan filled are emptied (a
+  // graph-stable grid reaches them; the rest were zeroed at allocation).
+  std::fill(passes + pass, passes + std::max(pass, s.passes_filled), PassInfo{});
+
+  // One copy per array, of its used bytes (a graph-stable layout leaves room between them).
+  const std::size_t used[kArrays] = {plan.tile_query.size() * 4,
+                                     plan.tile_partial.size() * 4,
+                                     std::size_t(s.limits.queries + 1) * 4,
+                                     tiles * sizeof(TileMap),
+                                     std::max(pass, s.passes_filled) * sizeof(PassInfo)};
+  s.passes_filled = pass;
+  for (int a = 0; a < kArrays; ++a) {
+    if (used[a] == 0) continue;
+    TREEATTN_CUDA_CHECK(cudaMemcpyAsync(s.arrays.as<unsigned char>() + layout.offset[a], host + layout.offset[a],
+                                        used[a], cudaMemcpyHostToDevice, stream));
+  }
+  TREEATTN_CUDA_CHECK(cudaEventRecord(s.copied[b], stream));
+  s.copy_pending[b] = true;
+  s.next = 1 - b;
+
+  if (!s.graph_stable) {
+    s.geometry = LaunchGeometry{need.passes, plan.num_partials > 0 ? plan.num_queries : 0,
+                                plan.max_merge_fanin() <= kMergeLeanBatch};
+  }
+  s.shape = CallShape::of(plan);
+  s.uploaded = true;
+}
+
+void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
+  const State& s = *state_;
+  if (!s.uploaded) throw Error(ErrorCategory::InvalidArgument, "enqueue before any plan was uploaded to the workspace");
+  check_args(s.shape, a);
+  if (a.q.dtype == DType::f32) {
+    throw Error(ErrorCategory::InvalidArgument, "CUDA backend: Q, K and V must be f16 or bf16 (got f32)");
+  }
+  DeviceScope scope(s.context.device());
+  KernelParams p = s.params;
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.o.data;
+  p.lse = static_cast<float*>(a.lse.data);
+  p.q_row_stride = a.q.row_pitch();
+  p.o_row_stride = a.o.row_pitch();
+  p.out_type = out_type(a.o.dtype);
+  TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, s.limits.heads.head_dim, a.q.dtype == DType::bf16, stream));
+}
+
+}  // namespace treeattn::cuda

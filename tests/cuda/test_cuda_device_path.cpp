@@ -1,0 +1,265 @@
+// The public CUDA device path (treeattn/cuda.hpp): one CUDA graph captured once
+// and replayed over whole decode replays with a new plan uploaded each step,
+// strided Q and O, the workspace's limits and its errors.
+
+#include <doctest/doctest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../backends/cuda/device_buffer.hpp"
+#include "support/conformance.hpp"
+#include "support/oracle.hpp"
+#include "treeattn/cuda.hpp"
+#include "treeattn/error.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/scenarios.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+using namespace treeattn::test;
+
+namespace {
+
+const HeadConfig kHeads{32, 8, 128, 0.0f};
+
+void check(cudaError_t err) { REQUIRE_MESSAGE(err == cudaSuccess, cudaGetErrorString(err)); }
+
+// A host array copied to a new device buffer of at least `bytes`.
+cuda::DeviceBuffer to_device(const HostArray& host, std::size_t bytes = 0) {
+  cuda::DeviceBuffer buffer(std::max(host.bytes.size(), bytes));
+  check(cudaMemcpy(buffer.data(), host.bytes.data(), host.bytes.size(), cudaMemcpyHostToDevice));
+  return buffer;
+}
+
+std::string workloads_dir() {
+  const char* dir = std::getenv("TREEATTN_WORKLOADS_DIR");
+  return dir != nullptr ? dir : "data/workloads/deft";
+}
+
+// The trees of a scenario's first `steps` decode steps, on one paged KV cache.
+struct Replay {
+  std::vector<Tree> trees;
+  std::int64_t slots = 0;
+};
+Replay replay_trees(Scenario& scenario, std::int64_t steps) {
+  PagedKvCache cache(16, 0);
+  SequenceTree live(cache);
+  std::vector<TreeQuery> queries;
+  Replay r;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    scenario.advance(live, queries);
+    r.trees.push_back(live.to_tree(kHeads, queries));
+  }
+  r.slots = cache.slots();
+  return r;
+}
+
+// One CUDA graph of two layers (each its own KV pool and O) captured at the
+// first step and replayed at every step after that step's plan and Q were
+// uploaded; at the checkpoints both layers' O equal the CPU backend's.
+void check_graph_replay(const Replay& replay, const std::vector<std::size_t>& checkpoints) {
+  const cuda::Context context(0);
+  PlanOptions options;
+  options.cost = context.cost_model();
+  Planner planner(1);
+  std::vector<Plan> plans;
+  cuda::WorkspaceLimits limits;
+  for (const Tree& tree : replay.trees) {
+    plans.push_back(planner.plan(tree, options));
+    limits.include(cuda::WorkspaceLimits::of(plans.back()));
+  }
+  cuda::Workspace workspace(context, limits);
+  REQUIRE(workspace.graph_stable());
+
+  const std::int64_t row = kHeads.heads_q * kHeads.head_dim;
+  const std::int64_t pool_rows = std::max<std::int64_t>(replay.slots, 1);
+  HostArray k[2], v[2];
+  cuda::DeviceBuffer dk[2], dv[2], dq(std::size_t(limits.queries * row * 2)), dout[2];
+  for (int l = 0; l < 2; ++l) {
+    k[l] = random_array(DType::f16, {pool_rows, kHeads.heads_kv, kHeads.head_dim}, 10 + l);
+    v[l] = random_array(DType::f16, {pool_rows, kHeads.heads_kv, kHeads.head_dim}, 20 + l);
+    dk[l] = to_device(k[l]);
+    dv[l] = to_device(v[l]);
+    dout[l] = cuda::DeviceBuffer(std::size_t(limits.queries * row * 4));
+  }
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  auto cpu = make_backend(BackendKind::cpu);
+  std::size_t checked = 0;
+  for (std::size_t step = 0; step < plans.size(); ++step) {
+    const Plan& plan = plans[step];
+    const HostArray q = random_array(DType::f16, {plan.num_queries, kHeads.heads_q, kHeads.head_dim}, 1000 + step);
+    workspace.upload(plan, stream);
+    check(cudaMemcpyAsync(dq.data(), q.bytes.data(), q.bytes.size(), cudaMemcpyHostToDevice, stream));
+    if (graph == nullptr) {  // captured once, with the first step's shapes
+      check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int l = 0; l < 2; ++l) {
+        const std::vector<std::int64_t> qshape = {plan.num_queries, kHeads.heads_q, kHeads.head_dim};
+        workspace.enqueue(AttentionArgs{TensorRef{dq.data(), DType::f16, qshape}, TensorRef{dk[l].data(), DType::f16, k[l].shape},
+                                        TensorRef{dv[l].data(), DType::f16, v[l].shape},
+                                        TensorRef{dout[l].data(), DType::f32, qshape}, {}},
+                          stream);
+      }
+      check(cudaStreamEndCapture(stream, &graph));
+      check(cudaGraphInstantiate(&exec, graph, 0));
+    }
+    check(cudaGraphLaunch(exec, stream));
+    if (std::find(checkpoints.begin(), checkpoints.end(), step) == checkpoints.end() && step + 1 != plans.size()) continue;
+    CAPTURE(step);
+    for (int l = 0; l < 2; ++l) {
+      CAPTURE(l);
+      HostArray got(DType::f32, {plan.num_queries, kHeads.heads_q, kHeads.head_dim});
+      check(cudaMemcpyAsync(got.bytes.data(), dout[l].data(), got.bytes.size(), cudaMemcpyDeviceToHost, stream));
+      check(cudaStreamSynchronize(stream));
+      HostArray want(DType::f32, got.shape);
+      HostArray q_host = q, k_host = k[l], v_host = v[l];
+      cpu->run(plan, AttentionArgs{q_host.view(), k_host.view(), v_host.view(), want.view(), {}});
+      double worst = 0.0;
+      const float* g = reinterpret_cast<const float*>(got.bytes.data());
+      const float* w = reinterpret_cast<const float*>(want.bytes.data());
+      for (std::int64_t i = 0; i < got.numel(); ++i) worst = std::max(worst, double(std::abs(g[i] - w[i])));
+      CHECK(worst <= tolerance(DType::f16));
+    }
+    ++checked;
+  }
+  check(cudaStreamSynchronize(stream));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  CHECK(checked >= checkpoints.size());
+}
+
+}  // namespace
+
+TEST_CASE("graph-stable: one captured graph replays 60 few-shot decode steps with a new plan each") {
+  auto scenario = few_shot_scenario(1500, 12, 60);
+  check_graph_replay(replay_trees(*scenario, 60), {0, 1, 10, 25, 50});
+}
+
+TEST_CASE("graph-stable: one captured graph replays 60 speculative decode steps (Medusa t=64)") {
+  const MedusaWorkload medusa = load_medusa(workloads_dir() + "/speculative/APPS_tree_size64.json");
+  auto scenario = speculative_scenario(medusa, 0, 800);
+  check_graph_replay(replay_trees(*scenario, 60), {0, 1, 10, 25, 50});
+}
+
+TEST_CASE("graph-stable: a tree-of-thought replay, queries and nodes coming and going, under one graph") {
+  const std::vector<ReasoningTree> trees = load_reasoning(workloads_dir() + "/reasoning/keywordToT.json");
+  auto scenario = reasoning_scenario(trees.front());
+  check_graph_replay(replay_trees(*scenario, 80), {0, 20, 40, 79});
+}
+
+TEST_CASE("strided Q and O: a slice of a fused QKV projection in, rows of a wider output out, bitwise the dense result") {
+  Tree tree(kHeads);
+  tree.add_node_range(0, kNoParent, 0, 700);
+  for (int b = 0; b < 9; ++b) {
+    tree.add_node_range(1 + b, 0, 700 + 20 * b, 20);
+    tree.add_query(1 + b);
+  }
+  const cuda::Context context(0);
+  PlanOptions options;
+  options.cost = context.cost_model();
+  const Plan plan = treeattn::plan(tree, options);
+  const std::int64_t nq = plan.num_queries, row = kHeads.heads_q * kHeads.head_dim;
+  const std::int64_t qkv_row = (kHeads.heads_q + 2 * kHeads.heads_kv) * kHeads.head_dim, o_row = row + 64;
+  const HostArray qkv = random_array(DType::f16, {nq, qkv_row}, 3);
+  HostArray q_dense(DType::f16, {nq, kHeads.heads_q, kHeads.head_dim});
+  for (std::int64_t i = 0; i < nq; ++i) std::memcpy(q_dense.bytes.data() + i * row * 2, qkv.bytes.data() + i * qkv_row * 2, row * 2);
+  const HostArray k = random_array(DType::f16, {900, kHeads.heads_kv, kHeads.head_dim}, 4);
+  const HostArray v = random_array(DType::f16, {900, kHeads.heads_kv, kHeads.head_dim}, 5);
+  cuda::DeviceBuffer dqkv = to_device(qkv), dq = to_device(q_dense), dk = to_device(k), dv = to_device(v);
+  cuda::DeviceBuffer dense_o(std::size_t(nq * row * 2)), wide_o(std::size_t(nq * o_row * 2)), lse(std::size_t(nq * 32 * 4));
+  check(cudaMemset(wide_o.data(), 0xff, wide_o.bytes()));
+
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  cuda::Workspace workspace(context);
+  workspace.upload(plan, stream);
+  const std::vector<std::int64_t> shape = {nq, kHeads.heads_q, kHeads.head_dim};
+  const TensorRef tk{dk.data(), DType::f16, k.shape}, tv{dv.data(), DType::f16, v.shape};
+  workspace.enqueue({TensorRef{dq.data(), DType::f16, shape}, tk, tv, TensorRef{dense_o.data(), DType::f16, shape},
+                     TensorRef{lse.data(), DType::f32, {nq, kHeads.heads_q}}},
+                    stream);
+  workspace.enqueue({TensorRef{dqkv.data(), DType::f16, shape, qkv_row}, tk, tv,
+                     TensorRef{wide_o.data(), DType::f16, shape, o_row}, {}},
+                    stream);
+  std::vector<std::uint16_t> dense(std::size_t(nq * row)), wide(std::size_t(nq * o_row));
+  check(cudaMemcpyAsync(dense.data(), dense_o.data(), dense.size() * 2, cudaMemcpyDeviceToHost, stream));
+  check(cudaMemcpyAsync(wide.data(), wide_o.data(), wide.size() * 2, cudaMemcpyDeviceToHost, stream));
+  check(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+  for (std::int64_t i = 0; i < nq; ++i) {
+    CAPTURE(i);
+    CHECK(std::memcmp(dense.data() + i * row, wide.data() + i * o_row, std::size_t(row) * 2) == 0);
+    // The gap after each row is left as it was.
+    CHECK(wide[std::size_t(i * o_row + row)] == 0xffff);
+  }
+}
+
+TEST_CASE("workspace errors name the limit, the heads, the tensor") {
+  const cuda::Context context(0);
+  Tree small(kHeads), large(kHeads);
+  small.add_node_range(0, kNoParent, 0, 300);
+  small.add_query(0);
+  large.add_node_range(0, kNoParent, 0, 300);
+  for (int b = 0; b < 5; ++b) {
+    large.add_node_range(1 + b, 0, 300 + b, 1);
+    large.add_query(1 + b);
+  }
+  const Plan small_plan = plan(small), large_plan = plan(large);
+  cuda::Workspace workspace(context, cuda::WorkspaceLimits::of(small_plan));
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  CHECK_THROWS_WITH_AS(workspace.enqueue({}, stream), doctest::Contains("before any plan was uploaded"), Error);
+  CHECK_THROWS_WITH_AS(workspace.upload(large_plan, stream),
+                       doctest::Contains("graph-stable workspace: plan has 5 queries, the workspace holds 1"), Error);
+  Tree other({16, 1, 128});
+  other.add_node_range(0, kNoParent, 0, 10);
+  other.add_query(0);
+  CHECK_THROWS_WITH_AS(workspace.upload(plan(other), stream), doctest::Contains("plan has heads 16/1/128"), Error);
+  workspace.upload(small_plan, stream);
+  cuda::DeviceBuffer q(32 * 128 * 2), kv(400 * 8 * 128 * 2), o(32 * 128 * 4);
+  const TensorRef tq{q.data(), DType::f16, {1, 32, 128}}, tkv{kv.data(), DType::f16, {400, 8, 128}};
+  const TensorRef to{o.data(), DType::f32, {1, 32, 128}};
+  CHECK_THROWS_WITH_AS(workspace.enqueue({tq, TensorRef{kv.data(), DType::f16, {200, 8, 128}}, tkv, to, {}}, stream),
+                       doctest::Contains("K has 200 slots but the tree reads slot 299"), Error);
+  CHECK_THROWS_WITH_AS(workspace.enqueue({TensorRef{q.data(), DType::f16, {1, 32, 128}, 4100}, tkv, tkv, to, {}}, stream),
+                       doctest::Contains("Q is [1, 32, 128] f16 row stride 4100: the row stride must be at least 4096 and a multiple of 8"),
+                       Error);
+  CHECK_THROWS_WITH_AS(workspace.enqueue({tq, tkv, TensorRef{kv.data(), DType::f16, {400, 8, 128}, 2048}, to, {}}, stream),
+                       doctest::Contains("V is [400, 8, 128] f16 row stride 2048: it must be dense"), Error);
+  CHECK_THROWS_AS(cuda::Context(cuda::device_count()), Error);
+  check(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("workspace limits: a plan's own, the larger of two, headroom, and the first count that does not fit") {
+  Tree tree(kHeads);
+  tree.add_node_range(0, kNoParent, 0, 1000);
+  for (int b = 0; b < 70; ++b) {
+    tree.add_node_range(1 + b, 0, 1000 + b, 1);
+    tree.add_query(1 + b);
+  }
+  const Plan p = plan(tree);
+  const cuda::WorkspaceLimits l = cuda::WorkspaceLimits::of(p);
+  CHECK(l.queries == 70);
+  CHECK(l.tile_entries == std::int32_t(p.tile_query.size()));
+  CHECK(l.partials == p.num_partials);
+  CHECK(l.kv_tiles >= (1000 + 63) / 64);
+  CHECK(l.passes >= 1);
+  CHECK(l.first_excess(l).empty());
+  const cuda::WorkspaceLimits bigger = l.with_headroom(1.5);
+  CHECK(bigger.queries == 105);
+  CHECK(bigger.first_excess(l).empty());
+  CHECK(l.first_excess(bigger) == "plan has 105 queries, the workspace holds 70");
+  CHECK(bigger.device_bytes() > l.device_bytes());
+}

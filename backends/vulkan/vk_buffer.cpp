@@ -11,7 +11,8 @@ Buffer::Buffer(const Device& device, std::size_t bytes, Kind kind) : device_(dev
   VkBufferCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   info.size = std::max<std::size_t>(bytes, 16);
   info.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-  if (kind == Kind::device_local) info.usage |= VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT;
+  const bool addressed = kind != Kind::staging;
+  if (addressed) info.usage |= VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT;
   info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   TREEATTN_VK_CHECK(vkCreateBuffer(device_, &info, nullptr, &buffer_));
 
@@ -21,9 +22,13 @@ Buffer::Buffer(const Device& device, std::size_t bytes, Kind kind) : device_(dev
   flags.flags = VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT;
   VkMemoryAllocateInfo allocate{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   allocate.allocationSize = needs.size;
+  if (addressed) allocate.pNext = &flags;
   if (kind == Kind::device_local) {
-    allocate.pNext = &flags;
     allocate.memoryTypeIndex = device.memory_type(needs.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  } else if (kind == Kind::host_written) {
+    allocate.memoryTypeIndex = device.memory_type(needs.memoryTypeBits,
+                                                  VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                                                  VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
   } else {
     allocate.memoryTypeIndex = device.memory_type(needs.memoryTypeBits,
                                                   VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
@@ -35,13 +40,12 @@ Buffer::Buffer(const Device& device, std::size_t bytes, Kind kind) : device_(dev
     throw_vk_error(result, "vkAllocateMemory", __FILE__, __LINE__);
   }
   TREEATTN_VK_CHECK(vkBindBufferMemory(device_, buffer_, memory_, 0));
-  if (kind == Kind::device_local) {
+  if (addressed) {
     VkBufferDeviceAddressInfo address{VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO};
     address.buffer = buffer_;
     address_ = vkGetBufferDeviceAddress(device_, &address);
-  } else {
-    TREEATTN_VK_CHECK(vkMapMemory(device_, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_));
   }
+  if (kind != Kind::device_local) TREEATTN_VK_CHECK(vkMapMemory(device_, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_));
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {

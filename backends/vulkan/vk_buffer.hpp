@@ -1,6 +1,8 @@
 #pragma once
 // A buffer with its own memory: device-local (what shaders read, by device
-// address) or host-visible and mapped (staging). Move-only.
+// address), host-visible and mapped (staging), or both mapped and reached by
+// device address (small tables the host writes and shaders read; device-local
+// where the device has such memory). Move-only.
 
 #include <cstddef>
 #include <cstdint>
@@ -11,7 +13,7 @@ namespace treeattn::vulkan {
 
 class Buffer {
  public:
-  enum class Kind { device_local, staging };
+  enum class Kind { device_local, staging, host_written };
 
   Buffer() = default;
   Buffer(const Device& device, std::size_t bytes, Kind kind);
@@ -24,7 +26,7 @@ class Buffer {
   VkBuffer handle() const noexcept { return buffer_; }
   std::size_t bytes() const noexcept { return bytes_; }
   VkDeviceAddress address() const noexcept { return address_; }
-  void* mapped() const noexcept { return mapped_; }  // staging buffers only
+  void* mapped() const noexcept { return mapped_; }  // staging and host_written buffers
 
  private:
   void release() noexcept;

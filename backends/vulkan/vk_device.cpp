@@ -115,6 +115,21 @@ Instance::Instance() {
   if (validation) TREEATTN_VK_CHECK(vkCreateDebugUtilsMessengerEXT(instance_, &messenger, nullptr, &messenger_));
 }
 
+std::shared_ptr<Instance> Instance::borrow(VkInstance instance, PFN_vkGetInstanceProcAddr get_instance_proc_addr) {
+  if (instance == VK_NULL_HANDLE || get_instance_proc_addr == nullptr) {
+    throw Error(ErrorCategory::InvalidArgument, "Vulkan: the application's instance and vkGetInstanceProcAddr are required");
+  }
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  volkInitializeCustom(get_instance_proc_addr);
+  if (volkGetInstanceVersion() < VK_API_VERSION_1_2) {
+    throw Error(ErrorCategory::Backend, "the application's Vulkan loader is older than 1.2: treeattn's shaders need Vulkan 1.2");
+  }
+  volkLoadInstanceOnly(instance);
+  // Not destroyed here: the application owns it.
+  return std::shared_ptr<Instance>(new Instance(instance), [](Instance* i) { delete i; });
+}
+
 int Instance::validation_messages() noexcept { return g_validation_messages.load(); }
 
 bool DeviceCaps::has_coopmat_shape(std::uint32_t m, std::uint32_t n, std::uint32_t k, VkComponentTypeKHR a,
@@ -178,122 +193,123 @@ std::vector<DeviceCaps> probe_devices(const Instance& instance) {
   TREEATTN_VK_CHECK(vkEnumeratePhysicalDevices(instance.handle(), &count, physicals.data()));
 
   std::vector<DeviceCaps> devices;
-  for (std::uint32_t i = 0; i < count; ++i) {
-    DeviceCaps c;
-    c.index = i;
-    c.physical = physicals[i];
-    const std::vector<std::string> extensions = device_extensions(c.physical);
-    auto has_extension = [&](const char* name) { return std::find(extensions.begin(), extensions.end(), name) != extensions.end(); };
+  for (std::uint32_t i = 0; i < count; ++i) devices.push_back(probe_device(instance, physicals[i], i));
+  return devices;
+}
 
-    VkPhysicalDeviceProperties basic{};
-    vkGetPhysicalDeviceProperties(c.physical, &basic);
-    c.api_version = basic.apiVersion;
-    if (c.api_version < VK_API_VERSION_1_2) {  // the chained 1.1+ queries below need 1.2
-      c.name = basic.deviceName;
-      c.type = basic.deviceType;
-      devices.push_back(c);
-      continue;
-    }
-    VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
-    VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
-    VkPhysicalDeviceSubgroupSizeControlProperties size_control{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES};
-    VkPhysicalDeviceMaintenance3Properties maintenance3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
-    VkPhysicalDeviceMaintenance4Properties maintenance4{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES};
-    VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
-    props.pNext = &subgroup;
-    subgroup.pNext = &maintenance3;
-    maintenance3.pNext = &driver;
-    const bool v13 = c.api_version >= VK_API_VERSION_1_3;
-    if (v13) {
-      driver.pNext = &size_control;
-      size_control.pNext = &maintenance4;
-    }
-    vkGetPhysicalDeviceProperties2(c.physical, &props);
-    c.name = props.properties.deviceName;
-    c.vendor_id = props.properties.vendorID;
-    c.device_id = props.properties.deviceID;
-    std::copy(std::begin(props.properties.pipelineCacheUUID), std::end(props.properties.pipelineCacheUUID),
-              c.pipeline_cache_uuid.begin());
-    c.driver = fmt::format("{} {}", driver.driverName, driver.driverInfo);
-    c.type = props.properties.deviceType;
-    c.subgroup_size = subgroup.subgroupSize;
-    c.min_subgroup_size = v13 ? size_control.minSubgroupSize : subgroup.subgroupSize;
-    c.max_subgroup_size = v13 ? size_control.maxSubgroupSize : subgroup.subgroupSize;
-    c.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                         (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
-    c.subgroup_vote = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                      (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_VOTE_BIT);
-    c.shared_memory_bytes = props.properties.limits.maxComputeSharedMemorySize;
-    c.max_storage_buffer_range = props.properties.limits.maxStorageBufferRange;
-    c.max_work_groups[0] = props.properties.limits.maxComputeWorkGroupCount[0];
-    c.max_work_groups[1] = props.properties.limits.maxComputeWorkGroupCount[1];
-    c.max_work_groups[2] = props.properties.limits.maxComputeWorkGroupCount[2];
-    c.max_allocation_bytes = maintenance3.maxMemoryAllocationSize;
-    c.max_buffer_bytes = v13 ? maintenance4.maxBufferSize : maintenance3.maxMemoryAllocationSize;
-    c.timestamp_period_ns = props.properties.limits.timestampPeriod;
-    c.timestamps = props.properties.limits.timestampComputeAndGraphics;
+DeviceCaps probe_device(const Instance& instance, VkPhysicalDevice physical, std::uint32_t index) {
+  DeviceCaps c;
+  c.index = index;
+  c.physical = physical;
+  const std::vector<std::string> extensions = device_extensions(c.physical);
+  auto has_extension = [&](const char* name) { return std::find(extensions.begin(), extensions.end(), name) != extensions.end(); };
 
-    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
-    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-    VkPhysicalDeviceVulkan13Features f13{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES};
-    VkPhysicalDeviceCooperativeMatrixFeaturesKHR fcm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
-    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fexec{
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
-    VkPhysicalDeviceShaderBfloat16FeaturesKHR fbf16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR};
-    features.pNext = &f11;
-    f11.pNext = &f12;
-    if (v13) f12.pNext = &f13;
-    void** chain_end = v13 ? &f13.pNext : &f12.pNext;
-    const bool coopmat_extension = has_extension(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
-    if (coopmat_extension) {
-      *chain_end = &fcm;
-      chain_end = &fcm.pNext;
-    }
-    const bool executable_extension = has_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
-    if (executable_extension) {
-      *chain_end = &fexec;
-      chain_end = &fexec.pNext;
-    }
-    const bool bfloat16_extension = has_extension(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
-    if (bfloat16_extension) *chain_end = &fbf16;
-    vkGetPhysicalDeviceFeatures2(c.physical, &features);
-    c.shader_int64 = features.features.shaderInt64;
-    c.storage_16bit = f11.storageBuffer16BitAccess;
-    c.buffer_device_address = f12.bufferDeviceAddress;
-    c.shader_float16 = f12.shaderFloat16;
-    c.vulkan_memory_model = f12.vulkanMemoryModel;
-    c.memory_model_device_scope = f12.vulkanMemoryModelDeviceScope;
-    c.subgroup_size_control = v13 && f13.subgroupSizeControl;
-    c.compute_full_subgroups = v13 && f13.computeFullSubgroups;
-    c.maintenance4 = v13 && f13.maintenance4;
-    c.coopmat = coopmat_extension && fcm.cooperativeMatrix;
-    c.bfloat16_coopmat = bfloat16_extension && fbf16.shaderBFloat16Type && fbf16.shaderBFloat16CooperativeMatrix;
-    c.pipeline_statistics = executable_extension && fexec.pipelineExecutableInfo;
+  VkPhysicalDeviceProperties basic{};
+  vkGetPhysicalDeviceProperties(c.physical, &basic);
+  c.api_version = basic.apiVersion;
+  if (c.api_version < VK_API_VERSION_1_2) {  // the chained 1.1+ queries below need 1.2
+    c.name = basic.deviceName;
+    c.type = basic.deviceType;
+    return c;
+  }
+  VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceSubgroupSizeControlProperties size_control{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES};
+  VkPhysicalDeviceMaintenance3Properties maintenance3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceMaintenance4Properties maintenance4{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES};
+  VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+  props.pNext = &subgroup;
+  subgroup.pNext = &maintenance3;
+  maintenance3.pNext = &driver;
+  const bool v13 = c.api_version >= VK_API_VERSION_1_3;
+  if (v13) {
+    driver.pNext = &size_control;
+    size_control.pNext = &maintenance4;
+  }
+  vkGetPhysicalDeviceProperties2(c.physical, &props);
+  c.name = props.properties.deviceName;
+  c.vendor_id = props.properties.vendorID;
+  c.device_id = props.properties.deviceID;
+  std::copy(std::begin(props.properties.pipelineCacheUUID), std::end(props.properties.pipelineCacheUUID),
+            c.pipeline_cache_uuid.begin());
+  c.driver = fmt::format("{} {}", driver.driverName, driver.driverInfo);
+  c.type = props.properties.deviceType;
+  c.subgroup_size = subgroup.subgroupSize;
+  c.min_subgroup_size = v13 ? size_control.minSubgroupSize : subgroup.subgroupSize;
+  c.max_subgroup_size = v13 ? size_control.maxSubgroupSize : subgroup.subgroupSize;
+  c.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                       (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
+  c.subgroup_vote = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                    (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_VOTE_BIT);
+  c.shared_memory_bytes = props.properties.limits.maxComputeSharedMemorySize;
+  c.max_storage_buffer_range = props.properties.limits.maxStorageBufferRange;
+  c.max_work_groups[0] = props.properties.limits.maxComputeWorkGroupCount[0];
+  c.max_work_groups[1] = props.properties.limits.maxComputeWorkGroupCount[1];
+  c.max_work_groups[2] = props.properties.limits.maxComputeWorkGroupCount[2];
+  c.max_allocation_bytes = maintenance3.maxMemoryAllocationSize;
+  c.max_buffer_bytes = v13 ? maintenance4.maxBufferSize : maintenance3.maxMemoryAllocationSize;
+  c.timestamp_period_ns = props.properties.limits.timestampPeriod;
+  c.timestamps = props.properties.limits.timestampComputeAndGraphics;
 
-    if (c.coopmat) {
-      auto get_shapes = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR>(
-          vkGetInstanceProcAddr(instance.handle(), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
-      std::uint32_t shape_count = 0;
-      if (get_shapes && get_shapes(c.physical, &shape_count, nullptr) == VK_SUCCESS) {
-        std::vector<VkCooperativeMatrixPropertiesKHR> shapes(shape_count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR});
-        get_shapes(c.physical, &shape_count, shapes.data());
-        for (const auto& s : shapes) {
-          if (s.scope == VK_SCOPE_SUBGROUP_KHR && s.AType == s.BType && s.CType == s.ResultType) {
-            c.coopmat_shapes.push_back({s.MSize, s.NSize, s.KSize, s.AType, s.CType});
-          }
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceVulkan13Features f13{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES};
+  VkPhysicalDeviceCooperativeMatrixFeaturesKHR fcm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fexec{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  VkPhysicalDeviceShaderBfloat16FeaturesKHR fbf16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR};
+  features.pNext = &f11;
+  f11.pNext = &f12;
+  if (v13) f12.pNext = &f13;
+  void** chain_end = v13 ? &f13.pNext : &f12.pNext;
+  const bool coopmat_extension = has_extension(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+  if (coopmat_extension) {
+    *chain_end = &fcm;
+    chain_end = &fcm.pNext;
+  }
+  const bool executable_extension = has_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+  if (executable_extension) {
+    *chain_end = &fexec;
+    chain_end = &fexec.pNext;
+  }
+  const bool bfloat16_extension = has_extension(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
+  if (bfloat16_extension) *chain_end = &fbf16;
+  vkGetPhysicalDeviceFeatures2(c.physical, &features);
+  c.shader_int64 = features.features.shaderInt64;
+  c.storage_16bit = f11.storageBuffer16BitAccess;
+  c.buffer_device_address = f12.bufferDeviceAddress;
+  c.shader_float16 = f12.shaderFloat16;
+  c.vulkan_memory_model = f12.vulkanMemoryModel;
+  c.memory_model_device_scope = f12.vulkanMemoryModelDeviceScope;
+  c.subgroup_size_control = v13 && f13.subgroupSizeControl;
+  c.compute_full_subgroups = v13 && f13.computeFullSubgroups;
+  c.maintenance4 = v13 && f13.maintenance4;
+  c.coopmat = coopmat_extension && fcm.cooperativeMatrix;
+  c.bfloat16_coopmat = bfloat16_extension && fbf16.shaderBFloat16Type && fbf16.shaderBFloat16CooperativeMatrix;
+  c.pipeline_statistics = executable_extension && fexec.pipelineExecutableInfo;
+
+  if (c.coopmat) {
+    auto get_shapes = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR>(
+        vkGetInstanceProcAddr(instance.handle(), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+    std::uint32_t shape_count = 0;
+    if (get_shapes && get_shapes(c.physical, &shape_count, nullptr) == VK_SUCCESS) {
+      std::vector<VkCooperativeMatrixPropertiesKHR> shapes(shape_count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR});
+      get_shapes(c.physical, &shape_count, shapes.data());
+      for (const auto& s : shapes) {
+        if (s.scope == VK_SCOPE_SUBGROUP_KHR && s.AType == s.BType && s.CType == s.ResultType) {
+          c.coopmat_shapes.push_back({s.MSize, s.NSize, s.KSize, s.AType, s.CType});
         }
       }
     }
-
-    VkPhysicalDeviceMemoryProperties memory{};
-    vkGetPhysicalDeviceMemoryProperties(c.physical, &memory);
-    for (std::uint32_t h = 0; h < memory.memoryHeapCount; ++h) {
-      if (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) c.device_local_bytes += memory.memoryHeaps[h].size;
-    }
-    devices.push_back(std::move(c));
   }
-  return devices;
+
+  VkPhysicalDeviceMemoryProperties memory{};
+  vkGetPhysicalDeviceMemoryProperties(c.physical, &memory);
+  for (std::uint32_t h = 0; h < memory.memoryHeapCount; ++h) {
+    if (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) c.device_local_bytes += memory.memoryHeaps[h].size;
+  }
+  return c;
 }
 
 const DeviceCaps& select_device(const std::vector<DeviceCaps>& devices, int requested) {
@@ -327,16 +343,150 @@ const DeviceCaps& select_device(const std::vector<DeviceCaps>& devices, int requ
   return devices.front();
 }
 
-Device::Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps) : instance_(std::move(instance)), caps_(caps) {
-  if (std::string why = caps.scalar_unsupported(); !why.empty()) {
-    throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} ({}) cannot run treeattn's shaders: {}", caps.index,
-                                                    caps.name, why));
+DeviceCaps enabled_caps(DeviceCaps caps, const void* enabled_features, const char* const* extensions,
+                        std::uint32_t extension_count) {
+  auto enabled_extension = [&](const char* name) {
+    for (std::uint32_t e = 0; e < extension_count; ++e) {
+      if (std::strcmp(extensions[e], name) == 0) return true;
+    }
+    return false;
+  };
+  bool int64 = false, storage16 = false, bda = false, float16 = false, memory_model = false, device_scope = false,
+       size_control = false, full_subgroups = false, maintenance4 = false, coopmat = false, bf16_type = false,
+       bf16_coopmat = false, executables = false;
+  // Each struct of the chain, by its type: the core 1.1/1.2/1.3 ones and the
+  // per-extension ones they absorbed (an application may give either).
+  // (switch on the integer: older headers' enum lacks the newer structs' values)
+  for (auto* s = static_cast<const VkBaseInStructure*>(enabled_features); s != nullptr; s = s->pNext) {
+    switch (std::uint32_t(s->sType)) {
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2):
+        int64 |= reinterpret_cast<const VkPhysicalDeviceFeatures2*>(s)->features.shaderInt64 != 0;
+        break;
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES):
+        storage16 |= reinterpret_cast<const VkPhysicalDeviceVulkan11Features*>(s)->storageBuffer16BitAccess != 0;
+        break;
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES):
+        storage16 |= reinterpret_cast<const VkPhysicalDevice16BitStorageFeatures*>(s)->storageBuffer16BitAccess != 0;
+        break;
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES): {
+        const auto* f = reinterpret_cast<const VkPhysicalDeviceVulkan12Features*>(s);
+        bda |= f->bufferDeviceAddress != 0;
+        float16 |= f->shaderFloat16 != 0;
+        memory_model |= f->vulkanMemoryModel != 0;
+        device_scope |= f->vulkanMemoryModelDeviceScope != 0;
+        break;
+      }
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_BUFFER_DEVICE_ADDRESS_FEATURES):
+        bda |= reinterpret_cast<const VkPhysicalDeviceBufferDeviceAddressFeatures*>(s)->bufferDeviceAddress != 0;
+        break;
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES):
+        float16 |= reinterpret_cast<const VkPhysicalDeviceShaderFloat16Int8Features*>(s)->shaderFloat16 != 0;
+        break;
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES): {
+        const auto* f = reinterpret_cast<const VkPhysicalDeviceVulkanMemoryModelFeatures*>(s);
+        memory_model |= f->vulkanMemoryModel != 0;
+        device_scope |= f->vulkanMemoryModelDeviceScope != 0;
+        break;
+      }
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES): {
+        const auto* f = reinterpret_cast<const VkPhysicalDeviceVulkan13Features*>(s);
+        size_control |= f->subgroupSizeControl != 0;
+        full_subgroups |= f->computeFullSubgroups != 0;
+        maintenance4 |= f->maintenance4 != 0;
+        break;
+      }
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES): {
+        const auto* f = reinterpret_cast<const VkPhysicalDeviceSubgroupSizeControlFeatures*>(s);
+        size_control |= f->subgroupSizeControl != 0;
+        full_subgroups |= f->computeFullSubgroups != 0;
+        break;
+      }
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_FEATURES):
+        maintenance4 |= reinterpret_cast<const VkPhysicalDeviceMaintenance4Features*>(s)->maintenance4 != 0;
+        break;
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR):
+        coopmat |= reinterpret_cast<const VkPhysicalDeviceCooperativeMatrixFeaturesKHR*>(s)->cooperativeMatrix != 0;
+        break;
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR): {
+        const auto* f = reinterpret_cast<const VkPhysicalDeviceShaderBfloat16FeaturesKHR*>(s);
+        bf16_type |= f->shaderBFloat16Type != 0;
+        bf16_coopmat |= f->shaderBFloat16CooperativeMatrix != 0;
+        break;
+      }
+      case std::uint32_t(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR):
+        executables |= reinterpret_cast<const VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR*>(s)->pipelineExecutableInfo != 0;
+        break;
+      default:
+        break;
+    }
   }
+  caps.shader_int64 = caps.shader_int64 && int64;
+  caps.storage_16bit = caps.storage_16bit && storage16;
+  caps.buffer_device_address = caps.buffer_device_address && bda;
+  caps.shader_float16 = caps.shader_float16 && float16;
+  caps.vulkan_memory_model = caps.vulkan_memory_model && memory_model;
+  caps.memory_model_device_scope = caps.memory_model_device_scope && device_scope;
+  caps.subgroup_size_control = caps.subgroup_size_control && size_control;
+  caps.compute_full_subgroups = caps.compute_full_subgroups && full_subgroups;
+  caps.maintenance4 = caps.maintenance4 && maintenance4;
+  caps.coopmat = caps.coopmat && coopmat && enabled_extension(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+  caps.bfloat16_coopmat = caps.bfloat16_coopmat && bf16_type && bf16_coopmat &&
+                          enabled_extension(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
+  caps.pipeline_statistics = caps.pipeline_statistics && executables &&
+                             enabled_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+  return caps;
+}
+
+FeatureChain::FeatureChain(const DeviceCaps& caps) {
+  features.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+  v11.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES;
+  v12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
+  v13.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES;
+  coopmat.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR;
+  executables.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR;
+  bfloat16.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR;
+  const bool with_coopmat = caps.coopmat_unsupported(false).empty();
+  features.features.shaderInt64 = caps.shader_int64;
+  v11.storageBuffer16BitAccess = caps.storage_16bit;
+  v12.bufferDeviceAddress = caps.buffer_device_address;
+  v12.shaderFloat16 = caps.shader_float16;
+  v12.vulkanMemoryModel = caps.vulkan_memory_model;
+  v12.vulkanMemoryModelDeviceScope = caps.memory_model_device_scope;
+  v13.subgroupSizeControl = caps.subgroup_size_control;
+  v13.computeFullSubgroups = caps.compute_full_subgroups;
+  v13.maintenance4 = caps.maintenance4;
+  coopmat.cooperativeMatrix = VK_TRUE;
+  executables.pipelineExecutableInfo = VK_TRUE;
+  bfloat16.shaderBFloat16Type = VK_TRUE;
+  bfloat16.shaderBFloat16CooperativeMatrix = VK_TRUE;
+  features.pNext = &v11;
+  v11.pNext = &v12;
+  if (caps.api_version >= VK_API_VERSION_1_3) v12.pNext = &v13;
+  void** chain_end = caps.api_version >= VK_API_VERSION_1_3 ? &v13.pNext : &v12.pNext;
+  if (with_coopmat) {
+    *chain_end = &coopmat;
+    chain_end = &coopmat.pNext;
+    extensions.push_back(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+  }
+  if (caps.pipeline_statistics) {
+    *chain_end = &executables;
+    chain_end = &executables.pNext;
+    extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+  }
+  if (with_coopmat && caps.coopmat_unsupported(true).empty()) {
+    *chain_end = &bfloat16;
+    extensions.push_back(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
+  }
+}
+
+namespace {
+
+// A compute family with timestamps, preferring one without graphics (a dedicated compute engine).
+std::uint32_t compute_family(const DeviceCaps& caps) {
   std::uint32_t family_count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(caps.physical, &family_count, nullptr);
   std::vector<VkQueueFamilyProperties> families(family_count);
   vkGetPhysicalDeviceQueueFamilyProperties(caps.physical, &family_count, families.data());
-  // A compute queue, preferring a family without graphics (a dedicated compute engine).
   int chosen = -1;
   for (std::uint32_t f = 0; f < family_count; ++f) {
     if (!(families[f].queueFlags & VK_QUEUE_COMPUTE_BIT) || families[f].timestampValidBits == 0) continue;
@@ -344,69 +494,50 @@ Device::Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps) : ins
     if (!(families[f].queueFlags & VK_QUEUE_GRAPHICS_BIT)) break;
   }
   if (chosen < 0) throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} has no compute queue with timestamps", caps.name));
-  queue_family_ = std::uint32_t(chosen);
+  return std::uint32_t(chosen);
+}
 
-  const bool coopmat = caps.coopmat_unsupported(false).empty();
-  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-  features.features.shaderInt64 = VK_TRUE;
-  VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
-  f11.storageBuffer16BitAccess = caps.storage_16bit;
-  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-  f12.bufferDeviceAddress = VK_TRUE;
-  f12.shaderFloat16 = caps.shader_float16;
-  f12.vulkanMemoryModel = caps.vulkan_memory_model;
-  f12.vulkanMemoryModelDeviceScope = caps.memory_model_device_scope;
-  VkPhysicalDeviceVulkan13Features f13{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES};
-  f13.subgroupSizeControl = caps.subgroup_size_control;
-  f13.computeFullSubgroups = caps.compute_full_subgroups;
-  f13.maintenance4 = caps.maintenance4;
-  VkPhysicalDeviceCooperativeMatrixFeaturesKHR fcm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
-  fcm.cooperativeMatrix = VK_TRUE;
-  features.pNext = &f11;
-  f11.pNext = &f12;
-  if (caps.api_version >= VK_API_VERSION_1_3) f12.pNext = &f13;
-  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fexec{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
-  fexec.pipelineExecutableInfo = VK_TRUE;
-  VkPhysicalDeviceShaderBfloat16FeaturesKHR fbf16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR};
-  fbf16.shaderBFloat16Type = VK_TRUE;
-  fbf16.shaderBFloat16CooperativeMatrix = VK_TRUE;
-  std::vector<const char*> extensions;
-  void** chain_end = caps.api_version >= VK_API_VERSION_1_3 ? &f13.pNext : &f12.pNext;
-  if (coopmat) {
-    *chain_end = &fcm;
-    chain_end = &fcm.pNext;
-    extensions.push_back(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+void require_scalar(const DeviceCaps& caps, const char* whose) {
+  if (std::string why = caps.scalar_unsupported(); !why.empty()) {
+    throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} ({}{}) cannot run treeattn's shaders: {}", caps.index,
+                                                    caps.name, whose, why));
   }
-  if (caps.pipeline_statistics) {
-    *chain_end = &fexec;
-    chain_end = &fexec.pNext;
-    extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
-  }
-  if (coopmat && caps.coopmat_unsupported(true).empty()) {
-    *chain_end = &fbf16;
-    extensions.push_back(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
-  }
+}
 
+}  // namespace
+
+Device::Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps) : instance_(std::move(instance)), caps_(caps) {
+  require_scalar(caps, "");
+  queue_family_ = compute_family(caps);
+  const FeatureChain chain(caps);
   const float priority = 1.0f;
   VkDeviceQueueCreateInfo queue_info{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
   queue_info.queueFamilyIndex = queue_family_;
   queue_info.queueCount = 1;
   queue_info.pQueuePriorities = &priority;
   VkDeviceCreateInfo info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
-  info.pNext = &features;
+  info.pNext = &chain.features;
   info.queueCreateInfoCount = 1;
   info.pQueueCreateInfos = &queue_info;
-  info.enabledExtensionCount = std::uint32_t(extensions.size());
-  info.ppEnabledExtensionNames = extensions.data();
+  info.enabledExtensionCount = std::uint32_t(chain.extensions.size());
+  info.ppEnabledExtensionNames = chain.extensions.data();
   TREEATTN_VK_CHECK(vkCreateDevice(caps.physical, &info, nullptr, &device_));
   volkLoadDevice(device_);
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
   vkGetPhysicalDeviceMemoryProperties(caps.physical, &memory_);
 }
 
+Device::Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps, VkDevice borrowed, std::uint32_t queue_family,
+               VkQueue queue)
+    : instance_(std::move(instance)), caps_(caps), device_(borrowed), owned_(false), queue_(queue),
+      queue_family_(queue_family) {
+  require_scalar(caps, ", as the application enabled it");
+  volkLoadDevice(device_);
+  vkGetPhysicalDeviceMemoryProperties(caps.physical, &memory_);
+}
+
 Device::~Device() {
-  if (device_ != VK_NULL_HANDLE) vkDestroyDevice(device_, nullptr);
+  if (owned_ && device_ != VK_NULL_HANDLE) vkDestroyDevice(device_, nullptr);
 }
 
 std::uint32_t Device::memory_type(std::uint32_t type_bits, VkMemoryPropertyFlags required, VkMemoryPropertyFlags preferred) const {

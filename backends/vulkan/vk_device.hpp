@@ -21,6 +21,10 @@ class Instance {
   // .cpp says why). Throws Backend when no Vulkan loader or no Vulkan 1.2
   // implementation exists; the next call then tries again.
   static std::shared_ptr<Instance> get();
+  // The application's instance, used as it is (never destroyed here): volk
+  // loads its functions through `get_instance_proc_addr`. Throws Backend when
+  // it is older than Vulkan 1.2.
+  static std::shared_ptr<Instance> borrow(VkInstance instance, PFN_vkGetInstanceProcAddr get_instance_proc_addr);
   Instance(const Instance&) = delete;
   Instance& operator=(const Instance&) = delete;
 
@@ -31,6 +35,7 @@ class Instance {
 
  private:
   Instance();
+  explicit Instance(VkInstance borrowed) : instance_(borrowed) {}
   VkInstance instance_ = VK_NULL_HANDLE;
   VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
 };
@@ -82,6 +87,33 @@ struct DeviceCaps {
 
 // Every physical device, in the loader's order.
 std::vector<DeviceCaps> probe_devices(const Instance& instance);
+// One physical device (`index`: its place in the loader's order, for messages).
+DeviceCaps probe_device(const Instance& instance, VkPhysicalDevice physical, std::uint32_t index);
+
+// What a device's creator enabled, read from the pNext chain it gave
+// vkCreateDevice (VkPhysicalDeviceFeatures2, the Vulkan 1.1/1.2/1.3 feature
+// structs and their per-extension equivalents, the cooperative-matrix and
+// bfloat16 ones) and its extension names: `caps` with every feature it did not
+// enable turned off.
+DeviceCaps enabled_caps(DeviceCaps caps, const void* enabled_features, const char* const* extensions,
+                        std::uint32_t extension_count);
+
+// The features and extensions treeattn enables on a device it creates (as far
+// as `caps` has them), as a pNext chain for VkDeviceCreateInfo.
+struct FeatureChain {
+  VkPhysicalDeviceFeatures2 features{};
+  VkPhysicalDeviceVulkan11Features v11{};
+  VkPhysicalDeviceVulkan12Features v12{};
+  VkPhysicalDeviceVulkan13Features v13{};
+  VkPhysicalDeviceCooperativeMatrixFeaturesKHR coopmat{};
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR executables{};
+  VkPhysicalDeviceShaderBfloat16FeaturesKHR bfloat16{};
+  std::vector<const char*> extensions;
+
+  explicit FeatureChain(const DeviceCaps& caps);
+  FeatureChain(const FeatureChain&) = delete;  // the chain points into the object
+  FeatureChain& operator=(const FeatureChain&) = delete;
+};
 
 // `requested` >= 0 picks that index; otherwise TREEATTN_VK_DEVICE when set;
 // otherwise the first discrete GPU, then integrated, virtual, CPU. Throws
@@ -93,11 +125,16 @@ class Device {
   // Creates the logical device with what both shader variants need, as far as
   // the physical device offers it (coopmat features only when it has them).
   Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps);
+  // The application's device (not destroyed here), with `caps` as enabled on
+  // it (enabled_caps); `queue` may be null (then nothing can be submitted).
+  Device(std::shared_ptr<Instance> instance, const DeviceCaps& caps, VkDevice borrowed, std::uint32_t queue_family,
+         VkQueue queue);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 
   VkDevice handle() const noexcept { return device_; }
+  bool owned() const noexcept { return owned_; }
   VkQueue queue() const noexcept { return queue_; }
   std::uint32_t queue_family() const noexcept { return queue_family_; }
   const DeviceCaps& caps() const noexcept { return caps_; }
@@ -109,6 +146,7 @@ class Device {
   std::shared_ptr<Instance> instance_;
   DeviceCaps caps_;
   VkDevice device_ = VK_NULL_HANDLE;
+  bool owned_ = true;
   VkQueue queue_ = VK_NULL_HANDLE;
   std::uint32_t queue_family_ = 0;
   VkPhysicalDeviceMemoryProperties memory_{};

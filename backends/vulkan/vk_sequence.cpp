@@ -6,6 +6,30 @@
 
 namespace treeattn::vulkan {
 
+void record_dispatch(VkCommandBuffer commands, const ComputePipeline& pipeline, const void* push_constants,
+                     std::uint32_t push_bytes, std::uint32_t groups_x, std::uint32_t groups_y, std::uint32_t groups_z) {
+  if (groups_x == 0 || groups_y == 0 || groups_z == 0) return;
+  vkCmdBindPipeline(commands, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle());
+  vkCmdPushConstants(commands, pipeline.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push_constants);
+  vkCmdDispatch(commands, groups_x, groups_y, groups_z);
+}
+
+void record_compute_barrier(VkCommandBuffer commands) {
+  VkMemoryBarrier memory{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  memory.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+  memory.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+  vkCmdPipelineBarrier(commands, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                       &memory, 0, nullptr, 0, nullptr);
+}
+
+void record_transfer_to_compute_barrier(VkCommandBuffer commands) {
+  VkMemoryBarrier memory{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  memory.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  memory.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
+  vkCmdPipelineBarrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &memory, 0,
+                       nullptr, 0, nullptr);
+}
+
 CommandSequence::CommandSequence(const Device& device, std::uint32_t timestamps)
     : device_(device), timestamp_count_(timestamps) {
   VkCommandPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
@@ -53,10 +77,7 @@ void CommandSequence::fill(const Buffer& buffer, std::uint32_t value) {
 
 void CommandSequence::dispatch(const ComputePipeline& pipeline, const void* push_constants, std::uint32_t push_bytes,
                                std::uint32_t groups_x, std::uint32_t groups_y, std::uint32_t groups_z) {
-  if (groups_x == 0 || groups_y == 0 || groups_z == 0) return;
-  vkCmdBindPipeline(commands_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle());
-  vkCmdPushConstants(commands_, pipeline.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push_constants);
-  vkCmdDispatch(commands_, groups_x, groups_y, groups_z);
+  record_dispatch(commands_, pipeline, push_constants, push_bytes, groups_x, groups_y, groups_z);
 }
 
 void CommandSequence::barrier() {
@@ -68,13 +89,7 @@ void CommandSequence::barrier() {
   vkCmdPipelineBarrier(commands_, stages, stages, 0, 1, &memory, 0, nullptr, 0, nullptr);
 }
 
-void CommandSequence::compute_barrier() {
-  VkMemoryBarrier memory{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-  memory.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-  memory.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
-  vkCmdPipelineBarrier(commands_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
-                       &memory, 0, nullptr, 0, nullptr);
-}
+void CommandSequence::compute_barrier() { record_compute_barrier(commands_); }
 
 void CommandSequence::timestamp(std::uint32_t index) {
   vkCmdWriteTimestamp(commands_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, index);

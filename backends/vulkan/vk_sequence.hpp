@@ -12,6 +12,15 @@
 
 namespace treeattn::vulkan {
 
+// Commands recorded into any command buffer: an application's, or a CommandSequence's.
+// A dispatch with its push constants (nothing when a count is 0).
+void record_dispatch(VkCommandBuffer commands, const ComputePipeline& pipeline, const void* push_constants,
+                     std::uint32_t push_bytes, std::uint32_t groups_x, std::uint32_t groups_y = 1, std::uint32_t groups_z = 1);
+// Earlier dispatches' writes made visible to later dispatches' reads and writes.
+void record_compute_barrier(VkCommandBuffer commands);
+// Earlier copies' writes made visible to later dispatches' reads.
+void record_transfer_to_compute_barrier(VkCommandBuffer commands);
+
 class CommandSequence {
  public:
   explicit CommandSequence(const Device& device, std::uint32_t timestamps = 0);
@@ -19,6 +28,7 @@ class CommandSequence {
   CommandSequence(const CommandSequence&) = delete;
   CommandSequence& operator=(const CommandSequence&) = delete;
 
+  VkCommandBuffer handle() const noexcept { return commands_; }
   void begin();  // starts a new recording (the previous one must have completed)
   void copy(const Buffer& from, const Buffer& to, std::size_t bytes, std::size_t from_offset = 0, std::size_t to_offset = 0);
   void fill(const Buffer& buffer, std::uint32_t value);

@@ -1,0 +1,288 @@
+// treeattn::vulkan::Context: treeattn's own device or the application's, the
+// pipeline cache, the pipelines (built once), the shader variant and the cost
+// model of the Vulkan shaders.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "context_state.hpp"
+#include "coopmat_layout.hpp"
+#include "shaders.hpp"
+#include "spirv_bf16.hpp"
+#include "vk_check.hpp"
+#include "vk_plan.hpp"
+
+namespace treeattn::vulkan {
+
+Context::State::State(const ContextOptions& o, std::shared_ptr<Instance> i, const DeviceCaps* caps)
+    : options(o), instance(std::move(i)) {
+  std::vector<DeviceCaps> devices;
+  if (caps == nullptr) {
+    devices = probe_devices(*instance);
+    caps = &select_device(devices, options.device);
+  }
+  device = std::make_unique<Device>(instance, *caps);
+  open_cache_and_probe();
+}
+
+Context::State::State(const ContextOptions& o, const ExternalDevice& e) : options(o) {
+  if (e.device == VK_NULL_HANDLE || e.physical_device == VK_NULL_HANDLE) {
+    throw Error(ErrorCategory::InvalidArgument, "Vulkan: ExternalDevice needs the application's VkDevice and VkPhysicalDevice");
+  }
+  instance = Instance::borrow(e.instance, e.get_instance_proc_addr);
+  const DeviceCaps probed = probe_device(*instance, e.physical_device, 0);
+  DeviceCaps caps = enabled_caps(probed, e.enabled_features, e.enabled_extensions, e.enabled_extension_count);
+  if (e.enabled_core_features != nullptr && e.enabled_core_features->shaderInt64) caps.shader_int64 = probed.shader_int64;
+  device = std::make_unique<Device>(instance, caps, e.device, e.queue_family, e.queue);
+  open_cache_and_probe();
+}
+
+// The pipeline cache (options.pipeline_cache_path carries the driver's compiled
+// pipelines from one process to the next: read here, written back on
+// destruction; data another device or driver wrote is not handed over), and
+// the cooperative matrices' element layout where the device can run them.
+void Context::State::open_cache_and_probe() {
+  const DeviceCaps& caps = device->caps();
+  std::vector<char> cached;
+  if (!options.pipeline_cache_path.empty()) {
+    if (std::ifstream in{options.pipeline_cache_path, std::ios::binary}) cached.assign(std::istreambuf_iterator<char>(in), {});
+    if (!cached.empty() && !caps.pipeline_cache_matches(cached)) {
+      if (options.verbose) {
+        std::fprintf(stderr, "treeattn: ignoring the pipeline cache %s: written by another device or driver\n",
+                     options.pipeline_cache_path.c_str());
+      }
+      cached.clear();
+    }
+  }
+  VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  cache_info.initialDataSize = cached.size();
+  cache_info.pInitialData = cached.data();
+  TREEATTN_VK_CHECK(vkCreatePipelineCache(device->handle(), &cache_info, nullptr, &cache));
+  // Probed with a dispatch, so only where a queue is at hand; without it the
+  // shared-memory coopmat shader runs, correct on any layout.
+  if (options.variant != "scalar" && caps.coopmat_unsupported(false).empty() && device->queue() != VK_NULL_HANDLE) {
+    fragment_layout = coopmat_fragment_layout(*device);
+  }
+  if (options.verbose) {
+    std::fprintf(stderr, "treeattn: Vulkan device %u: %s (%s, %s), subgroup %u, shared memory %u KiB%s%s\n", caps.index,
+                 caps.name.c_str(), caps.type_name(), caps.driver.c_str(), caps.subgroup_size,
+                 caps.shared_memory_bytes / 1024, instance->validation() ? ", validation layer on" : "",
+                 device->owned() ? "" : ", the application's device");
+  }
+}
+
+Context::State::~State() {
+  stage1_.clear();
+  merge_.clear();
+  if (cache == VK_NULL_HANDLE) return;
+  if (!options.pipeline_cache_path.empty()) {
+    std::size_t bytes = 0;
+    std::vector<char> data;
+    if (vkGetPipelineCacheData(device->handle(), cache, &bytes, nullptr) == VK_SUCCESS) {
+      data.resize(bytes);
+      if (vkGetPipelineCacheData(device->handle(), cache, &bytes, data.data()) == VK_SUCCESS) {
+        std::ofstream(options.pipeline_cache_path, std::ios::binary).write(data.data(), std::streamsize(bytes));
+      }
+    }
+  }
+  vkDestroyPipelineCache(device->handle(), cache, nullptr);
+}
+
+Variant Context::State::variant(DType inputs, int head_dim, std::string* reason) const {
+  return choose_variant(device->caps(), options.variant, inputs, fragment_layout, head_dim, reason);
+}
+
+void Context::State::log_variant(const std::string& reason) {
+  if (!options.verbose) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reason == logged_variant_) return;
+  std::fprintf(stderr, "treeattn: Vulkan shader variant: %s\n", reason.c_str());
+  logged_variant_ = reason;
+}
+
+// At verbose, what the driver's compiler made of a pipeline (registers,
+// spills, shared memory, as far as the driver reports them): occupancy and
+// spills decide these shaders' speed and are otherwise invisible.
+void Context::State::log_statistics(const std::string& what, const ComputePipeline& pipeline) const {
+  const std::vector<std::string> stats = pipeline.statistics();
+  if (stats.empty()) return;
+  std::string line;
+  for (const auto& s : stats) line += (line.empty() ? "" : ", ") + s;
+  std::fprintf(stderr, "treeattn: Vulkan pipeline %s: %s\n", what.c_str(), line.c_str());
+}
+
+const ComputePipeline& Context::State::stage1_pipeline(Variant variant, int head_dim, bool bf16) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = stage1_[{variant, head_dim, bf16}];
+  if (slot) return *slot;
+  const bool capture = options.verbose && device->caps().pipeline_statistics;
+  if (variant == Variant::scalar) {
+    const std::uint32_t chunk = scalar_chunk_tokens(device->caps(), head_dim);
+    slot = std::make_unique<ComputePipeline>(
+        *device, cache, SpirvModule{spirv::tree_attn_scalar, spirv::tree_attn_scalar_words},
+        std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk, bf16 ? 1u : 0u}, std::uint32_t(sizeof(PushConstants)), 0,
+        capture);
+    log_statistics(fmt::format("tree_attn_scalar (head_dim {}, {}-token stages)", head_dim, chunk), *slot);
+    return *slot;
+  }
+#ifdef TREEATTN_HAVE_VK_COOPMAT
+  const bool fragments = variant == Variant::coopmat_fragments;
+  const SpirvModule f16 = fragments
+                              ? SpirvModule{spirv::tree_attn_coopmat_fragments, spirv::tree_attn_coopmat_fragments_words}
+                              : SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words};
+  // bf16 inputs: the same shader with its 16-bit float type declared bfloat16.
+  const std::vector<std::uint32_t> bf16_words =
+      bf16 ? retype_f16_as_bf16(f16.words, f16.word_count) : std::vector<std::uint32_t>{};
+  const SpirvModule module = bf16 ? SpirvModule{bf16_words.data(), bf16_words.size()} : f16;
+  const std::uint32_t chunk = coopmat_chunk_tokens(device->caps(), head_dim, fragments);
+  slot = std::make_unique<ComputePipeline>(*device, cache, module,
+                                           std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk},
+                                           std::uint32_t(sizeof(PushConstants)), 32, capture);
+  log_statistics(fmt::format("{} ({}, head_dim {}, {}-token stages)",
+                             fragments ? "tree_attn_coopmat_fragments" : "tree_attn_coopmat", bf16 ? "bf16" : "f16",
+                             head_dim, chunk),
+                 *slot);
+  return *slot;
+#else
+  throw Error(ErrorCategory::Backend, "this build has no cooperative-matrix shaders");
+#endif
+}
+
+const ComputePipeline& Context::State::merge_pipeline(int head_dim) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = merge_[head_dim];
+  if (!slot) {
+    slot = std::make_unique<ComputePipeline>(*device, cache, SpirvModule{spirv::tree_merge, spirv::tree_merge_words},
+                                             std::vector<std::uint32_t>{std::uint32_t(head_dim)},
+                                             std::uint32_t(sizeof(PushConstants)), 0,
+                                             options.verbose && device->caps().pipeline_statistics);
+    log_statistics(fmt::format("tree_merge (head_dim {})", head_dim), *slot);
+  }
+  return *slot;
+}
+
+CostModel Context::State::cost_model() const {
+  // The coopmat shaders' coefficients, fitted to the shared-memory one's
+  // timings on the H100 (docs/performance.md under Vulkan):
+  // every pass runs 64 rows, so a 16-row tile costs the same, and two work
+  // groups share an SM (225-231 registers). The fragments shader, 1.11x faster
+  // there, plans as well with them: its tiles' costs scaled by 0.85 or 0.75
+  // moved DESIGN 1.001x and 0.993x (docs/performance.md).
+  //
+  // A pass's fixed cost is 2 500 ns, not the fit's 1 469: the fragments
+  // shader's clock counters put a work group's start at 5 000-9 000 cycles
+  // (its chain of loads before the first chunk) and its end at 600-2 500.
+  // Only one DESIGN plan moves, 1x1024/4x256/16x128/512x32 with flatten to
+  // 512-token blocks, 1.087x (DESIGN flatten 1.009x, three rounds); four
+  // greedy peer plans move, 0.97-1.07x, 1.000x over the 57
+  // (benchmarks/h100/vulkan_start_latency_and_pass_cost.json).
+  CostModel model = cost_model_for("h100");
+  model.pass_ns = 2500.0;
+  model.tile_ns_large = 3993.0;
+  model.tile_ns_small = 3972.0;
+  model.slots = 2.0 * model.sms;
+  // partial_ns stays the CUDA kernels': the fit's 86 ns, about what the merge
+  // takes per row here, made greedy keep the partials of deep trees that it
+  // reads whole at 169 (0.65x on 1/2/.../1024 x 16 tokens).
+  //
+  // A lone work group's speedup 1.25, not the CUDA kernels' 2: of 1-2 it is
+  // the value whose picks among 256-1024-token blocks came closest to the
+  // best measured size per tree (DESIGN 1.078x over 256, no tree slower,
+  // where the best size per tree gives 1.083x; at 1.75, 1.064x and a worst of
+  // 0.96x). Each SM's freed slots are refilled in turn (refill_spread 0): the
+  // other order made four greedy peer plans 0.72-0.99x under the model before,
+  // and moves one of the 69 flatten block sizes picked here.
+  model.solo_speedup = 1.25;
+  model.split_solo_speedup = 1.25;
+  model.refill_spread = 0.0;
+  // auto from 192 tokens: a tree whose work groups fill under one wave (the
+  // small speculative and tree-of-thought trees) runs each of them alone on
+  // its SM, at the pace of its chunk chain, and shorter blocks spread it over
+  // more of them (DESIGN 1.029x flatten, 1.034x greedy over 256, up to 1.19x;
+  // the peer shapes 0.999x); 128 gains as much on DESIGN but loses more on
+  // the small 16/1 and 32/8 peer trees (0.998x). Up to 2048 tokens: long
+  // prompts under many queries and the wide 32/32 trees take longer blocks
+  // (the peer shapes 1.020x over 1024, up to 1.23x; few-shot b=50 0.982x at
+  // 1216 tokens instead of 384, DESIGN 0.999x; docs/performance.md).
+  model.auto_block_min = 192;
+  model.auto_block_max = 2048;
+  // Greedy's own layouts are mispredicted more here than on CUDA, so flatten's
+  // is kept unless the own one is predicted 1.4x faster: 1.095x over the 57
+  // peer shapes against 1.090x at 1.2, whose worst plan (one 2 000-token pass
+  // per KV head, 32/32 heads) ran 0.69x.
+  model.switch_gain = 1.4;
+  return model;
+}
+
+// --- the public face ---------------------------------------------------------
+
+Context::Context(const ContextOptions& options)
+    : state_(std::make_unique<State>(options, Instance::get(), nullptr)) {}
+Context::Context(const ExternalDevice& device, const ContextOptions& options)
+    : state_(std::make_unique<State>(options, device)) {}
+Context::Context(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Context::~Context() = default;
+
+CostModel Context::cost_model() const { return state_->cost_model(); }
+std::string Context::variant(DType inputs, int head_dim) const {
+  std::string reason;
+  state_->variant(inputs, head_dim, &reason);
+  return reason;
+}
+VkDevice Context::device() const noexcept { return state_->device->handle(); }
+VkPhysicalDevice Context::physical_device() const noexcept { return state_->device->caps().physical; }
+std::uint32_t Context::queue_family() const noexcept { return state_->device->queue_family(); }
+VkQueue Context::queue() const noexcept { return state_->device->owned() ? state_->device->queue() : VK_NULL_HANDLE; }
+
+std::unique_ptr<DeviceRequirements> device_requirements(VkInstance instance, VkPhysicalDevice physical_device,
+                                                        PFN_vkGetInstanceProcAddr get_instance_proc_addr) {
+  const std::shared_ptr<Instance> borrowed = Instance::borrow(instance, get_instance_proc_addr);
+  const DeviceCaps caps = probe_device(*borrowed, physical_device, 0);
+  if (std::string why = caps.scalar_unsupported(); !why.empty()) {
+    throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} cannot run treeattn's shaders: {}", caps.name, why));
+  }
+  const FeatureChain chain(caps);
+  auto r = std::make_unique<DeviceRequirements>();
+  r->features = chain.features;
+  r->vulkan11 = chain.v11;
+  r->vulkan12 = chain.v12;
+  r->vulkan13 = chain.v13;
+  r->extensions = chain.extensions;
+  // The extensions' structs travel in one allocation, chained after vulkan13.
+  struct Extensions {
+    VkPhysicalDeviceCooperativeMatrixFeaturesKHR coopmat;
+    VkPhysicalDeviceShaderBfloat16FeaturesKHR bfloat16;
+  };
+  auto extensions = std::make_shared<Extensions>(Extensions{chain.coopmat, chain.bfloat16});
+  extensions->coopmat.pNext = nullptr;
+  extensions->bfloat16.pNext = nullptr;
+  r->features.pNext = &r->vulkan11;
+  r->vulkan11.pNext = &r->vulkan12;
+  r->vulkan12.pNext = caps.api_version >= VK_API_VERSION_1_3 ? &r->vulkan13 : nullptr;
+  r->vulkan13.pNext = nullptr;
+  void** end = caps.api_version >= VK_API_VERSION_1_3 ? &r->vulkan13.pNext : &r->vulkan12.pNext;
+  for (const char* name : chain.extensions) {
+    if (std::strcmp(name, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0) {
+      *end = &extensions->coopmat;
+      end = &extensions->coopmat.pNext;
+    } else if (std::strcmp(name, VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME) == 0) {
+      *end = &extensions->bfloat16;
+      end = &extensions->bfloat16.pNext;
+    }
+  }
+  // Pipeline statistics are for treeattn's --verbose on its own device; an application need not enable them.
+  r->extensions.erase(std::remove_if(r->extensions.begin(), r->extensions.end(),
+                                     [](const char* name) {
+                                       return std::strcmp(name, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
+                                     }),
+                      r->extensions.end());
+  r->extension_features = extensions;
+  return r;
+}
+
+}  // namespace treeattn::vulkan

@@ -1,0 +1,216 @@
+// treeattn::vulkan::Workspace: the plan's words on the device (copied from
+// one of two staging buffers by a command the upload records), the partial
+// buffers, a host-written table of K/V chunk addresses, and the recording of
+// one attention call into any command buffer.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "vk_check.hpp"
+#include "vk_sequence.hpp"
+#include "workspace_state.hpp"
+
+namespace treeattn::vulkan {
+namespace {
+
+// K/V chunk addresses the table holds (8 bytes each), two halves of 2 048: a
+// step's distinct K/V pools (a model's layers, each a few chunks) many times over.
+constexpr std::size_t kTableBytes = std::size_t(32) << 10;
+
+std::uint32_t out_type(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return 0;
+    case DType::bf16: return 1;
+    case DType::f32: return 2;
+  }
+  return 2;
+}
+
+// Replaces `buffer` by one of at least `bytes` when it is smaller; the old one
+// goes to `retired` (commands recorded earlier may still read it).
+void grow(Buffer& buffer, std::size_t bytes, const Device& device, Buffer::Kind kind, std::vector<Buffer>& retired) {
+  if (buffer.handle() != VK_NULL_HANDLE && buffer.bytes() >= bytes) return;
+  if (buffer.handle() != VK_NULL_HANDLE) retired.push_back(std::move(buffer));
+  buffer = Buffer(device, std::max<std::size_t>(bytes, 16), kind);
+}
+
+VkDeviceAddress address_of(VkDevice device, const Tensor& t) {
+  if (t.buffer == VK_NULL_HANDLE) return 0;
+  VkBufferDeviceAddressInfo info{VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO};
+  info.buffer = t.buffer;
+  return vkGetBufferDeviceAddress(device, &info) + t.offset;
+}
+
+}  // namespace
+
+Runs runs_of(const DeviceCaps& caps, std::uint32_t run_limit, std::uint64_t count, int runs_axis, const std::string& what) {
+  std::uint64_t length = std::min<std::uint64_t>(count, caps.max_work_groups[0]);
+  if (run_limit > 0) length = std::min<std::uint64_t>(length, run_limit);
+  const std::uint64_t runs = length == 0 ? 0 : (count + length - 1) / length;
+  if (count > 0xffffffffull || runs > caps.max_work_groups[runs_axis]) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("Vulkan backend: the plan needs {}; device {} dispatches at most {} x {} x {} work groups", what,
+                            caps.name, caps.max_work_groups[0], caps.max_work_groups[1], caps.max_work_groups[2]));
+  }
+  return {std::uint32_t(count), std::uint32_t(length), std::uint32_t(runs)};
+}
+
+Workspace::State::State(Context::State& c, DType in) : context(&c), inputs(in) {
+  if (inputs != DType::f16 && inputs != DType::bf16) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("Vulkan backend: Q, K and V must be f16 or bf16 (got {})", to_string(inputs)));
+  }
+  table = Buffer(*c.device, kTableBytes, Buffer::Kind::host_written);
+}
+
+VkDeviceAddress Workspace::State::kv_table(const LayerTensors& t) {
+  std::vector<VkDeviceAddress> key = t.k_chunks;
+  key.insert(key.end(), t.v_chunks.begin(), t.v_chunks.end());
+  key.push_back(t.chunk_slots);
+  auto& entries = table_entries[current];
+  const std::size_t half = table.bytes() / 2, base = std::size_t(current) * half;
+  auto found = entries.find(key);
+  if (found == entries.end()) {
+    const std::size_t bytes = (t.k_chunks.size() + t.v_chunks.size()) * sizeof(VkDeviceAddress);
+    if (table_used[current] + bytes > half) {
+      throw Error(ErrorCategory::InvalidArgument,
+                  fmt::format("Vulkan workspace: a step recorded more distinct K/V buffers than its table holds ({} "
+                              "addresses, {} K/V pairs so far)",
+                              half / sizeof(VkDeviceAddress), entries.size()));
+    }
+    // K's chunks, then V's: the shaders' kv_chunks table.
+    auto* at = reinterpret_cast<VkDeviceAddress*>(static_cast<unsigned char*>(table.mapped()) + base + table_used[current]);
+    std::copy(t.k_chunks.begin(), t.k_chunks.end(), at);
+    std::copy(t.v_chunks.begin(), t.v_chunks.end(), at + t.k_chunks.size());
+    found = entries.emplace(std::move(key), base + table_used[current]).first;
+    table_used[current] += bytes;
+  }
+  return table.address() + found->second;
+}
+
+// A barrier first (stage 1 rewrites the partials the previous call's merge
+// read, and the previous call's outputs may be this one's inputs), then stage
+// 1's dispatches, a barrier, and the merge where the plan has partials.
+void Workspace::State::record(VkCommandBuffer commands, const LayerTensors& t) {
+  PushConstants pc{};
+  pc.plan = plan.address();
+  pc.q = t.q;
+  pc.kv_chunks = kv_table(t);
+  pc.o = t.o;
+  pc.lse = t.lse;
+  pc.partial_o = partials.address();
+  pc.partial_lse = partials.address() + partial_rows * std::size_t(shape.heads.head_dim) * 4;
+  pc.chunk_slots = t.chunk_slots;
+  pc.num_chunks = std::uint32_t(t.k_chunks.size());
+  pc.heads_q = std::uint32_t(shape.heads.heads_q);
+  pc.heads_kv = std::uint32_t(shape.heads.heads_kv);
+  pc.group = std::uint32_t(shape.heads.group_size());
+  pc.out_type = out_type(t.out);
+  pc.scale_log2 = shape.heads.effective_scale() * 1.4426950408889634f;
+  std::copy(std::begin(encoded.offsets), std::end(encoded.offsets), pc.offsets);
+  pc.merge_in_order = encoded.merge_in_order ? 1 : 0;
+  pc.groups = stage1.count;
+  pc.run = stage1.length;
+  record_compute_barrier(commands);
+  record_dispatch(commands, *stage1_pipeline, &pc, sizeof(pc), stage1.length, stage1.runs);
+  if (partial_rows > 0) {
+    record_compute_barrier(commands);
+    pc.groups = merge.count;
+    pc.run = merge.length;
+    record_dispatch(commands, *merge_pipeline, &pc, sizeof(pc), merge.length, std::uint32_t(shape.heads.heads_q), merge.runs);
+  }
+}
+
+Workspace::Workspace(const Context& context, DType inputs)
+    : state_(std::make_unique<State>(context.state(), inputs)) {}
+Workspace::~Workspace() = default;
+Workspace::Workspace(Workspace&&) noexcept = default;
+Workspace& Workspace::operator=(Workspace&&) noexcept = default;
+
+void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
+  State& s = *state_;
+  Context::State& ctx = *s.context;
+  const Device& device = *ctx.device;
+  const DeviceCaps& caps = device.caps();
+  const int d = plan.heads.head_dim;
+  std::string reason;
+  s.variant = ctx.variant(s.inputs, d, &reason);
+  ctx.log_variant(reason);
+  s.stage1_pipeline = &ctx.stage1_pipeline(s.variant, d, s.inputs == DType::bf16);
+  s.merge_pipeline = &ctx.merge_pipeline(d);
+
+  s.encoded = encode_plan(plan, rows_per_pass(s.variant));
+  const std::uint64_t passes = s.encoded.passes;
+  s.stage1 = runs_of(caps, ctx.max_dispatch_run, passes * std::uint64_t(plan.heads.heads_kv), 1,
+                     fmt::format("{} passes x {} KV heads stage-1 work groups (plan with longer blocks or more queries "
+                                 "per item)", passes, plan.heads.heads_kv));
+  s.merge = runs_of(caps, ctx.max_dispatch_run, std::uint64_t(plan.num_queries), 2,
+                    fmt::format("{} queries x {} query heads merge work groups", plan.num_queries, plan.heads.heads_q));
+  if (std::uint32_t(plan.heads.heads_q) > caps.max_work_groups[1]) {
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("Vulkan backend: {} query heads exceed device {}'s {} work groups in y",
+                                                            plan.heads.heads_q, caps.name, caps.max_work_groups[1]));
+  }
+
+  // This staging slot (and table half) was last used by the step two uploads
+  // back, which has completed (vulkan.hpp): so have the users of what was retired then.
+  const int b = s.next;
+  s.retired[b].clear();
+  s.table_entries[b].clear();
+  s.table_used[b] = 0;
+  s.current = b;
+  const std::size_t bytes = s.encoded.words.size() * 4;
+  if (s.staging[b].bytes() < bytes) s.staging[b] = Buffer(device, bytes, Buffer::Kind::staging);
+  std::memcpy(s.staging[b].mapped(), s.encoded.words.data(), bytes);
+  grow(s.plan, bytes, device, Buffer::Kind::device_local, s.retired[b]);
+  s.partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);
+  grow(s.partials, s.partial_rows * std::size_t(d + 1) * 4, device, Buffer::Kind::device_local, s.retired[b]);
+  s.next = 1 - b;
+
+  // The copy waits for earlier dispatches that read the plan, and the dispatches after it for the copy.
+  VkMemoryBarrier before{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  before.srcAccessMask = VK_ACCESS_SHADER_READ_BIT;
+  before.dstAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  vkCmdPipelineBarrier(commands, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0,
+                       nullptr, 0, nullptr);
+  const VkBufferCopy region{0, 0, bytes};
+  vkCmdCopyBuffer(commands, s.staging[b].handle(), s.plan.handle(), 1, &region);
+  record_transfer_to_compute_barrier(commands);
+  s.shape = CallShape::of(plan);
+  s.uploaded = true;
+}
+
+void Workspace::record(VkCommandBuffer commands, const Tensors& t) {
+  State& s = *state_;
+  if (!s.uploaded) throw Error(ErrorCategory::InvalidArgument, "record before any plan was uploaded to the workspace");
+  const VkDevice device = s.context->device->handle();
+  const VkDeviceAddress q = address_of(device, t.q), k = address_of(device, t.k), v = address_of(device, t.v),
+                        o = address_of(device, t.o), lse = address_of(device, t.lse);
+  // The checks of every backend, on the tensors' shapes (an address stands for the data).
+  auto ref = [](const Tensor& x, VkDeviceAddress a) {
+    return TensorRef{reinterpret_cast<void*>(static_cast<std::uintptr_t>(a)), x.dtype, x.shape};
+  };
+  check_args(s.shape, AttentionArgs{ref(t.q, q), ref(t.k, k), ref(t.v, v), ref(t.o, o), ref(t.lse, lse)});
+  if (t.q.dtype != s.inputs) {
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("Q is {}, but the workspace was made for {} inputs",
+                                                            to_string(t.q.dtype), to_string(s.inputs)));
+  }
+  for (const auto& [name, x] : {std::pair<const char*, const Tensor*>{"Q", &t.q}, {"K", &t.k}, {"V", &t.v}, {"O", &t.o},
+                                {"LSE", &t.lse}}) {
+    if (x->buffer != VK_NULL_HANDLE && x->offset % 16 != 0) {
+      throw Error(ErrorCategory::InvalidArgument, fmt::format("{} starts at offset {}: it must be 16-byte aligned", name, x->offset));
+    }
+  }
+  LayerTensors layer;
+  layer.q = q;
+  layer.o = o;
+  layer.lse = lse;
+  layer.k_chunks = {k};
+  layer.v_chunks = {v};
+  layer.chunk_slots = std::uint32_t(std::min<std::int64_t>(std::max<std::int64_t>(t.k.shape[0], 1), 0xffffffff));
+  layer.out = t.o.dtype;
+  s.record(commands, layer);
+}
+
+}  // namespace treeattn::vulkan

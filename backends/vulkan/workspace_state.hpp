@@ -1,0 +1,67 @@
+#pragma once
+// What a treeattn::vulkan::Workspace holds, and the layer recording that the
+// public record() and the host-array backend share.
+
+#include <map>
+#include <vector>
+
+#include "context_state.hpp"
+#include "treeattn/backend.hpp"
+#include "vk_buffer.hpp"
+#include "vk_plan.hpp"
+
+namespace treeattn::vulkan {
+
+// `count` work groups laid out in runs along x: one run where they fit in a
+// dispatch's x (any device takes 65 535), else full runs of the most x takes
+// (or `run_limit`, for tests), the last run ending early. The shaders number
+// them back (numbered_work_group). `runs_axis` is the axis that counts the runs.
+struct Runs {
+  std::uint32_t count = 0, length = 0, runs = 0;
+};
+Runs runs_of(const DeviceCaps& caps, std::uint32_t run_limit, std::uint64_t count, int runs_axis, const std::string& what);
+
+// One layer's tensors by device address. K and V may each be split into
+// chunks of `chunk_slots` slots (a pool larger than one allocation); an
+// application's are one chunk each.
+struct LayerTensors {
+  VkDeviceAddress q = 0, o = 0, lse = 0;  // lse 0: none
+  std::vector<VkDeviceAddress> k_chunks, v_chunks;
+  std::uint32_t chunk_slots = 0;
+  DType out = DType::f32;
+};
+
+struct Workspace::State {
+  State(Context::State& context, DType inputs);
+
+  // Records stage 1 and the merge of the uploaded plan (workspace.cpp says which barriers).
+  void record(VkCommandBuffer commands, const LayerTensors& tensors);
+  // The address of `tensors`' K/V chunk table, written on first sight.
+  VkDeviceAddress kv_table(const LayerTensors& tensors);
+
+  Context::State* context;
+  DType inputs;
+  Buffer plan;                       // the encoded plan's words, device-local
+  Buffer staging[2];                 // the uploads' host copies, taken in turn
+  std::vector<Buffer> retired[2];    // replaced buffers, released when their staging slot comes round again
+  int next = 0;
+  Buffer partials;                   // partial O [partials, heads_q, head_dim] f32, then partial LSE
+  // K/V chunk addresses, host-written, in two halves taken in turn by the
+  // uploads like the staging buffers: a step's records use its upload's half.
+  Buffer table;
+  std::map<std::vector<VkDeviceAddress>, std::size_t> table_entries[2];  // chunk addresses (and chunk_slots) -> offset
+  std::size_t table_used[2] = {0, 0};
+  int current = 0;                   // the half (and staging slot) of the last upload
+
+  // The uploaded plan.
+  bool uploaded = false;
+  CallShape shape;
+  Variant variant = Variant::scalar;
+  EncodedPlan encoded;
+  Runs stage1, merge;
+  std::size_t partial_rows = 0;
+  const ComputePipeline* stage1_pipeline = nullptr;
+  const ComputePipeline* merge_pipeline = nullptr;
+};
+
+}  // namespace treeattn::vulkan

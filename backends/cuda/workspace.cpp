@@ -24,7 +24,10 @@ static_assert(kTileTokens == kKvTileTokens, "the kernels' KV tile is the one the
 namespace {
 
 std::int32_t ceil_div(std::int32_t a, std::int32_t b) { return (a + b - 1) / b; }
-std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
+// Each array starts on a 256-byte boundary: a 32-byte pass record or a
+// 768-byte tile map never straddles more cache sectors than it fills,
+// whatever the sizes of the arrays before it.
+std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // The arrays of the plan workspace, in order; the staging buffers share the layout.
 enum Array { kTileQuery, kTilePartial, kMergeBegin, kTileMap, kPasses, kArrays };
@@ -40,7 +43,7 @@ struct Layout {
         std::size_t(l.kv_tiles) * sizeof(TileMap),
         std::size_t(l.passes) * sizeof(PassInfo),
     };
-    for (int a = 0; a < kArrays; ++a) offset[a + 1] = offset[a] + align16(bytes[a]);
+    for (int a = 0; a < kArrays; ++a) offset[a + 1] = offset[a] + align256(bytes[a]);
   }
   std::size_t total() const noexcept { return offset[kArrays]; }
 };
@@ -78,6 +81,7 @@ WorkspaceLimits WorkspaceLimits::of(const Plan& plan) {
   l.queries = plan.num_queries;
   l.tile_entries = std::int32_t(plan.tile_query.size());
   l.partials = plan.num_partials;
+  l.merge_fanin = plan.max_merge_fanin();
   const std::int32_t group = plan.heads.group_size();
   for (std::int32_t item = 0; item < plan.num_items(); ++item) {
     const std::int32_t rows = (plan.item_query_begin[std::size_t(item) + 1] - plan.item_query_begin[std::size_t(item)]) * group;
@@ -98,6 +102,7 @@ WorkspaceLimits& WorkspaceLimits::include(const WorkspaceLimits& o) {
   partials = std::max(partials, o.partials);
   passes = std::max(passes, o.passes);
   kv_tiles = std::max(kv_tiles, o.kv_tiles);
+  merge_fanin = std::max(merge_fanin, o.merge_fanin);
   return *this;
 }
 
@@ -109,6 +114,7 @@ WorkspaceLimits WorkspaceLimits::with_headroom(double factor) const {
   l.partials = scale(partials);
   l.passes = scale(passes);
   l.kv_tiles = scale(kv_tiles);
+  l.merge_fanin = scale(merge_fanin);
   return l;
 }
 
@@ -221,7 +227,7 @@ Workspace::Workspace(const Context& context, const WorkspaceLimits& limits) : st
   const cudaError_t zeroed = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
   TREEATTN_CUDA_CHECK(zeroed);
-  s.geometry = LaunchGeometry{limits.passes, limits.queries, false};
+  s.geometry = LaunchGeometry{limits.passes, limits.queries, limits.merge_fanin <= kMergeLeanBatch};
 }
 
 Workspace::Workspace(const Context& context) : state_(std::make_unique<State>(context)) {

@@ -256,6 +256,7 @@ TEST_CASE("workspace limits: a plan's own, the larger of two, headroom, and the 
   CHECK(l.partials == p.num_partials);
   CHECK(l.kv_tiles >= (1000 + 63) / 64);
   CHECK(l.passes >= 1);
+  CHECK(l.merge_fanin == p.max_merge_fanin());
   CHECK(l.first_excess(l).empty());
   const cuda::WorkspaceLimits bigger = l.with_headroom(1.5);
   CHECK(bigger.queries == 105);

@@ -76,6 +76,10 @@ struct WorkspaceLimits {
   std::int32_t partials = 0;       // Plan::num_partials
   std::int32_t passes = 0;         // stage-1 passes per KV head: each item's rows / its tile rows
   std::int32_t kv_tiles = 0;       // 64-token tiles over the work items' blocks
+  // The most partials one query merges: not a capacity (any plan merges
+  // correctly) but the choice of the merge kernel, whose lean variant is
+  // faster up to 4 partials a query (Plan::max_merge_fanin()).
+  std::int32_t merge_fanin = 0;
 
   // Exactly what `plan` needs.
   static WorkspaceLimits of(const Plan& plan);

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-          libvulkan-dev libvulkan-volk-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers python3)
+          libvulkan-dev libvulkan-volk-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers pkg-config python3)
 
 missing=()
 for package in "${packages[@]}"; do

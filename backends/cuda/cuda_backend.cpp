@@ -40,14 +40,15 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   TREEATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (options.verbose) {
     const DeviceInfo& d = context_.info();
-    std::fprintf(stderr, "treeattn: CUDA device %d: %s (sm_%d%d, %d SMs, %.0f GB/s)\n", d.index, d.name.c_str(),
-                 d.sm_major, d.sm_minor, d.sms, d.peak_gbps);
+    log_to(options.log, LogLevel::info,
+           fmt::format("treeattn: CUDA device {}: {} (sm_{}{}, {} SMs, {:.0f} GB/s)", d.index, d.name, d.sm_major,
+                       d.sm_minor, d.sms, d.peak_gbps));
     const Stage1Occupancy stage1 = stage1_occupancy(128);
-    std::fprintf(stderr,
-                 "treeattn: CUDA stage 1 (head_dim 128): %s, code for sm_%d from compute_%d, %d registers, %d bytes "
-                 "spilled, %d KiB shared memory, %d CTAs an SM\n",
-                 stage1.wgmma ? "wgmma" : "mma.sync", stage1.binary_arch, stage1.ptx_arch, stage1.registers,
-                 stage1.spill_bytes, (stage1.shared_bytes + 1023) / 1024, stage1.ctas_per_sm);
+    log_to(options.log, LogLevel::info,
+           fmt::format("treeattn: CUDA stage 1 (head_dim 128): {}, code for sm_{} from compute_{}, {} registers, {} bytes "
+                       "spilled, {} KiB shared memory, {} CTAs an SM",
+                       stage1.wgmma ? "wgmma" : "mma.sync", stage1.binary_arch, stage1.ptx_arch, stage1.registers,
+                       stage1.spill_bytes, (stage1.shared_bytes + 1023) / 1024, stage1.ctas_per_sm));
   }
 }
 

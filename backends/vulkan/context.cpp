@@ -52,10 +52,9 @@ void Context::State::open_cache_and_probe() {
   if (!options.pipeline_cache_path.empty()) {
     if (std::ifstream in{options.pipeline_cache_path, std::ios::binary}) cached.assign(std::istreambuf_iterator<char>(in), {});
     if (!cached.empty() && !caps.pipeline_cache_matches(cached)) {
-      if (options.verbose) {
-        std::fprintf(stderr, "treeattn: ignoring the pipeline cache %s: written by another device or driver\n",
-                     options.pipeline_cache_path.c_str());
-      }
+      log_to(options.log, LogLevel::warning,
+             fmt::format("treeattn: ignoring the pipeline cache {}: written by another device or driver",
+                         options.pipeline_cache_path));
       cached.clear();
     }
   }
@@ -69,10 +68,11 @@ void Context::State::open_cache_and_probe() {
     fragment_layout = coopmat_fragment_layout(*device);
   }
   if (options.verbose) {
-    std::fprintf(stderr, "treeattn: Vulkan device %u: %s (%s, %s), subgroup %u, shared memory %u KiB%s%s\n", caps.index,
-                 caps.name.c_str(), caps.type_name(), caps.driver.c_str(), caps.subgroup_size,
-                 caps.shared_memory_bytes / 1024, instance->validation() ? ", validation layer on" : "",
-                 device->owned() ? "" : ", the application's device");
+    log_to(options.log, LogLevel::info,
+           fmt::format("treeattn: Vulkan device {}: {} ({}, {}), subgroup {}, shared memory {} KiB{}{}", caps.index,
+                       caps.name, caps.type_name(), caps.driver, caps.subgroup_size, caps.shared_memory_bytes / 1024,
+                       instance->validation() ? ", validation layer on" : "",
+                       device->owned() ? "" : ", the application's device"));
   }
 }
 
@@ -101,7 +101,7 @@ void Context::State::log_variant(const std::string& reason) {
   if (!options.verbose) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (reason == logged_variant_) return;
-  std::fprintf(stderr, "treeattn: Vulkan shader variant: %s\n", reason.c_str());
+  log_to(options.log, LogLevel::info, "treeattn: Vulkan shader variant: " + reason);
   logged_variant_ = reason;
 }
 
@@ -113,7 +113,7 @@ void Context::State::log_statistics(const std::string& what, const ComputePipeli
   if (stats.empty()) return;
   std::string line;
   for (const auto& s : stats) line += (line.empty() ? "" : ", ") + s;
-  std::fprintf(stderr, "treeattn: Vulkan pipeline %s: %s\n", what.c_str(), line.c_str());
+  log_to(options.log, LogLevel::info, fmt::format("treeattn: Vulkan pipeline {}: {}", what, line));
 }
 
 const ComputePipeline& Context::State::stage1_pipeline(Variant variant, int head_dim, bool bf16) {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 
 #include "vk_check.hpp"
@@ -31,7 +30,8 @@ ContextOptions context_options(const BackendOptions& o) {
   c.device = o.device;
   c.variant = o.vk_variant;
   c.verbose = o.verbose;
-  if (const char* path = std::getenv("TREEATTN_VK_PIPELINE_CACHE"); path && *path) c.pipeline_cache_path = path;
+  c.log = o.log;
+  c.pipeline_cache_path = o.vk_pipeline_cache;
   return c;
 }
 

@@ -181,36 +181,48 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   s.uploaded = true;
 }
 
-void Workspace::record(VkCommandBuffer commands, const Tensors& t) {
-  State& s = *state_;
-  if (!s.uploaded) throw Error(ErrorCategory::InvalidArgument, "record before any plan was uploaded to the workspace");
-  const VkDevice device = s.context->device->handle();
-  const VkDeviceAddress q = address_of(device, t.q), k = address_of(device, t.k), v = address_of(device, t.v),
-                        o = address_of(device, t.o), lse = address_of(device, t.lse);
-  // The checks of every backend, on the tensors' shapes (an address stands for the data).
-  auto ref = [](const Tensor& x, VkDeviceAddress a) {
-    return TensorRef{reinterpret_cast<void*>(static_cast<std::uintptr_t>(a)), x.dtype, x.shape};
-  };
-  check_args(s.shape, AttentionArgs{ref(t.q, q), ref(t.k, k), ref(t.v, v), ref(t.o, o), ref(t.lse, lse)});
-  if (t.q.dtype != s.inputs) {
+void Workspace::State::record_addresses(VkCommandBuffer commands, const AttentionArgs& a) {
+  if (!uploaded) throw Error(ErrorCategory::InvalidArgument, "record before any plan was uploaded to the workspace");
+  check_args(shape, a);
+  if (a.q.dtype != inputs) {
     throw Error(ErrorCategory::InvalidArgument, fmt::format("Q is {}, but the workspace was made for {} inputs",
-                                                            to_string(t.q.dtype), to_string(s.inputs)));
+                                                            to_string(a.q.dtype), to_string(inputs)));
   }
+  if (!a.q.dense() || !a.o.dense()) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("Vulkan backend: Q and O must be dense (got Q {}, O {})", describe(a.q), describe(a.o)));
+  }
+  auto address = [](const TensorRef& t) { return VkDeviceAddress(reinterpret_cast<std::uintptr_t>(t.data)); };
+  for (const auto& [name, t] : {std::pair<const char*, const TensorRef*>{"Q", &a.q}, {"K", &a.k}, {"V", &a.v}, {"O", &a.o},
+                                {"LSE", &a.lse}}) {
+    if (address(*t) % 16 != 0) {
+      throw Error(ErrorCategory::InvalidArgument,
+                  fmt::format("{} is at device address {:#x}: it must be 16-byte aligned", name, address(*t)));
+    }
+  }
+  LayerTensors layer;
+  layer.q = address(a.q);
+  layer.o = address(a.o);
+  layer.lse = address(a.lse);
+  layer.k_chunks = {address(a.k)};
+  layer.v_chunks = {address(a.v)};
+  layer.chunk_slots = std::uint32_t(std::min<std::int64_t>(std::max<std::int64_t>(a.k.shape[0], 1), 0xffffffff));
+  layer.out = a.o.dtype;
+  record(commands, layer);
+}
+
+void Workspace::record(VkCommandBuffer commands, const Tensors& t) {
   for (const auto& [name, x] : {std::pair<const char*, const Tensor*>{"Q", &t.q}, {"K", &t.k}, {"V", &t.v}, {"O", &t.o},
                                 {"LSE", &t.lse}}) {
     if (x->buffer != VK_NULL_HANDLE && x->offset % 16 != 0) {
       throw Error(ErrorCategory::InvalidArgument, fmt::format("{} starts at offset {}: it must be 16-byte aligned", name, x->offset));
     }
   }
-  LayerTensors layer;
-  layer.q = q;
-  layer.o = o;
-  layer.lse = lse;
-  layer.k_chunks = {k};
-  layer.v_chunks = {v};
-  layer.chunk_slots = std::uint32_t(std::min<std::int64_t>(std::max<std::int64_t>(t.k.shape[0], 1), 0xffffffff));
-  layer.out = t.o.dtype;
-  s.record(commands, layer);
+  const VkDevice device = state_->context->device->handle();
+  auto ref = [&](const Tensor& x) {
+    return TensorRef{reinterpret_cast<void*>(static_cast<std::uintptr_t>(address_of(device, x))), x.dtype, x.shape};
+  };
+  state_->record_addresses(commands, AttentionArgs{ref(t.q), ref(t.k), ref(t.v), ref(t.o), ref(t.lse)});
 }
 
 }  // namespace treeattn::vulkan

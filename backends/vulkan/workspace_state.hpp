@@ -36,6 +36,10 @@ struct Workspace::State {
 
   // Records stage 1 and the merge of the uploaded plan (workspace.cpp says which barriers).
   void record(VkCommandBuffer commands, const LayerTensors& tensors);
+  // The same for tensors given by device address (each TensorRef's data is its
+  // VkDeviceAddress), checked against the plan first: what record() and the C
+  // API's treeattn_enqueue run.
+  void record_addresses(VkCommandBuffer commands, const AttentionArgs& tensors);
   // The address of `tensors`' K/V chunk table, written on first sight.
   VkDeviceAddress kv_table(const LayerTensors& tensors);
 

@@ -4,6 +4,8 @@
 #include <fstream>
 
 #include <fmt/format.h>
+
+#include <cstdlib>
 #include <unistd.h>
 
 #include "treeattn/backend.hpp"
@@ -59,6 +61,11 @@ std::vector<std::string> model_names() {
   std::vector<std::string> names;
   for (const ModelShape& m : model_shapes()) names.push_back(m.name);
   return names;
+}
+
+BackendFlags::BackendFlags() {
+  options.log = [](LogLevel, const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); };
+  if (const char* path = std::getenv("TREEATTN_VK_PIPELINE_CACHE"); path != nullptr) options.vk_pipeline_cache = path;
 }
 
 void BackendFlags::add_to(CLI::App& sub) {

@@ -54,6 +54,10 @@ struct PlanFlags {
 struct BackendFlags {
   BackendOptions options;
 
+  // The CLI's messages go to stderr, and TREEATTN_VK_PIPELINE_CACHE names the
+  // Vulkan pipeline cache file (the library itself reads neither).
+  BackendFlags();
+
   void add_to(CLI::App& sub);
 };
 

@@ -13,9 +13,22 @@ function(step)
 endfunction()
 
 step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
-step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}" "-DCMAKE_PREFIX_PATH=${prefix}")
+step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}" "-DCMAKE_PREFIX_PATH=${prefix}"
+     "-DC_TEST_SOURCE=${C_TEST_SOURCE}")
 step(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 step("${WORK_DIR}/build/consumer")
+step("${WORK_DIR}/build/c_consumer")
+
+# A C program built with the compiler and pkg-config alone: -ltreeattn (the shared library) and -lm.
+set(ENV{PKG_CONFIG_PATH} "${prefix}/lib/pkgconfig")
+execute_process(COMMAND pkg-config --cflags --libs treeattn OUTPUT_VARIABLE flags RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pkg-config found no treeattn.pc under ${prefix}/lib/pkgconfig")
+endif()
+separate_arguments(flags UNIX_COMMAND "${flags}")
+step(${C_COMPILER} -std=c11 "${C_TEST_SOURCE}" ${flags} -lm -o "${WORK_DIR}/c_pkgconfig")
+set(ENV{LD_LIBRARY_PATH} "${prefix}/lib")
+step("${WORK_DIR}/c_pkgconfig")
 
 # The installed treeattn finds its workload records under the prefix, from any directory.
 if(WITH_CLI)

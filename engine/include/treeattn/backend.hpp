@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "treeattn/cost_model.hpp"
+#include "treeattn/log.hpp"
 #include "treeattn/plan.hpp"
 #include "treeattn/tensor.hpp"
 
@@ -27,7 +28,10 @@ struct BackendOptions {
   std::string vk_variant = "auto";   // Vulkan stage-1 shaders: auto, scalar, coopmat or coopmat-shared
   std::size_t vk_max_chunk_bytes = 0;  // split Vulkan KV pools into buffers of at most this size (0: the device's limit)
   std::uint32_t vk_max_dispatch_run = 0;  // most Vulkan work groups in a run along a dispatch's x (0: the device's limit)
-  bool verbose = false;              // say on stderr which device and kernel variant run (CUDA: its occupancy too)
+  bool verbose = false;              // log which device and kernel variant run (CUDA: its occupancy too)
+  LogSink log;                       // where messages go (none: dropped); the CLI's writes to stderr
+  // Vulkan: a file that keeps compiled pipelines between processes ("": none).
+  std::string vk_pipeline_cache;
   // CUDA time_layers on a graph-stable Workspace whose limits are the plan's
   // times this factor (>= 1; 0: a growing workspace sized to the plan), so a
   // benchmark sees what fixed grids cost a serving engine's captured graph.

@@ -2,7 +2,7 @@
 // The CUDA device path: attention on the caller's device memory, enqueued on
 // the caller's stream, capturable in a CUDA graph. Declared only; available
 // when treeattn was built with the CUDA backend (TREEATTN_HAS_CUDA in
-// treeattn/config.hpp). Includes no CUDA header: a stream is a cudaStream_t.
+// treeattn/config.h). Includes no CUDA header: a stream is a cudaStream_t.
 //
 //   treeattn::cuda::Context ctx(/*device=*/0);
 //   treeattn::PlanOptions options;

@@ -12,7 +12,7 @@
 //   backend->run(plan, {q, k, v, o, lse});                   // once per layer
 
 #include "treeattn/backend.hpp"
-#include "treeattn/config.hpp"
+#include "treeattn/config.h"
 #include "treeattn/dtype.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/kv_cache.hpp"

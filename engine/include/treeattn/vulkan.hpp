@@ -2,7 +2,7 @@
 // The Vulkan device path: attention recorded into the application's command
 // buffers, on its own VkDevice and VkBuffers (or on a device treeattn opens).
 // Available when treeattn was built with the Vulkan backend
-// (TREEATTN_HAS_VULKAN in treeattn/config.hpp).
+// (TREEATTN_HAS_VULKAN in treeattn/config.h).
 //
 //   treeattn::vulkan::ExternalDevice dev{instance, physical, device, family, queue,
 //                                        vkGetInstanceProcAddr, &features2, exts, n_exts};
@@ -53,6 +53,7 @@
 
 #include "treeattn/cost_model.hpp"
 #include "treeattn/dtype.hpp"
+#include "treeattn/log.hpp"
 #include "treeattn/plan.hpp"
 
 namespace treeattn::vulkan {
@@ -64,7 +65,8 @@ struct ContextOptions {
   // Stage-1 shaders: "auto" (cooperative matrices where the device and its
   // enabled features allow), "scalar", "coopmat", "coopmat-shared".
   std::string variant = "auto";
-  bool verbose = false;      // say on stderr which device and shader variant run
+  bool verbose = false;      // log which device and shader variant run
+  LogSink log;               // where messages go (none: dropped)
   // A file that keeps compiled pipelines between processes ("" none).
   std::string pipeline_cache_path;
 };

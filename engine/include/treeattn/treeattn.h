@@ -1,0 +1,172 @@
+/* treeattn C API: decode-time attention over a tree of KV cache, for any
+ * language with a C FFI (C, C#, Rust, Swift, Python ctypes).
+ *
+ * Opaque handles; every fallible call returns a treeattn_status (TREEATTN_OK
+ * is 0) and, on failure, treeattn_last_error() gives the calling thread's
+ * message: which node, which tensor, which limit. No exception crosses it.
+ * Options structs begin with struct_size: fill them with the *_init function,
+ * which sets it, so that fields added later keep old callers working.
+ *
+ *   treeattn_tree* tree;
+ *   treeattn_tree_create(32, 8, 128, 0.0f, &tree);
+ *   treeattn_tree_add_node_range(tree, 0, -1, 0, 4000);     // prompt in slots 0..3999
+ *   treeattn_tree_add_node_range(tree, 1, 0, 4000, 20);     // a branch
+ *   treeattn_tree_add_query(tree, 1, -1);
+ *   treeattn_context* ctx;
+ *   treeattn_context_create(NULL, &ctx);                     // auto: CUDA, Vulkan, CPU
+ *   treeattn_plan* plan;
+ *   treeattn_plan_create(ctx, tree, NULL, &plan);            // once per decode step
+ *   treeattn_run(ctx, plan, &q, &k, &v, &o, &lse);           // once per layer (host memory)
+ *
+ * Threads: the last error is per thread. A context serves one thread (or
+ * stream) at a time; trees and plans may be read by several threads at once. */
+#ifndef TREEATTN_TREEATTN_H
+#define TREEATTN_TREEATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "treeattn/config.h"
+
+/* The shared library exports these functions and nothing else. On Windows a
+ * program that links treeattn.dll defines TREEATTN_USE_DLL (the CMake target
+ * treeattn::treeattn_shared does it). */
+#if defined(_WIN32)
+#if defined(TREEATTN_BUILDING_LIBRARY)
+#define TREEATTN_C_API __declspec(dllexport)
+#elif defined(TREEATTN_USE_DLL)
+#define TREEATTN_C_API __declspec(dllimport)
+#else
+#define TREEATTN_C_API
+#endif
+#else
+#define TREEATTN_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum treeattn_status {
+  TREEATTN_OK = 0,
+  TREEATTN_ERROR_INVALID_TREE,      /* the tree, its queries or its heads */
+  TREEATTN_ERROR_INVALID_ARGUMENT,  /* NULL handles, options, tensors that do not match the plan */
+  TREEATTN_ERROR_INVALID_PLAN,      /* a plan that does not fit what it is used with */
+  TREEATTN_ERROR_IO,                /* files */
+  TREEATTN_ERROR_BACKEND,           /* a backend missing, unavailable or failing (no device, a driver error) */
+  TREEATTN_ERROR_OUT_OF_MEMORY,
+  TREEATTN_ERROR_INTERNAL
+} treeattn_status;
+
+typedef enum treeattn_dtype { TREEATTN_DTYPE_F16 = 0, TREEATTN_DTYPE_BF16 = 1, TREEATTN_DTYPE_F32 = 2 } treeattn_dtype;
+
+typedef enum treeattn_backend {
+  TREEATTN_BACKEND_AUTO = 0, /* CUDA when a device is there, then a Vulkan GPU, else the CPU */
+  TREEATTN_BACKEND_CPU = 1,
+  TREEATTN_BACKEND_VULKAN = 2,
+  TREEATTN_BACKEND_CUDA = 3
+} treeattn_backend;
+
+typedef enum treeattn_strategy {
+  TREEATTN_STRATEGY_FLATTEN = 0,    /* DeFT-Flatten (the default) */
+  TREEATTN_STRATEGY_NODE = 1,       /* DeFT-Node */
+  TREEATTN_STRATEGY_NODE_CHUNK = 2, /* DeFT-Node-Chunk */
+  TREEATTN_STRATEGY_SEQUENCE = 3,   /* every query its whole path (the Flash-Decoding baseline) */
+  TREEATTN_STRATEGY_CASCADE = 4,    /* one group per tree level */
+  TREEATTN_STRATEGY_GREEDY = 5      /* FastTree's cost model */
+} treeattn_strategy;
+
+typedef enum treeattn_log_level { TREEATTN_LOG_INFO = 0, TREEATTN_LOG_WARNING = 1 } treeattn_log_level;
+/* Where the library's messages go (device and kernel choices at `verbose`,
+ * driver validation); it writes nothing to stderr by itself. */
+typedef void (*treeattn_log_fn)(treeattn_log_level level, const char* message, void* user_data);
+
+typedef struct treeattn_tree treeattn_tree;
+typedef struct treeattn_context treeattn_context;
+typedef struct treeattn_plan treeattn_plan;
+
+/* The calling thread's message of its last failed call ("" when none). */
+TREEATTN_C_API const char* treeattn_last_error(void);
+/* "0.1.0": the library's version (the macros in treeattn/config.h are the headers'). */
+TREEATTN_C_API const char* treeattn_version_string(void);
+
+/* --- trees ----------------------------------------------------------------
+ * Node ids are any integers, parents given before children or after (a forest
+ * is fine: several roots). Slots index rows of K and V. Checked when planned. */
+TREEATTN_C_API treeattn_status treeattn_tree_create(int32_t heads_q, int32_t heads_kv, int32_t head_dim,
+                                                    float scale /* 0: 1/sqrt(head_dim) */, treeattn_tree** out);
+TREEATTN_C_API treeattn_status treeattn_tree_add_node(treeattn_tree* tree, int64_t id, int64_t parent /* -1: root */,
+                                                      const int64_t* slots, int64_t count);
+TREEATTN_C_API treeattn_status treeattn_tree_add_node_range(treeattn_tree* tree, int64_t id, int64_t parent,
+                                                            int64_t first_slot, int64_t count);
+/* Query i (in the order added) is row i of Q; it sees its node's ancestors and
+ * its node, or only the node's first `upto` tokens. */
+TREEATTN_C_API treeattn_status treeattn_tree_add_query(treeattn_tree* tree, int64_t node, int64_t upto /* < 0: whole node */);
+TREEATTN_C_API void treeattn_tree_destroy(treeattn_tree* tree);
+
+/* --- contexts: a backend on a device ----------------------------------------- */
+typedef struct treeattn_context_options {
+  size_t struct_size;
+  treeattn_backend backend;     /* TREEATTN_BACKEND_AUTO */
+  int32_t device;               /* GPU index; -1: the first (CUDA) or the first discrete GPU (Vulkan) */
+  int32_t threads;              /* CPU backend threads; 0: one per hardware thread */
+  const char* vulkan_variant;   /* "auto" (NULL), "scalar", "coopmat", "coopmat-shared" */
+  int32_t verbose;              /* nonzero: device and kernel choices to the log */
+  treeattn_log_fn log;          /* NULL: messages are dropped */
+  void* log_user_data;
+} treeattn_context_options;
+TREEATTN_C_API void treeattn_context_options_init(treeattn_context_options* options);
+TREEATTN_C_API treeattn_status treeattn_context_create(const treeattn_context_options* options /* NULL: defaults */,
+                                                       treeattn_context** out);
+/* "cpu", "cuda" or "vulkan": the backend a context runs. */
+TREEATTN_C_API const char* treeattn_context_backend(const treeattn_context* context);
+TREEATTN_C_API void treeattn_context_destroy(treeattn_context* context);
+
+/* --- plans ------------------------------------------------------------------ */
+typedef struct treeattn_plan_options {
+  size_t struct_size;
+  treeattn_strategy strategy;   /* TREEATTN_STRATEGY_FLATTEN */
+  int32_t block_tokens;         /* KV tokens per block; 0: chosen per tree by the device's cost model */
+} treeattn_plan_options;
+TREEATTN_C_API void treeattn_plan_options_init(treeattn_plan_options* options);
+/* Validates the tree (the message names the node or query) and plans it with
+ * the context's device model. The plan keeps what it needs: the tree may be destroyed. */
+TREEATTN_C_API treeattn_status treeattn_plan_create(treeattn_context* context, const treeattn_tree* tree,
+                                                    const treeattn_plan_options* options /* NULL: defaults */,
+                                                    treeattn_plan** out);
+TREEATTN_C_API int32_t treeattn_plan_num_queries(const treeattn_plan* plan);
+TREEATTN_C_API void treeattn_plan_destroy(treeattn_plan* plan);
+
+/* --- tensors ----------------------------------------------------------------
+ * Layouts: Q [queries, heads_q, head_dim], K and V [slots, heads_kv, head_dim],
+ * O [queries, heads_q, head_dim], LSE [queries, heads_q] (f32, natural log).
+ * strides are in elements, all 0 for a dense tensor; only Q's and O's first
+ * stride may differ from dense (rows of a wider buffer). A zero-initialised
+ * struct with data, dtype, ndim and shape set is a dense tensor. */
+typedef struct treeattn_tensor {
+  void* data;
+  treeattn_dtype dtype;
+  int32_t ndim;
+  int64_t shape[4];
+  int64_t strides[4];
+} treeattn_tensor;
+
+/* Host memory; returns when O (and LSE, unless NULL) are written. */
+TREEATTN_C_API treeattn_status treeattn_run(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
+                                            const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,
+                                            const treeattn_tensor* lse /* NULL: no LSE */);
+/* Memory of the context's device, ordered on `stream`, returning without
+ * waiting. CUDA: data are device pointers, stream a cudaStream_t (NULL: the
+ * default stream). Vulkan: data are buffer device addresses (VkDeviceAddress,
+ * 16-byte aligned), stream the VkCommandBuffer being recorded (treeattn/vulkan.hpp
+ * documents the barriers around it). A plan different from the last one
+ * enqueued is uploaded first, on the same stream. */
+TREEATTN_C_API treeattn_status treeattn_enqueue(treeattn_context* context, const treeattn_plan* plan,
+                                                const treeattn_tensor* q, const treeattn_tensor* k, const treeattn_tensor* v,
+                                                const treeattn_tensor* o, const treeattn_tensor* lse, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TREEATTN_TREEATTN_H */

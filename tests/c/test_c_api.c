@@ -1,0 +1,250 @@
+/* The C API from C (C11, linked against the shared library): trees by node id
+ * with listed and ranged slots and `upto`, every strategy on the CPU backend
+ * against a naive attention written here, and every failure path returning its
+ * status with a message that names the problem. Prints "N passed, N failed". */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "treeattn/treeattn.h"
+
+static int g_passed = 0, g_failed = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (cond) {                                                                \
+      ++g_passed;                                                              \
+    } else {                                                                   \
+      ++g_failed;                                                              \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+    }                                                                          \
+  } while (0)
+
+/* A failure's status and a message containing `needle`. */
+#define CHECK_FAILS(call, status, needle)                                                                  \
+  do {                                                                                                     \
+    const treeattn_status got_ = (call);                                                                   \
+    const char* message_ = treeattn_last_error();                                                          \
+    if (got_ == (status) && strstr(message_, (needle)) != NULL) {                                          \
+      ++g_passed;                                                                                          \
+    } else {                                                                                               \
+      ++g_failed;                                                                                          \
+      fprintf(stderr, "%s:%d: %s gave status %d, message \"%s\"; expected %d and \"%s\"\n", __FILE__, __LINE__, \
+              #call, (int)got_, message_, (int)(status), (needle));                                        \
+    }                                                                                                      \
+  } while (0)
+
+enum { HQ = 4, HKV = 2, D = 64, SLOTS = 64 };
+
+/* The tree: root id 100 (slots 0..29, ranged), child 7 (slots 40, 35, 36, listed),
+ * child 9 under 7 (slots 50..53); queries on 7, on 9, and on 9 up to its 2nd token. */
+static const int64_t kPath0[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+                                 22, 23, 24, 25, 26, 27, 28, 29, 40, 35, 36};
+static const int kQueryTokens[3] = {33, 37, 35};
+static const int64_t kTail[] = {50, 51, 52, 53};
+
+static int64_t path_slot(int t) { return t < 33 ? kPath0[t] : kTail[t - 33]; }
+
+static float f16_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 31, mantissa = h & 1023;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else { /* subnormal */
+      float value = ldexpf((float)mantissa, -24);
+      return sign ? -value : value;
+    }
+  } else if (exponent == 31) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static uint16_t float_to_f16(float f) { /* values in (-2, 2), round to nearest */
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
+  const float a = fabsf(f);
+  if (a < 6.103515625e-05f) return (uint16_t)(sign | (uint16_t)lrintf(a / 5.9604644775390625e-08f));
+  int e;
+  const float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+  long q = lrintf((m * 2.0f - 1.0f) * 1024.0f);
+  int exponent = e - 1 + 15;
+  if (q == 1024) {
+    q = 0;
+    ++exponent;
+  }
+  return (uint16_t)(sign | (uint16_t)(exponent << 10) | (uint16_t)q);
+}
+
+static treeattn_tensor tensor(void* data, treeattn_dtype dtype, int ndim, int64_t a, int64_t b, int64_t c) {
+  treeattn_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim;
+  t.shape[0] = a;
+  t.shape[1] = b;
+  t.shape[2] = c;
+  return t;
+}
+
+static treeattn_tree* build_tree(void) {
+  treeattn_tree* tree = NULL;
+  CHECK(treeattn_tree_create(HQ, HKV, D, 0.0f, &tree) == TREEATTN_OK);
+  const int64_t listed[] = {40, 35, 36};
+  CHECK(treeattn_tree_add_node(tree, 7, 100, listed, 3) == TREEATTN_OK); /* before its parent: fine */
+  CHECK(treeattn_tree_add_node_range(tree, 100, -1, 0, 30) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_node_range(tree, 9, 7, 50, 4) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_query(tree, 7, -1) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_query(tree, 9, -1) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_query(tree, 9, 2) == TREEATTN_OK);
+  return tree;
+}
+
+int main(void) {
+  printf("test_c_api: treeattn %s\n", treeattn_version_string());
+  CHECK(strcmp(treeattn_version_string(), TREEATTN_VERSION_STRING) == 0);
+
+  /* Inputs: Q [3, HQ, D], K and V [SLOTS, HKV, D], f16. */
+  static uint16_t q[3 * HQ * D], k[SLOTS * HKV * D], v[SLOTS * HKV * D];
+  unsigned seed = 12345u;
+  for (size_t i = 0; i < sizeof q / 2; ++i) q[i] = float_to_f16((float)((seed = seed * 1103515245u + 12345u) >> 16 & 2047) / 1024.0f - 1.0f);
+  for (size_t i = 0; i < sizeof k / 2; ++i) k[i] = float_to_f16((float)((seed = seed * 1103515245u + 12345u) >> 16 & 2047) / 1024.0f - 1.0f);
+  for (size_t i = 0; i < sizeof v / 2; ++i) v[i] = float_to_f16((float)((seed = seed * 1103515245u + 12345u) >> 16 & 2047) / 1024.0f - 1.0f);
+
+  /* The naive reference: each query's path, softmax in double. */
+  static double want_o[3 * HQ * D], want_lse[3 * HQ];
+  const double scale = 1.0 / sqrt((double)D);
+  for (int query = 0; query < 3; ++query) {
+    for (int h = 0; h < HQ; ++h) {
+      const int kv = h / (HQ / HKV);
+      double scores[40], max = -INFINITY, sum = 0.0;
+      for (int t = 0; t < kQueryTokens[query]; ++t) {
+        const int64_t slot = path_slot(t);
+        double s = 0.0;
+        for (int c = 0; c < D; ++c) s += f16_to_float(q[(query * HQ + h) * D + c]) * f16_to_float(k[(slot * HKV + kv) * D + c]);
+        scores[t] = s * scale;
+        if (scores[t] > max) max = scores[t];
+      }
+      double acc[D] = {0};
+      for (int t = 0; t < kQueryTokens[query]; ++t) {
+        const double p = exp(scores[t] - max);
+        sum += p;
+        for (int c = 0; c < D; ++c) acc[c] += p * f16_to_float(v[(path_slot(t) * HKV + kv) * D + c]);
+      }
+      for (int c = 0; c < D; ++c) want_o[(query * HQ + h) * D + c] = acc[c] / sum;
+      want_lse[query * HQ + h] = max + log(sum);
+    }
+  }
+
+  treeattn_tree* tree = build_tree();
+  treeattn_context_options context_options;
+  treeattn_context_options_init(&context_options);
+  context_options.backend = TREEATTN_BACKEND_CPU;
+  context_options.threads = 2;
+  treeattn_context* context = NULL;
+  CHECK(treeattn_context_create(&context_options, &context) == TREEATTN_OK);
+  CHECK(strcmp(treeattn_context_backend(context), "cpu") == 0);
+
+  static float o[3 * HQ * D], lse[3 * HQ];
+  const treeattn_tensor tq = tensor(q, TREEATTN_DTYPE_F16, 3, 3, HQ, D);
+  const treeattn_tensor tk = tensor(k, TREEATTN_DTYPE_F16, 3, SLOTS, HKV, D);
+  const treeattn_tensor tv = tensor(v, TREEATTN_DTYPE_F16, 3, SLOTS, HKV, D);
+  const treeattn_tensor to = tensor(o, TREEATTN_DTYPE_F32, 3, 3, HQ, D);
+  const treeattn_tensor tl = tensor(lse, TREEATTN_DTYPE_F32, 2, 3, HQ, 0);
+  const treeattn_strategy strategies[] = {TREEATTN_STRATEGY_FLATTEN, TREEATTN_STRATEGY_NODE,     TREEATTN_STRATEGY_NODE_CHUNK,
+                                          TREEATTN_STRATEGY_SEQUENCE, TREEATTN_STRATEGY_CASCADE, TREEATTN_STRATEGY_GREEDY};
+  for (int s = 0; s < 6; ++s) {
+    for (int block = 0; block <= 16; block += 16) { /* auto, and 16-token blocks */
+      treeattn_plan_options plan_options;
+      treeattn_plan_options_init(&plan_options);
+      plan_options.strategy = strategies[s];
+      plan_options.block_tokens = block;
+      treeattn_plan* plan = NULL;
+      CHECK(treeattn_plan_create(context, tree, &plan_options, &plan) == TREEATTN_OK);
+      CHECK(treeattn_plan_num_queries(plan) == 3);
+      memset(o, 0, sizeof o);
+      CHECK(treeattn_run(context, plan, &tq, &tk, &tv, &to, &tl) == TREEATTN_OK);
+      double worst = 0.0;
+      for (int i = 0; i < 3 * HQ * D; ++i) worst = fmax(worst, fabs(o[i] - want_o[i]));
+      for (int i = 0; i < 3 * HQ; ++i) worst = fmax(worst, fabs(lse[i] - want_lse[i]));
+      if (!(worst <= 2e-3)) fprintf(stderr, "strategy %d, block %d: max abs error %g\n", s, block, worst);
+      CHECK(worst <= 2e-3);
+      treeattn_plan_destroy(plan);
+    }
+  }
+
+  /* A plan made with NULL options, and LSE left out. */
+  treeattn_plan* plan = NULL;
+  CHECK(treeattn_plan_create(context, tree, NULL, &plan) == TREEATTN_OK);
+  CHECK(treeattn_run(context, plan, &tq, &tk, &tv, &to, NULL) == TREEATTN_OK);
+
+  /* Failures: each status, each message naming the problem; nothing crashes. */
+  treeattn_tree* bad = NULL;
+  CHECK_FAILS(treeattn_tree_create(6, 4, D, 0.0f, &bad), TREEATTN_ERROR_INVALID_TREE, "heads_q a multiple of heads_kv");
+  CHECK(bad == NULL);
+  CHECK_FAILS(treeattn_tree_create(4, 0, D, 0.0f, &bad), TREEATTN_ERROR_INVALID_TREE, "heads_kv 0");
+  CHECK_FAILS(treeattn_tree_create(4, 2, D, 0.0f, NULL), TREEATTN_ERROR_INVALID_ARGUMENT, "out is NULL");
+  CHECK(treeattn_tree_create(HQ, HKV, D, 0.0f, &bad) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_node_range(bad, 1, -1, 0, 10) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_node_range(bad, 2, 5, 10, 10) == TREEATTN_OK); /* parent 5 never comes */
+  CHECK(treeattn_tree_add_query(bad, 2, -1) == TREEATTN_OK);
+  treeattn_plan* bad_plan = NULL;
+  CHECK_FAILS(treeattn_plan_create(context, bad, NULL, &bad_plan), TREEATTN_ERROR_INVALID_TREE,
+              "node 2 (nodes[1]): parent 5 is not a node id");
+  CHECK(bad_plan == NULL);
+  treeattn_tree_destroy(bad);
+  CHECK_FAILS(treeattn_tree_add_node(NULL, 1, -1, NULL, 0), TREEATTN_ERROR_INVALID_ARGUMENT, "tree is NULL");
+  CHECK_FAILS(treeattn_tree_add_node(tree, 11, 9, NULL, 3), TREEATTN_ERROR_INVALID_ARGUMENT, "slots is NULL");
+
+  const treeattn_tensor short_q = tensor(q, TREEATTN_DTYPE_F16, 3, 2, HQ, D);
+  CHECK_FAILS(treeattn_run(context, plan, &short_q, &tk, &tv, &to, NULL), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "Q is [2, 4, 64] f16, expected [3, 4, 64]");
+  const treeattn_tensor short_k = tensor(k, TREEATTN_DTYPE_F16, 3, 40, HKV, D);
+  CHECK_FAILS(treeattn_run(context, plan, &tq, &short_k, &tv, &to, NULL), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "K has 40 slots but the tree reads slot 53");
+  treeattn_tensor strided_k = tk;
+  strided_k.strides[0] = HKV * D;
+  strided_k.strides[1] = D + 1;
+  strided_k.strides[2] = 1;
+  CHECK_FAILS(treeattn_run(context, plan, &tq, &strided_k, &tv, &to, NULL), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "k: strides[1] is 65, expected 64");
+  CHECK_FAILS(treeattn_run(context, plan, NULL, &tk, &tv, &to, NULL), TREEATTN_ERROR_INVALID_ARGUMENT, "q is NULL");
+  CHECK_FAILS(treeattn_run(context, NULL, &tq, &tk, &tv, &to, NULL), TREEATTN_ERROR_INVALID_ARGUMENT, "plan is NULL");
+  CHECK_FAILS(treeattn_enqueue(context, plan, &tq, &tk, &tv, &to, NULL, NULL), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "this context runs the cpu backend: use treeattn_run");
+  treeattn_plan_options wrong_size;
+  treeattn_plan_options_init(&wrong_size);
+  wrong_size.struct_size = 3;
+  CHECK_FAILS(treeattn_plan_create(context, tree, &wrong_size, &bad_plan), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "treeattn_plan_options.struct_size is 3");
+  treeattn_plan_options bad_strategy;
+  treeattn_plan_options_init(&bad_strategy);
+  bad_strategy.strategy = (treeattn_strategy)42;
+  CHECK_FAILS(treeattn_plan_create(context, tree, &bad_strategy, &bad_plan), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "unknown strategy 42");
+  treeattn_context_options no_gpu;
+  treeattn_context_options_init(&no_gpu);
+  no_gpu.backend = (treeattn_backend)9;
+  treeattn_context* bad_context = NULL;
+  CHECK_FAILS(treeattn_context_create(&no_gpu, &bad_context), TREEATTN_ERROR_INVALID_ARGUMENT, "unknown backend 9");
+  CHECK(treeattn_plan_create(context, tree, NULL, &bad_plan) == TREEATTN_OK);
+  CHECK(strcmp(treeattn_last_error(), "") == 0); /* a success clears the message */
+  treeattn_plan_destroy(bad_plan);
+
+  treeattn_plan_destroy(plan);
+  treeattn_context_destroy(context);
+  treeattn_tree_destroy(tree);
+  treeattn_tree_destroy(NULL); /* destroying NULL does nothing */
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "treeattn/cuda.hpp"
+#include "treeattn/tools.hpp"
 #include "treeattn/treeattn.hpp"
 
 namespace {

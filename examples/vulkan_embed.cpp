@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "treeattn/tools.hpp"
 #include "treeattn/treeattn.hpp"
 #include "treeattn/vulkan.hpp"
 

@@ -54,7 +54,7 @@ constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 
 }  // namespace
 
-std::shared_ptr<Instance> Instance::get() {
+std::shared_ptr<Instance> Instance::get(bool validation) {
   // One instance per process, created on first use and never destroyed:
   //  * destroying the last instance makes the loader unload the driver, and
   //    loading NVIDIA's again takes static TLS that glibc does not give back:
@@ -66,11 +66,17 @@ std::shared_ptr<Instance> Instance::get() {
   static std::mutex mutex;
   static std::shared_ptr<Instance> shared;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!shared) shared = std::shared_ptr<Instance>(new Instance(), [](Instance*) {});
+  validation = validation || env_flag("TREEATTN_VK_VALIDATION");
+  if (!shared) shared = std::shared_ptr<Instance>(new Instance(validation), [](Instance*) {});
+  if (validation && !shared->validation()) {
+    throw Error(ErrorCategory::Backend,
+                "Vulkan validation was asked for, but this process's instance was created without it: ask for it "
+                "in the process's first Vulkan context");
+  }
   return shared;
 }
 
-Instance::Instance() {
+Instance::Instance(bool validation) {
   if (volkInitialize() != VK_SUCCESS) {
     throw Error(ErrorCategory::Backend,
                 "no Vulkan loader (libvulkan.so.1) on this machine: install the Vulkan loader and a driver "
@@ -79,10 +85,9 @@ Instance::Instance() {
   if (volkGetInstanceVersion() < VK_API_VERSION_1_2) {
     throw Error(ErrorCategory::Backend, "the Vulkan loader is older than 1.2: treeattn's shaders need Vulkan 1.2");
   }
-  const bool validation = env_flag("TREEATTN_VK_VALIDATION");
   if (validation && !has_layer(kValidationLayer)) {
     throw Error(ErrorCategory::Backend,
-                "TREEATTN_VK_VALIDATION is set but the Khronos validation layer is not installed "
+                "Vulkan validation was asked for, but the Khronos validation layer is not installed "
                 "(Debian: vulkan-validationlayers)");
   }
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};

@@ -13,14 +13,16 @@
 
 namespace treeattn::vulkan {
 
-// The process-wide instance. TREEATTN_VK_VALIDATION=1 enables the Khronos
-// validation layer; its messages go to stderr and are counted.
+// The process-wide instance. `validation` (or TREEATTN_VK_VALIDATION=1, the
+// same request from a test harness) enables the Khronos validation layer when
+// the instance is created; its messages go to stderr and are counted.
 class Instance {
  public:
   // The process's instance, created on first use and never destroyed (the
   // .cpp says why). Throws Backend when no Vulkan loader or no Vulkan 1.2
   // implementation exists; the next call then tries again.
-  static std::shared_ptr<Instance> get();
+  // Throws Backend when validation is asked of an instance made without it.
+  static std::shared_ptr<Instance> get(bool validation = false);
   // The application's instance, used as it is (never destroyed here): volk
   // loads its functions through `get_instance_proc_addr`. Throws Backend when
   // it is older than Vulkan 1.2.
@@ -34,7 +36,7 @@ class Instance {
   static int validation_messages() noexcept;
 
  private:
-  Instance();
+  explicit Instance(bool validation);
   explicit Instance(VkInstance borrowed) : instance_(borrowed) {}
   VkInstance instance_ = VK_NULL_HANDLE;
   VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;

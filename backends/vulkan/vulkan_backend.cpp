@@ -32,6 +32,7 @@ ContextOptions context_options(const BackendOptions& o) {
   c.verbose = o.verbose;
   c.log = o.log;
   c.pipeline_cache_path = o.vk_pipeline_cache;
+  c.validation = o.vk_validation;
   return c;
 }
 
@@ -55,7 +56,7 @@ struct VulkanBackend::Staged {
 };
 
 VulkanBackend::VulkanBackend(const BackendOptions& options)
-    : VulkanBackend(make_state(options, Instance::get(), nullptr)) {}
+    : VulkanBackend(make_state(options, Instance::get(options.vk_validation), nullptr)) {}
 
 VulkanBackend::VulkanBackend(std::unique_ptr<Context::State> state) : context_(std::move(state)) {}
 
@@ -64,7 +65,7 @@ std::unique_ptr<Backend> VulkanBackend::make_for_gpu(const BackendOptions& optio
   std::vector<DeviceCaps> devices;
   const DeviceCaps* caps = nullptr;
   try {
-    instance = Instance::get();
+    instance = Instance::get(options.vk_validation);
     devices = probe_devices(*instance);
     if (!devices.empty()) caps = &select_device(devices, options.device);
   } catch (const Error&) {

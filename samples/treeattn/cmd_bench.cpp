@@ -13,6 +13,7 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
+#include "treeattn/tools.hpp"
 #include "treeattn/treeattn.hpp"
 #include "workload_options.hpp"
 

@@ -17,6 +17,7 @@
 #include "cli_support.hpp"
 #include "commands.hpp"
 #include "plan_svg.hpp"
+#include "treeattn/tools.hpp"
 #include "treeattn/treeattn.hpp"
 #include "workload_options.hpp"
 

@@ -7,6 +7,7 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
+#include "treeattn/tools.hpp"
 #include "treeattn/treeattn.hpp"
 
 namespace treeattn::cli {

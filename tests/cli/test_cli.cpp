@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "treeattn/tools.hpp"
 #include "treeattn/treeattn.hpp"
 
 using namespace treeattn;

@@ -1,3 +1,4 @@
+#include <treeattn/tools.hpp>
 #include <treeattn/treeattn.hpp>
 
 #include <cmath>

@@ -15,16 +15,11 @@
 #include "treeattn/config.h"
 #include "treeattn/dtype.hpp"
 #include "treeattn/error.hpp"
-#include "treeattn/kv_cache.hpp"
-#include "treeattn/npy.hpp"
+#include "treeattn/log.hpp"
 #include "treeattn/plan.hpp"
 #include "treeattn/planner.hpp"
-#include "treeattn/scenarios.hpp"
-#include "treeattn/sequence_tree.hpp"
 #include "treeattn/tensor.hpp"
 #include "treeattn/tree.hpp"
-#include "treeattn/tree_json.hpp"
-#include "treeattn/workloads.hpp"
 #if TREEATTN_HAS_CUDA
 #include "treeattn/cuda.hpp"
 #endif

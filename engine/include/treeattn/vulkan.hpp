@@ -69,6 +69,9 @@ struct ContextOptions {
   LogSink log;               // where messages go (none: dropped)
   // A file that keeps compiled pipelines between processes ("" none).
   std::string pipeline_cache_path;
+  // treeattn's own instance: the Khronos validation layer (the process's first
+  // Vulkan context decides).
+  bool validation = false;
 };
 
 // The application's device, as it created it. enabled_features is the pNext

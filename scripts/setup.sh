@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages treeattn needs to build and test.
+# Installs the Debian 12 packages treeattn needs to build and test; with
+# --windows, those of the Windows cross build (mingw-w64, wine) instead.
 # Idempotent and quiet: when everything is present it only asks dpkg.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
           libvulkan-dev libvulkan-volk-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers pkg-config python3)
+if [ "${1:-}" = "--windows" ]; then
+  packages=(g++-mingw-w64-x86-64-posix wine64)
+fi
 
 missing=()
 for package in "${packages[@]}"; do

@@ -5,3 +5,5 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure
+# The Windows build (mingw-w64, the tests under wine).
+scripts/test_windows.sh

@@ -1,6 +1,7 @@
 // The public CUDA device path (treeattn/cuda.hpp): one CUDA graph captured once
 // and replayed over whole decode replays with a new plan uploaded each step,
-// strided Q and O, the workspace's limits and its errors.
+// strided Q and O, the workspace's limits and its errors; and the C API's
+// treeattn_enqueue over it.
 
 #include <doctest/doctest.h>
 
@@ -20,6 +21,7 @@
 #include "treeattn/cuda.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
+#include "treeattn/treeattn.h"
 #include "treeattn/scenarios.hpp"
 #include "treeattn/workloads.hpp"
 
@@ -263,4 +265,68 @@ TEST_CASE("workspace limits: a plan's own, the larger of two, headroom, and the 
   CHECK(bigger.first_excess(l).empty());
   CHECK(l.first_excess(bigger) == "plan has 105 queries, the workspace holds 70");
   CHECK(bigger.device_bytes() > l.device_bytes());
+}
+
+TEST_CASE("the C API's treeattn_enqueue: device pointers on a stream, the plan uploaded when it changes") {
+  treeattn_tree* tree = nullptr;
+  REQUIRE(treeattn_tree_create(32, 8, 128, 0.0f, &tree) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, 0, -1, 0, 900) == TREEATTN_OK);
+  for (int b = 0; b < 6; ++b) {
+    REQUIRE(treeattn_tree_add_node_range(tree, 1 + b, 0, 900 + 10 * b, 10) == TREEATTN_OK);
+    REQUIRE(treeattn_tree_add_query(tree, 1 + b, -1) == TREEATTN_OK);
+  }
+  treeattn_context_options options;
+  treeattn_context_options_init(&options);
+  options.backend = TREEATTN_BACKEND_CUDA;
+  treeattn_context* context = nullptr;
+  REQUIRE_MESSAGE(treeattn_context_create(&options, &context) == TREEATTN_OK, treeattn_last_error());
+  CHECK(std::string(treeattn_context_backend(context)) == "cuda");
+  treeattn_plan* plan = nullptr;
+  REQUIRE(treeattn_plan_create(context, tree, nullptr, &plan) == TREEATTN_OK);
+
+  const HostArray q = random_array(DType::f16, {6, 32, 128}, 7), k = random_array(DType::f16, {960, 8, 128}, 8),
+                  v = random_array(DType::f16, {960, 8, 128}, 9);
+  cuda::DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), dout(6 * 32 * 128 * 4);
+  auto tensor = [](void* data, treeattn_dtype dtype, std::int64_t a, std::int64_t b, std::int64_t c) {
+    treeattn_tensor t{};
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = 3;
+    t.shape[0] = a;
+    t.shape[1] = b;
+    t.shape[2] = c;
+    return t;
+  };
+  const treeattn_tensor tq = tensor(dq.data(), TREEATTN_DTYPE_F16, 6, 32, 128), tk = tensor(dk.data(), TREEATTN_DTYPE_F16, 960, 8, 128),
+                        tv = tensor(dv.data(), TREEATTN_DTYPE_F16, 960, 8, 128), to = tensor(dout.data(), TREEATTN_DTYPE_F32, 6, 32, 128);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  for (int layer = 0; layer < 3; ++layer) {  // the plan is uploaded by the first call only
+    REQUIRE_MESSAGE(treeattn_enqueue(context, plan, &tq, &tk, &tv, &to, nullptr, stream) == TREEATTN_OK, treeattn_last_error());
+  }
+  HostArray got(DType::f32, {6, 32, 128});
+  check(cudaMemcpyAsync(got.bytes.data(), dout.data(), got.bytes.size(), cudaMemcpyDeviceToHost, stream));
+  check(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+  HostArray want(DType::f32, {6, 32, 128});
+  HostArray hq = q, hk = k, hv = v;
+  treeattn_plan_destroy(plan);
+  const Plan cpp_plan = treeattn::plan([] {
+    Tree t({32, 8, 128});
+    t.add_node_range(0, kNoParent, 0, 900);
+    for (int b = 0; b < 6; ++b) {
+      t.add_node_range(1 + b, 0, 900 + 10 * b, 10);
+      t.add_query(1 + b);
+    }
+    return t;
+  }());
+  make_backend(BackendKind::cpu)->run(cpp_plan, {hq.view(), hk.view(), hv.view(), want.view(), {}});
+  double worst = 0.0;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    worst = std::max(worst, double(std::abs(reinterpret_cast<const float*>(got.bytes.data())[i] -
+                                            reinterpret_cast<const float*>(want.bytes.data())[i])));
+  }
+  CHECK(worst <= tolerance(DType::f16));
+  treeattn_context_destroy(context);
+  treeattn_tree_destroy(tree);
 }

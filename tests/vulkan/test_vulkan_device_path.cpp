@@ -1,15 +1,20 @@
 // The public Vulkan device path (treeattn/vulkan.hpp) beyond what the
 // vulkan_embed example proves end to end: the features an application enabled
 // are the ones used, a device without what the shaders need is refused by
-// name, and a workspace's errors name the tensor.
+// name, a workspace's errors name the tensor, and the C API records into an
+// application's command buffer.
 
 #include <doctest/doctest.h>
 
 #include "../backends/vulkan/context_state.hpp"
 #include "../backends/vulkan/vk_buffer.hpp"
 #include "../backends/vulkan/vk_sequence.hpp"
+#include <cstring>
+
 #include "support/conformance.hpp"
+#include "support/oracle.hpp"
 #include "treeattn/error.hpp"
+#include "treeattn/treeattn_vulkan.h"
 #include "treeattn/vulkan.hpp"
 
 using namespace treeattn;
@@ -132,4 +137,89 @@ TEST_CASE("a workspace's errors: record before upload, tensors that do not match
   CHECK_NOTHROW(workspace.record(sequence.handle(), {tq, tkv, tkv, to, {}}));
   sequence.end();
   sequence.submit_and_wait();
+}
+
+TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records by buffer address into its command buffer") {
+  const vulkan::Context own;  // stands in for the application's device
+  const vulkan::Device& device = *own.state().device;
+  const vulkan::FeatureChain enabled(device.caps());
+  treeattn_vulkan_device app{};
+  app.struct_size = sizeof app;
+  app.instance = own.state().instance->handle();
+  app.physical_device = own.physical_device();
+  app.device = own.device();
+  app.queue_family = own.queue_family();
+  app.queue = own.queue();
+  app.get_instance_proc_addr = vkGetInstanceProcAddr;
+  app.enabled_features = &enabled.features;
+  app.enabled_extensions = enabled.extensions.data();
+  app.enabled_extension_count = std::uint32_t(enabled.extensions.size());
+  treeattn_context* context = nullptr;
+  REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
+  CHECK(std::string(treeattn_context_backend(context)) == "vulkan");
+
+  treeattn_tree* tree = nullptr;
+  REQUIRE(treeattn_tree_create(8, 2, 64, 0.0f, &tree) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, 0, -1, 0, 300) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, 1, 0, 300, 12) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, 2, 0, 312, 12) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(tree, 1, -1) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(tree, 2, 5) == TREEATTN_OK);
+  treeattn_plan* plan = nullptr;
+  REQUIRE(treeattn_plan_create(context, tree, nullptr, &plan) == TREEATTN_OK);
+
+  Tree same({8, 2, 64});
+  same.add_node_range(0, kNoParent, 0, 300);
+  same.add_node_range(1, 0, 300, 12);
+  same.add_node_range(2, 0, 312, 12);
+  same.add_query(1);
+  same.add_query(2, 5);
+  test::Inputs in = test::make_inputs(same, DType::f16, 3);
+  vulkan::Buffer q(device, in.q.bytes.size(), vulkan::Buffer::Kind::device_local);
+  vulkan::Buffer k(device, in.k.bytes.size(), vulkan::Buffer::Kind::device_local);
+  vulkan::Buffer v(device, in.v.bytes.size(), vulkan::Buffer::Kind::device_local);
+  vulkan::Buffer o(device, 2 * 8 * 64 * 4, vulkan::Buffer::Kind::device_local);
+  vulkan::Buffer staging(device, in.q.bytes.size() + in.k.bytes.size() + in.v.bytes.size(), vulkan::Buffer::Kind::staging);
+  auto* host = static_cast<unsigned char*>(staging.mapped());
+  std::memcpy(host, in.q.bytes.data(), in.q.bytes.size());
+  std::memcpy(host + in.q.bytes.size(), in.k.bytes.data(), in.k.bytes.size());
+  std::memcpy(host + in.q.bytes.size() + in.k.bytes.size(), in.v.bytes.data(), in.v.bytes.size());
+  auto tensor = [](VkDeviceAddress address, treeattn_dtype dtype, int ndim, std::int64_t a, std::int64_t b, std::int64_t c) {
+    treeattn_tensor t{};
+    t.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
+    t.dtype = dtype;
+    t.ndim = ndim;
+    t.shape[0] = a;
+    t.shape[1] = b;
+    t.shape[2] = c;
+    return t;
+  };
+  const treeattn_tensor tq = tensor(q.address(), TREEATTN_DTYPE_F16, 3, 2, 8, 64);
+  const treeattn_tensor tk = tensor(k.address(), TREEATTN_DTYPE_F16, 3, in.k.shape[0], 2, 64);
+  const treeattn_tensor tv = tensor(v.address(), TREEATTN_DTYPE_F16, 3, in.v.shape[0], 2, 64);
+  const treeattn_tensor to = tensor(o.address(), TREEATTN_DTYPE_F32, 3, 2, 8, 64);
+
+  vulkan::CommandSequence sequence(device);
+  sequence.begin();
+  sequence.copy(staging, q, in.q.bytes.size(), 0);
+  sequence.copy(staging, k, in.k.bytes.size(), in.q.bytes.size());
+  sequence.copy(staging, v, in.v.bytes.size(), in.q.bytes.size() + in.k.bytes.size());
+  sequence.barrier();
+  REQUIRE_MESSAGE(treeattn_enqueue(context, plan, &tq, &tk, &tv, &to, nullptr, sequence.handle()) == TREEATTN_OK,
+                  treeattn_last_error());
+  sequence.barrier();
+  sequence.copy(o, staging, o.bytes());
+  sequence.end();
+  sequence.submit_and_wait();
+  HostArray got(DType::f32, {2, 8, 64});
+  std::memcpy(got.bytes.data(), staging.mapped(), got.bytes.size());
+  const test::OracleResult want = test::oracle_attention(same, in.q.view(), in.k.view(), in.v.view());
+  CHECK(test::max_abs_error(got.view(), want.o) <= test::tolerance(DType::f16));
+
+  treeattn_tensor host_q = tq;
+  CHECK(treeattn_run(context, plan, &host_q, &tk, &tv, &to, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(treeattn_last_error()).find("runs treeattn_enqueue only") != std::string::npos);
+  treeattn_plan_destroy(plan);
+  treeattn_tree_destroy(tree);
+  treeattn_context_destroy(context);
 }

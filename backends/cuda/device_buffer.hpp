@@ -11,13 +11,15 @@
 
 namespace treeattn::cuda {
 
-class DeviceBuffer {
+// One handle for both kinds; `Memory` says how to allocate and free.
+template <typename Memory>
+class OwnedMemory {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes) { reserve(bytes); }
-  ~DeviceBuffer() { release(); }
-  DeviceBuffer(DeviceBuffer&& other) noexcept : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+  OwnedMemory() = default;
+  explicit OwnedMemory(std::size_t bytes) { reserve(bytes); }
+  ~OwnedMemory() { release(); }
+  OwnedMemory(OwnedMemory&& other) noexcept : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  OwnedMemory& operator=(OwnedMemory&& other) noexcept {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
@@ -25,14 +27,14 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  OwnedMemory(const OwnedMemory&) = delete;
+  OwnedMemory& operator=(const OwnedMemory&) = delete;
 
   // Ensures at least `bytes` (contents are not kept when it grows).
   void reserve(std::size_t bytes) {
     if (bytes <= bytes_) return;
     release();
-    TREEATTN_CUDA_CHECK(cudaMalloc(&data_, bytes));
+    TREEATTN_CUDA_CHECK(Memory::allocate(&data_, bytes));
     bytes_ = bytes;
   }
   void* data() const noexcept { return data_; }
@@ -42,50 +44,27 @@ class DeviceBuffer {
 
  private:
   void release() noexcept {
-    if (data_ != nullptr) cudaFree(data_);
+    if (data_ != nullptr) Memory::free(data_);
     data_ = nullptr;
     bytes_ = 0;
   }
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
+};
+
+struct DeviceMemory {
+  static cudaError_t allocate(void** data, std::size_t bytes) { return cudaMalloc(data, bytes); }
+  static void free(void* data) { cudaFree(data); }
 };
 
 // Page-locked host memory: what cudaMemcpyAsync copies from without staging
 // it through the driver first (and so without waiting for the copy).
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer() { release(); }
-  PinnedBuffer(PinnedBuffer&& other) noexcept : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
-    if (this != &other) {
-      release();
-      data_ = std::exchange(other.data_, nullptr);
-      bytes_ = std::exchange(other.bytes_, 0);
-    }
-    return *this;
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  // Ensures at least `bytes` (contents are not kept when it grows).
-  void reserve(std::size_t bytes) {
-    if (bytes <= bytes_) return;
-    release();
-    TREEATTN_CUDA_CHECK(cudaHostAlloc(&data_, bytes, cudaHostAllocDefault));
-    bytes_ = bytes;
-  }
-  unsigned char* data() const noexcept { return static_cast<unsigned char*>(data_); }
-  std::size_t bytes() const noexcept { return bytes_; }
-
- private:
-  void release() noexcept {
-    if (data_ != nullptr) cudaFreeHost(data_);
-    data_ = nullptr;
-    bytes_ = 0;
-  }
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
+struct PinnedMemory {
+  static cudaError_t allocate(void** data, std::size_t bytes) { return cudaHostAlloc(data, bytes, cudaHostAllocDefault); }
+  static void free(void* data) { cudaFreeHost(data); }
 };
+
+using DeviceBuffer = OwnedMemory<DeviceMemory>;
+using PinnedBuffer = OwnedMemory<PinnedMemory>;
 
 }  // namespace treeattn::cuda

@@ -270,7 +270,7 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   // The staging buffer filled now was last copied from two uploads back.
   const int b = s.next;
   s.wait_for_copy(b);
-  unsigned char* host = s.staging[b].data();
+  unsigned char* host = s.staging[b].as<unsigned char>();
   const Layout layout(s.limits);
 
   std::memcpy(host + layout.offset[kTileQuery], plan.tile_query.data(), plan.tile_query.size() * 4);

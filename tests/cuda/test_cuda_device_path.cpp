@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../backends/cuda/device_buffer.hpp"
+#include "support/c_tensor.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
 #include "treeattn/cuda.hpp"
@@ -287,18 +288,10 @@ TEST_CASE("the C API's treeattn_enqueue: device pointers on a stream, the plan u
   const HostArray q = random_array(DType::f16, {6, 32, 128}, 7), k = random_array(DType::f16, {960, 8, 128}, 8),
                   v = random_array(DType::f16, {960, 8, 128}, 9);
   cuda::DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), dout(6 * 32 * 128 * 4);
-  auto tensor = [](void* data, treeattn_dtype dtype, std::int64_t a, std::int64_t b, std::int64_t c) {
-    treeattn_tensor t{};
-    t.data = data;
-    t.dtype = dtype;
-    t.ndim = 3;
-    t.shape[0] = a;
-    t.shape[1] = b;
-    t.shape[2] = c;
-    return t;
-  };
-  const treeattn_tensor tq = tensor(dq.data(), TREEATTN_DTYPE_F16, 6, 32, 128), tk = tensor(dk.data(), TREEATTN_DTYPE_F16, 960, 8, 128),
-                        tv = tensor(dv.data(), TREEATTN_DTYPE_F16, 960, 8, 128), to = tensor(dout.data(), TREEATTN_DTYPE_F32, 6, 32, 128);
+  const treeattn_tensor tq = c_tensor(dq.data(), TREEATTN_DTYPE_F16, 3, 6, 32, 128);
+  const treeattn_tensor tk = c_tensor(dk.data(), TREEATTN_DTYPE_F16, 3, 960, 8, 128);
+  const treeattn_tensor tv = c_tensor(dv.data(), TREEATTN_DTYPE_F16, 3, 960, 8, 128);
+  const treeattn_tensor to = c_tensor(dout.data(), TREEATTN_DTYPE_F32, 3, 6, 32, 128);
   cudaStream_t stream = nullptr;
   check(cudaStreamCreate(&stream));
   for (int layer = 0; layer < 3; ++layer) {  // the plan is uploaded by the first call only

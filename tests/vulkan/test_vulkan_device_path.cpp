@@ -11,6 +11,7 @@
 #include "../backends/vulkan/vk_sequence.hpp"
 #include <cstring>
 
+#include "support/c_tensor.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
 #include "treeattn/error.hpp"
@@ -184,20 +185,11 @@ TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records
   std::memcpy(host, in.q.bytes.data(), in.q.bytes.size());
   std::memcpy(host + in.q.bytes.size(), in.k.bytes.data(), in.k.bytes.size());
   std::memcpy(host + in.q.bytes.size() + in.k.bytes.size(), in.v.bytes.data(), in.v.bytes.size());
-  auto tensor = [](VkDeviceAddress address, treeattn_dtype dtype, int ndim, std::int64_t a, std::int64_t b, std::int64_t c) {
-    treeattn_tensor t{};
-    t.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
-    t.dtype = dtype;
-    t.ndim = ndim;
-    t.shape[0] = a;
-    t.shape[1] = b;
-    t.shape[2] = c;
-    return t;
-  };
-  const treeattn_tensor tq = tensor(q.address(), TREEATTN_DTYPE_F16, 3, 2, 8, 64);
-  const treeattn_tensor tk = tensor(k.address(), TREEATTN_DTYPE_F16, 3, in.k.shape[0], 2, 64);
-  const treeattn_tensor tv = tensor(v.address(), TREEATTN_DTYPE_F16, 3, in.v.shape[0], 2, 64);
-  const treeattn_tensor to = tensor(o.address(), TREEATTN_DTYPE_F32, 3, 2, 8, 64);
+  auto at = [](const vulkan::Buffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.address())); };
+  const treeattn_tensor tq = test::c_tensor(at(q), TREEATTN_DTYPE_F16, 3, 2, 8, 64);
+  const treeattn_tensor tk = test::c_tensor(at(k), TREEATTN_DTYPE_F16, 3, in.k.shape[0], 2, 64);
+  const treeattn_tensor tv = test::c_tensor(at(v), TREEATTN_DTYPE_F16, 3, in.v.shape[0], 2, 64);
+  const treeattn_tensor to = test::c_tensor(at(o), TREEATTN_DTYPE_F32, 3, 2, 8, 64);
 
   vulkan::CommandSequence sequence(device);
   sequence.begin();

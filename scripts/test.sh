@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure
-# The Windows build (mingw-w64, the tests under wine).
+# The Python package (pip install ., pytest) and the Windows build (mingw-w64, the tests under wine).
+scripts/test_python.sh
 scripts/test_windows.sh

@@ -1,0 +1,180 @@
+// treeattn._core: the C++ API for Python (nanobind). Arrays arrive through
+// DLPack (numpy, torch, cupy); python/treeattn/__init__.py allocates outputs
+// with the caller's array library and finds the caller's CUDA stream.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "treeattn/tools.hpp"
+#include "treeattn/treeattn.hpp"
+
+namespace nb = nanobind;
+using namespace treeattn;
+
+namespace {
+
+using Array = nb::ndarray<nb::c_contig>;
+
+DType dtype_of(const Array& a, const char* name) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t == nb::dtype<float>()) return DType::f32;
+  if (t.code == std::uint8_t(nb::dlpack::dtype_code::Float) && t.bits == 16) return DType::f16;
+  if (t.code == std::uint8_t(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) return DType::bf16;
+  throw Error(ErrorCategory::InvalidArgument,
+              std::string(name) + ": dtype must be float16, bfloat16 or float32 (DLPack code " + std::to_string(t.code) +
+                  ", " + std::to_string(t.bits) + " bits)");
+}
+
+TensorRef tensor_of(const Array& a, const char* name) {
+  TensorRef t;
+  t.data = a.data();
+  t.dtype = dtype_of(a, name);
+  for (std::size_t d = 0; d < a.ndim(); ++d) t.shape.push_back(std::int64_t(a.shape(d)));
+  return t;
+}
+
+// A context: the backend for host arrays, and on CUDA the device path for device arrays.
+struct ContextHandle {
+  std::unique_ptr<Backend> backend;
+  BackendOptions options;
+#if TREEATTN_HAS_CUDA
+  std::unique_ptr<cuda::Context> cuda;
+  std::unique_ptr<cuda::Workspace> workspace;
+  std::uint64_t uploaded_id = 0;
+#endif
+};
+
+struct PlanHandle {
+  Plan plan;
+  std::uint64_t id;
+};
+std::atomic<std::uint64_t> g_next_plan{1};  // which plan a device workspace holds
+
+void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const Array& k, const Array& v, const Array& o,
+               std::optional<Array> lse, std::uintptr_t stream) {
+  AttentionArgs args{tensor_of(q, "q"), tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(o, "out"),
+                     lse ? tensor_of(*lse, "lse") : TensorRef{}};
+  const int device = q.device_type();
+  for (const Array* a : {&k, &v, &o}) {
+    if (a->device_type() != device) {
+      throw Error(ErrorCategory::InvalidArgument, "q, k, v and out must be on one device (DLPack device types differ)");
+    }
+  }
+  if (device == nb::device::cpu::value) {
+    nb::gil_scoped_release release;
+    ctx.backend->run(plan.plan, args);
+    return;
+  }
+#if TREEATTN_HAS_CUDA
+  if (device == nb::device::cuda::value) {
+    if (!ctx.cuda || ctx.cuda->device() != q.device_id()) {
+      ctx.cuda = std::make_unique<cuda::Context>(q.device_id());
+      ctx.workspace = std::make_unique<cuda::Workspace>(*ctx.cuda);
+      ctx.uploaded_id = 0;
+    }
+    auto cuda_stream = reinterpret_cast<cuda::Stream>(stream);
+    if (ctx.uploaded_id != plan.id) {
+      ctx.workspace->upload(plan.plan, cuda_stream);
+      ctx.uploaded_id = plan.id;
+    }
+    ctx.workspace->enqueue(args, cuda_stream);
+    return;
+  }
+#endif
+  (void)stream;
+  throw Error(ErrorCategory::InvalidArgument,
+              "arrays on DLPack device type " + std::to_string(device) + ": this build runs host arrays" +
+                  (TREEATTN_HAS_CUDA ? " and CUDA arrays" : ""));
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "treeattn's C++ engine (use the treeattn package)";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      switch (e.category()) {
+        case ErrorCategory::InvalidTree:
+        case ErrorCategory::InvalidArgument:
+        case ErrorCategory::InvalidPlan: PyErr_SetString(PyExc_ValueError, e.what()); break;
+        case ErrorCategory::Io: PyErr_SetString(PyExc_OSError, e.what()); break;
+        case ErrorCategory::Backend: PyErr_SetString(PyExc_RuntimeError, e.what()); break;
+      }
+    }
+  });
+
+  nb::class_<Tree>(m, "Tree")
+      .def("__init__",
+           [](Tree* t, int heads_q, int heads_kv, int head_dim, std::optional<float> scale) {
+             new (t) Tree(HeadConfig{heads_q, heads_kv, head_dim, scale.value_or(0.0f)});
+           },
+           nb::arg("heads_q"), nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("scale") = nb::none())
+      .def("add_node", &Tree::add_node, nb::arg("id"), nb::arg("parent"), nb::arg("slots"))
+      .def("add_node_range", &Tree::add_node_range, nb::arg("id"), nb::arg("parent"), nb::arg("first_slot"),
+           nb::arg("count"))
+      .def("add_query",
+           [](Tree& t, std::int64_t node, std::optional<std::int64_t> upto) { t.add_query(node, upto.value_or(kWholeNode)); },
+           nb::arg("node"), nb::arg("upto") = nb::none())
+      .def_prop_ro("num_nodes", &Tree::node_count)
+      .def_prop_ro("num_queries", &Tree::query_count)
+      .def_prop_ro("heads", [](const Tree& t) { return nb::make_tuple(t.heads.heads_q, t.heads.heads_kv, t.heads.head_dim); })
+      .def_static(
+          "from_json",
+          [](nb::handle source) {
+            // A dict (the parsed JSON), JSON text, or a path (str or os.PathLike).
+            if (nb::isinstance<nb::dict>(source)) {
+              return parse_tree_json(nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(source)), "tree dict");
+            }
+            const std::string text = nb::cast<std::string>(nb::module_::import_("os").attr("fspath")(source));
+            const std::size_t first = text.find_first_not_of(" \t\r\n");
+            if (first != std::string::npos && text[first] == '{') return parse_tree_json(text, "tree JSON");
+            return load_tree_json(text);
+          },
+          nb::arg("source"), "A tree from the CLI's tree JSON: a path, JSON text, or the parsed dict.")
+      .def("to_json", &tree_to_json);
+
+  nb::class_<PlanHandle>(m, "Plan")
+      .def_prop_ro("num_queries", [](const PlanHandle& p) { return p.plan.num_queries; })
+      .def_prop_ro("num_items", [](const PlanHandle& p) { return p.plan.num_items(); })
+      .def_prop_ro("num_partials", [](const PlanHandle& p) { return p.plan.num_partials; })
+      .def_prop_ro("block_tokens", [](const PlanHandle& p) { return p.plan.block_tokens; })
+      .def_prop_ro("strategy", [](const PlanHandle& p) { return std::string(to_string(p.plan.strategy)); });
+
+  nb::class_<ContextHandle>(m, "_Context")
+      .def("__init__",
+           [](ContextHandle* c, const std::string& backend, int device, int threads) {
+             new (c) ContextHandle();
+             c->options.device = device;
+             c->options.threads = threads;
+             c->backend = make_backend(parse_backend(backend), c->options);
+           },
+           nb::arg("backend"), nb::arg("device"), nb::arg("threads"))
+      .def_prop_ro("backend", [](const ContextHandle& c) { return std::string(c.backend->name()); })
+      .def("plan",
+           [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens) {
+             PlanOptions options;
+             options.strategy = parse_strategy(strategy);
+             options.block_tokens = block_tokens.value_or(kAutoBlockTokens);
+             options.cost = c.backend->cost_model();
+             nb::gil_scoped_release release;
+             return PlanHandle{treeattn::plan(tree, options), g_next_plan++};
+           },
+           nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none())
+      .def("_attention", &attention, nb::arg("plan"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+           nb::arg("lse").none(), nb::arg("stream"));
+
+  m.attr("__version__") = TREEATTN_VERSION_STRING;
+  m.attr("has_cuda") = bool(TREEATTN_HAS_CUDA);
+  m.attr("has_vulkan") = bool(TREEATTN_HAS_VULKAN);
+}

@@ -1,0 +1,93 @@
+"""treeattn: decode-time attention over a tree of KV cache (DeFT-Flatten).
+
+    import numpy as np, treeattn
+    tree = treeattn.Tree(heads_q=32, heads_kv=8, head_dim=128)
+    tree.add_node_range(0, -1, 0, 4000)          # a prompt in KV slots 0..3999
+    tree.add_node_range(1, 0, 4000, 20)          # a branch
+    tree.add_query(1)
+    ctx = treeattn.Context()                     # auto: CUDA, Vulkan, CPU
+    plan = ctx.plan(tree)                        # once per decode step
+    o, lse = ctx.attention(plan, q, k, v)        # once per layer
+
+Arrays are any DLPack producer: numpy (host arrays: the context's backend),
+torch or cupy (host, or CUDA memory: enqueued on the caller's current stream
+without waiting). Outputs come back from the same library, on the same device.
+"""
+
+from __future__ import annotations
+
+from . import _core
+from ._core import Plan, Tree, has_cuda, has_vulkan
+from .adapters import tree_from_block_tables, tree_from_token_tables
+
+__all__ = ["Tree", "Context", "Plan", "has_cuda", "has_vulkan", "tree_from_block_tables", "tree_from_token_tables"]
+__version__ = _core.__version__
+
+
+def _namespace(array):
+    """The array library of `array`: 'numpy', 'torch' or 'cupy'."""
+    module = type(array).__module__.split(".")[0]
+    if module in ("numpy", "torch", "cupy"):
+        return module
+    raise TypeError(f"arrays must be numpy, torch or cupy arrays (got {type(array).__name__})")
+
+
+def _empty_like(q, shape, dtype):
+    library = _namespace(q)
+    if library == "numpy":
+        import numpy as np
+
+        return np.empty(shape, dtype=np.float32 if dtype == "float32" else q.dtype)
+    if library == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=torch.float32 if dtype == "float32" else q.dtype, device=q.device)
+    import cupy
+
+    return cupy.empty(shape, dtype=cupy.float32 if dtype == "float32" else q.dtype)
+
+
+def _current_stream(q):
+    """The caller's current CUDA stream for device arrays (0: none, or the default stream)."""
+    library = _namespace(q)
+    if library == "torch" and q.is_cuda:
+        import torch
+
+        return torch.cuda.current_stream(q.device).cuda_stream
+    if library == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
+class Context:
+    """A backend on a device: Context(backend="auto", device=None, threads=None).
+
+    backend: "auto" (CUDA, then a Vulkan GPU, then the CPU), "cpu", "cuda", "vulkan".
+    """
+
+    def __init__(self, backend="auto", device=None, threads=None):
+        self._context = _core._Context(backend, -1 if device is None else int(device), 0 if threads is None else int(threads))
+
+    @property
+    def backend(self):
+        return self._context.backend
+
+    def plan(self, tree, strategy="flatten", block_tokens=None):
+        """Plans `tree` with this context's device model (once per decode step)."""
+        return self._context.plan(tree, strategy, block_tokens)
+
+    def attention(self, plan, q, k, v, out=None, lse=None):
+        """O [queries, heads_q, head_dim] and LSE [queries, heads_q] (float32, natural log).
+
+        q [queries, heads_q, head_dim], k and v [slots, heads_kv, head_dim]: f16, bf16
+        (f32 on the CPU). `out` (q's dtype or float32) and `lse` may be given.
+        """
+        _namespace(q)  # a TypeError naming what was given, before its shape is read
+        if out is None:
+            out = _empty_like(q, tuple(q.shape), "same")
+        if lse is None:
+            lse = _empty_like(q, (q.shape[0], q.shape[1]), "float32")
+        self._context._attention(plan, q, k, v, out, lse, _current_stream(q))
+        return out, lse

@@ -1,0 +1,105 @@
+"""Trees from the KV layouts serving engines keep.
+
+A batch of requests whose prompts share KV becomes one tree without the caller
+describing it: the requests' pages (vLLM's block tables) or slots (SGLang's
+req_to_token) go into a trie, and every run that a set of requests shares
+becomes one node. Request r gets query r, on the node where its sequence ends,
+seeing its whole sequence.
+"""
+
+from __future__ import annotations
+
+from ._core import Tree
+
+
+class _TrieNode:
+    __slots__ = ("children", "slots", "ends")
+
+    def __init__(self, slots):
+        self.children = {}
+        self.slots = slots
+        self.ends = []  # requests whose sequence ends here
+
+
+def _rows(table, lengths, what):
+    rows = table.tolist() if hasattr(table, "tolist") else [list(row) for row in table]
+    lens = [int(n) for n in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
+    if len(rows) != len(lens):
+        raise ValueError(f"{what}: {len(rows)} rows but {len(lens)} sequence lengths")
+    for r, n in enumerate(lens):
+        if n <= 0:
+            raise ValueError(f"{what}: request {r} has length {n}; each needs at least one token")
+    return rows, lens
+
+
+def _tree(units, heads_q, heads_kv, head_dim, scale):
+    """The tree of the requests' `units` (lists of (key, slots)), merged by common leading keys."""
+    roots = {}
+    for r, pieces in enumerate(units):
+        children, node = roots, None
+        for key, slots in pieces:
+            node = children.get(key)
+            if node is None:
+                node = children[key] = _TrieNode(slots)
+            children = node.children
+        node.ends.append(r)
+
+    tree = Tree(heads_q, heads_kv, head_dim, scale)
+    query_node = [0] * len(units)
+    next_id = 0
+    stack = [(node, -1) for node in reversed(list(roots.values()))]
+    while stack:
+        node, parent = stack.pop()
+        slots = list(node.slots)
+        # A chain that no request ends inside and that does not branch is one node.
+        while not node.ends and len(node.children) == 1:
+            node = next(iter(node.children.values()))
+            slots.extend(node.slots)
+        tree.add_node(next_id, parent, slots)
+        for r in node.ends:
+            query_node[r] = next_id
+        stack.extend((child, next_id) for child in reversed(list(node.children.values())))
+        next_id += 1
+    for node_id in query_node:
+        tree.add_query(node_id)
+    return tree
+
+
+def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, head_dim, scale=None):
+    """A tree from vLLM-style paging: request r's token t lives in KV slot
+    block_table[r][t // page_size] * page_size + t % page_size, for t < seq_lens[r].
+    Requests that begin with the same pages share them as one node."""
+    if page_size <= 0:
+        raise ValueError(f"page_size {page_size} must be positive")
+    rows, lens = _rows(block_table, seq_lens, "block_table")
+    units = []
+    for r, (row, n) in enumerate(zip(rows, lens)):
+        pages = (n + page_size - 1) // page_size
+        if pages > len(row):
+            raise ValueError(f"block_table: request {r} has {n} tokens, {pages} pages, but {len(row)} table entries")
+        pieces = []
+        for p in range(pages):
+            page, tokens = int(row[p]), min(page_size, n - p * page_size)
+            if page < 0:
+                raise ValueError(f"block_table: request {r}, page {p} is {page}")
+            # The key holds the tokens used: a partly filled page is not the full page of another request.
+            pieces.append(((page, tokens), range(page * page_size, page * page_size + tokens)))
+        units.append(pieces)
+    return _tree(units, heads_q, heads_kv, head_dim, scale)
+
+
+def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, scale=None, req_pool_indices=None):
+    """A tree from SGLang-style token tables: request r's token t lives in KV slot
+    req_to_token[req_pool_indices[r]][t] (req_pool_indices defaults to 0, 1, 2, ...)
+    for t < seq_lens[r]. Requests that begin with the same slots share them."""
+    table = req_to_token.tolist() if hasattr(req_to_token, "tolist") else [list(row) for row in req_to_token]
+    if req_pool_indices is not None:
+        indices = req_pool_indices.tolist() if hasattr(req_pool_indices, "tolist") else list(req_pool_indices)
+        table = [table[int(i)] for i in indices]
+    rows, lens = _rows(table, seq_lens, "req_to_token")
+    units = []
+    for r, (row, n) in enumerate(zip(rows, lens)):
+        if n > len(row):
+            raise ValueError(f"req_to_token: request {r} has {n} tokens but its row holds {len(row)}")
+        units.append([(int(slot), (int(slot),)) for slot in row[:n]])
+    return _tree(units, heads_q, heads_kv, head_dim, scale)

@@ -1,0 +1,62 @@
+"""Trees from serving engines' KV tables: shared prefixes found without the caller
+describing them, and attention over the tree equal to each request's own sequence."""
+
+import numpy as np
+import pytest
+
+import treeattn
+from conftest import reference_attention
+
+
+def test_block_tables_share_their_common_pages(rng):
+    page = 4
+    # Requests 0 and 1 share pages 7 and 3 (8 tokens); request 2 shares page 7 only; 3 stands alone.
+    block_table = np.array([[7, 3, 5, 0], [7, 3, 9, 2], [7, 6, 0, 0], [1, 0, 0, 0]])
+    seq_lens = np.array([11, 14, 6, 3])
+    tree = treeattn.tree_from_block_tables(block_table, seq_lens, page, 8, 2, 64)
+    assert tree.num_queries == 4
+    # Nodes: [7], [3] (shared by 0 and 1), [5 (3 tokens)], [9, 2 (2 tokens)], [6 (2 tokens)], [1 (3 tokens)].
+    assert tree.num_nodes == 6
+    paths = [[int(block_table[r][t // page]) * page + t % page for t in range(n)] for r, n in enumerate(seq_lens)]
+    ctx = treeattn.Context("cpu")
+    plan = ctx.plan(tree)
+    q = rng.uniform(-1, 1, (4, 8, 64)).astype(np.float16)
+    k = rng.uniform(-1, 1, (40, 2, 64)).astype(np.float16)
+    v = rng.uniform(-1, 1, (40, 2, 64)).astype(np.float16)
+    o, lse = ctx.attention(plan, q, k, v)
+    want_o, want_lse = reference_attention(q, k, v, paths, 1 / 8)
+    assert np.abs(o.astype(np.float64) - want_o).max() <= 2e-3
+    assert np.abs(lse - want_lse).max() <= 2e-3
+
+
+def test_a_request_that_ends_inside_anothers_prefix_queries_there():
+    # Request 1's 4 tokens are request 0's first page: it ends where 0 goes on.
+    tree = treeattn.tree_from_block_tables([[2, 5], [2, 0]], [7, 4], 4, 4, 4, 64)
+    assert (tree.num_nodes, tree.num_queries) == (2, 2)
+
+
+def test_token_tables_share_their_common_slots(rng):
+    req_to_token = np.zeros((5, 64), dtype=np.int32)
+    prompt = np.arange(100, 140)
+    req_to_token[2, :40], req_to_token[2, 40:45] = prompt, np.arange(200, 205)
+    req_to_token[4, :40], req_to_token[4, 40:43] = prompt, np.arange(300, 303)
+    req_to_token[0, :10] = np.arange(400, 410)
+    tree = treeattn.tree_from_token_tables(req_to_token, [45, 43, 10], 8, 2, 64, req_pool_indices=[2, 4, 0])
+    assert (tree.num_nodes, tree.num_queries) == (4, 3)  # the prompt, two continuations, the lone request
+    paths = [list(prompt) + list(range(200, 205)), list(prompt) + list(range(300, 303)), list(range(400, 410))]
+    ctx = treeattn.Context("cpu")
+    q = rng.uniform(-1, 1, (3, 8, 64)).astype(np.float32)
+    k = rng.uniform(-1, 1, (410, 2, 64)).astype(np.float32)
+    v = rng.uniform(-1, 1, (410, 2, 64)).astype(np.float32)
+    o, _ = ctx.attention(ctx.plan(tree), q, k, v)
+    want_o, _ = reference_attention(q, k, v, paths, 1 / 8)
+    assert np.abs(o - want_o).max() <= 1e-5
+
+
+def test_bad_tables_are_refused_by_request():
+    with pytest.raises(ValueError, match="request 1 has 9 tokens, 3 pages, but 2 table entries"):
+        treeattn.tree_from_block_tables([[1, 2], [3, 4]], [5, 9], 4, 8, 2, 64)
+    with pytest.raises(ValueError, match="request 0 has length 0"):
+        treeattn.tree_from_block_tables([[1]], [0], 4, 8, 2, 64)
+    with pytest.raises(ValueError, match="2 rows but 1 sequence lengths"):
+        treeattn.tree_from_token_tables([[1], [2]], [1], 8, 2, 64)

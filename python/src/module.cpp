@@ -50,6 +50,14 @@ struct ContextHandle {
   std::unique_ptr<cuda::Context> cuda;
   std::unique_ptr<cuda::Workspace> workspace;
   std::uint64_t uploaded_id = 0;
+
+  // The CUDA device path on `device`: a growing workspace, made at first use.
+  void open_cuda(int device) {
+    if (cuda && cuda->device() == device) return;
+    cuda = std::make_unique<cuda::Context>(device);
+    workspace = std::make_unique<cuda::Workspace>(*cuda);
+    uploaded_id = 0;
+  }
 #endif
 };
 
@@ -76,13 +84,15 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
   }
 #if TREEATTN_HAS_CUDA
   if (device == nb::device::cuda::value) {
-    if (!ctx.cuda || ctx.cuda->device() != q.device_id()) {
-      ctx.cuda = std::make_unique<cuda::Context>(q.device_id());
-      ctx.workspace = std::make_unique<cuda::Workspace>(*ctx.cuda);
-      ctx.uploaded_id = 0;
-    }
+    ctx.open_cuda(q.device_id());
     auto cuda_stream = reinterpret_cast<cuda::Stream>(stream);
     if (ctx.uploaded_id != plan.id) {
+      if (ctx.workspace->graph_stable()) {
+        // Inside a graph capture an upload would be captured with this step's staging: refuse.
+        throw Error(ErrorCategory::InvalidArgument,
+                    "graph-stable context: upload(plan) before the calls that run it (the plan given is not the one "
+                    "uploaded)");
+      }
       ctx.workspace->upload(plan.plan, cuda_stream);
       ctx.uploaded_id = plan.id;
     }
@@ -144,14 +154,15 @@ NB_MODULE(_core, m) {
           nb::arg("source"), "A tree from the CLI's tree JSON: a path, JSON text, or the parsed dict.")
       .def("to_json", &tree_to_json);
 
-  nb::class_<PlanHandle>(m, "Plan")
+  nb::class_<PlanHandle>(m, "Plan", nb::is_weak_referenceable())
+      .def_prop_ro("handle", [](const PlanHandle& p) { return p.id; }, "a number naming the plan (the torch op takes it)")
       .def_prop_ro("num_queries", [](const PlanHandle& p) { return p.plan.num_queries; })
       .def_prop_ro("num_items", [](const PlanHandle& p) { return p.plan.num_items(); })
       .def_prop_ro("num_partials", [](const PlanHandle& p) { return p.plan.num_partials; })
       .def_prop_ro("block_tokens", [](const PlanHandle& p) { return p.plan.block_tokens; })
       .def_prop_ro("strategy", [](const PlanHandle& p) { return std::string(to_string(p.plan.strategy)); });
 
-  nb::class_<ContextHandle>(m, "_Context")
+  nb::class_<ContextHandle>(m, "_Context", nb::is_weak_referenceable())
       .def("__init__",
            [](ContextHandle* c, const std::string& backend, int device, int threads) {
              new (c) ContextHandle();
@@ -172,7 +183,27 @@ NB_MODULE(_core, m) {
            },
            nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none())
       .def("_attention", &attention, nb::arg("plan"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
-           nb::arg("lse").none(), nb::arg("stream"));
+           nb::arg("lse").none(), nb::arg("stream"))
+#if TREEATTN_HAS_CUDA
+      .def("_graph_stable",
+           [](ContextHandle& c, int device, const std::vector<const PlanHandle*>& plans, double headroom) {
+             if (plans.empty()) throw Error(ErrorCategory::InvalidArgument, "graph_stable: give at least one plan");
+             cuda::WorkspaceLimits limits;
+             for (const PlanHandle* p : plans) limits.include(cuda::WorkspaceLimits::of(p->plan));
+             c.cuda = std::make_unique<cuda::Context>(device);
+             c.workspace = std::make_unique<cuda::Workspace>(*c.cuda, limits.with_headroom(headroom));
+             c.uploaded_id = 0;
+           },
+           nb::arg("device"), nb::arg("plans"), nb::arg("headroom"))
+      .def("_upload",
+           [](ContextHandle& c, const PlanHandle& plan, int device, std::uintptr_t stream) {
+             c.open_cuda(device);
+             c.workspace->upload(plan.plan, reinterpret_cast<cuda::Stream>(stream));
+             c.uploaded_id = plan.id;
+           },
+           nb::arg("plan"), nb::arg("device"), nb::arg("stream"))
+#endif
+      ;
 
   m.attr("__version__") = TREEATTN_VERSION_STRING;
   m.attr("has_cuda") = bool(TREEATTN_HAS_CUDA);

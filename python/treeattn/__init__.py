@@ -16,6 +16,8 @@ without waiting). Outputs come back from the same library, on the same device.
 
 from __future__ import annotations
 
+import weakref
+
 from . import _core
 from ._core import Plan, Tree, has_cuda, has_vulkan
 from .adapters import tree_from_block_tables, tree_from_token_tables
@@ -47,6 +49,16 @@ def _empty_like(q, shape, dtype):
     return cupy.empty(shape, dtype=cupy.float32 if dtype == "float32" else q.dtype)
 
 
+def _stream_number(stream, device):
+    if stream is None:
+        import torch
+
+        return torch.cuda.current_stream(device).cuda_stream
+    if isinstance(stream, int):
+        return stream
+    return getattr(stream, "cuda_stream", None) or stream.ptr
+
+
 def _current_stream(q):
     """The caller's current CUDA stream for device arrays (0: none, or the default stream)."""
     library = _namespace(q)
@@ -61,6 +73,10 @@ def _current_stream(q):
     return 0
 
 
+_contexts = weakref.WeakValueDictionary()  # handle -> Context, for the torch op
+_plans = weakref.WeakValueDictionary()     # handle -> Plan
+
+
 class Context:
     """A backend on a device: Context(backend="auto", device=None, threads=None).
 
@@ -68,7 +84,10 @@ class Context:
     """
 
     def __init__(self, backend="auto", device=None, threads=None):
+        self._device = 0 if device is None else int(device)
         self._context = _core._Context(backend, -1 if device is None else int(device), 0 if threads is None else int(threads))
+        self.handle = id(self)
+        _contexts[self.handle] = self
 
     @property
     def backend(self):
@@ -76,7 +95,20 @@ class Context:
 
     def plan(self, tree, strategy="flatten", block_tokens=None):
         """Plans `tree` with this context's device model (once per decode step)."""
-        return self._context.plan(tree, strategy, block_tokens)
+        plan = self._context.plan(tree, strategy, block_tokens)
+        _plans[plan.handle] = plan
+        return plan
+
+    def graph_stable(self, plans, headroom=1.0):
+        """CUDA: fixes the device workspace's capacities to the largest of `plans`
+        times `headroom`, so a CUDA graph captured once replays every plan within
+        them. Each step then calls upload(plan) before replaying the graph."""
+        self._context._graph_stable(self._device, list(plans), float(headroom))
+
+    def upload(self, plan, stream=None):
+        """CUDA: uploads `plan` to the device workspace on `stream` (a torch or cupy
+        stream, or a cudaStream_t number; None: torch's current stream)."""
+        self._context._upload(plan, self._device, _stream_number(stream, self._device))
 
     def attention(self, plan, q, k, v, out=None, lse=None):
         """O [queries, heads_q, head_dim] and LSE [queries, heads_q] (float32, natural log).

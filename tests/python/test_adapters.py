@@ -60,3 +60,17 @@ def test_bad_tables_are_refused_by_request():
         treeattn.tree_from_block_tables([[1]], [0], 4, 8, 2, 64)
     with pytest.raises(ValueError, match="2 rows but 1 sequence lengths"):
         treeattn.tree_from_token_tables([[1], [2]], [1], 8, 2, 64)
+
+
+def test_the_shared_prompts_example_runs():
+    import pathlib
+    import subprocess
+    import sys
+
+    example = pathlib.Path(__file__).parents[2] / "examples" / "python" / "shared_prompts.py"
+    done = subprocess.run([sys.executable, str(example), "--prompt", "300", "--requests", "3", "--generated", "9"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "3 requests: a tree of 4 nodes" in done.stdout
+    error = float(done.stdout.rsplit("max abs error ", 1)[1])
+    assert error <= 2e-3

@@ -212,6 +212,16 @@ treeattn_status treeattn_tree_add_node_range(treeattn_tree* tree, int64_t id, in
   });
 }
 
+treeattn_status treeattn_tree_add_node_pages(treeattn_tree* tree, int64_t id, int64_t parent, const int64_t* pages,
+                                            int64_t page_count, int32_t page_size, int32_t last_page_tokens) {
+  return guarded([&] {
+    require(tree, "tree");
+    if (page_count < 0) throw Error(ErrorCategory::InvalidTree, fmt::format("node {}: page_count {} is negative", id, page_count));
+    if (page_count > 0) require(pages, "pages");
+    tree->tree.add_node_pages(id, parent, std::vector<std::int64_t>(pages, pages + page_count), page_size, last_page_tokens);
+  });
+}
+
 treeattn_status treeattn_tree_add_query(treeattn_tree* tree, int64_t node, int64_t upto) {
   return guarded([&] {
     require(tree, "tree");

@@ -67,16 +67,19 @@ std::int64_t SequenceTree::slot(std::int64_t node, std::int64_t token) const {
 }
 
 Tree SequenceTree::to_tree(const HeadConfig& heads, const std::vector<TreeQuery>& queries) const {
+  // Each node's pages handed over as they are: a page never mixes nodes, and a node's tokens fill its pages in order.
   Tree tree(heads);
-  tree.reserve(nodes_.size(), queries.size(), std::size_t(tokens_));
-  std::vector<std::int64_t> slots;
-  const std::int64_t page_size = cache_.page_size();
+  std::size_t pages = 0;
+  for (const auto& entry : nodes_) pages += entry.second.pages.size();
+  tree.reserve(nodes_.size(), queries.size(), pages);
+  std::vector<std::int64_t> page_ids;
+  const std::int32_t page_size = cache_.page_size();
   for (const auto& [id, node] : nodes_) {
-    slots.resize(std::size_t(node.length));
-    for (std::int64_t t = 0; t < node.length; ++t) {
-      slots[std::size_t(t)] = std::int64_t(node.pages[std::size_t(t / page_size)]) * page_size + t % page_size;
-    }
-    tree.add_node(id, node.parent, slots);
+    page_ids.assign(node.pages.begin(), node.pages.end());
+    const std::int64_t used_pages = (node.length + page_size - 1) / page_size;
+    page_ids.resize(std::size_t(used_pages));  // pages a node holds beyond its tokens are not its KV yet
+    const std::int32_t last = node.length == 0 ? 0 : std::int32_t(node.length - (used_pages - 1) * page_size);
+    tree.add_node_pages(id, node.parent, page_ids, page_size, last);
   }
   for (const TreeQuery& q : queries) tree.add_query(q.node, q.upto);
   return tree;

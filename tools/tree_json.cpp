@@ -88,15 +88,29 @@ Tree parse_tree_json(const std::string& text, const std::string& name) {
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const std::string where = fmt::format("nodes[{}]", i);
     const json& node = nodes[i];
-    r.only_keys(node, where, {"id", "parent", "slots", "slot_range"});
+    r.only_keys(node, where, {"id", "parent", "slots", "slot_range", "pages", "page_size", "last_page_tokens"});
     const std::int64_t id = r.integer(r.field(node, where + ".", "id"), where + ".id");
     const std::int64_t parent = r.integer(r.field(node, where + ".", "parent"), where + ".parent");
     const auto listed = node.find("slots");
     const auto range = node.find("slot_range");
-    if ((listed == node.end()) == (range == node.end())) {
-      fail(ErrorCategory::Io, "{}: {} needs exactly one of 'slots' and 'slot_range'", name, where);
+    const auto pages = node.find("pages");
+    if (int(listed != node.end()) + int(range != node.end()) + int(pages != node.end()) != 1) {
+      fail(ErrorCategory::Io, "{}: {} needs exactly one of 'slots', 'slot_range' and 'pages'", name, where);
     }
-    if (listed != node.end()) {
+    if (pages != node.end()) {
+      r.array(*pages, where + ".pages");
+      slots.clear();
+      for (std::size_t p = 0; p < pages->size(); ++p) {
+        slots.push_back(r.integer((*pages)[p], fmt::format("{}.pages[{}]", where, p)));
+      }
+      const std::int64_t page_size = r.integer(r.field(node, where + ".", "page_size"), where + ".page_size");
+      const std::int64_t last = r.integer(r.field(node, where + ".", "last_page_tokens"), where + ".last_page_tokens");
+      if (page_size <= 0 || page_size > (1 << 20) || last < 0 || last > page_size) {
+        fail(ErrorCategory::Io, "{}: {}: page_size {} and last_page_tokens {} (1 to page_size, 0 without pages)", name,
+             where, page_size, last);
+      }
+      tree.add_node_pages(id, parent, slots, std::int32_t(page_size), std::int32_t(last));
+    } else if (listed != node.end()) {
       r.array(*listed, where + ".slots");
       slots.clear();
       for (std::size_t t = 0; t < listed->size(); ++t) {
@@ -140,7 +154,13 @@ std::string tree_to_json(const Tree& tree) {
   for (std::size_t i = 0; i < tree.node_count(); ++i) {
     const TreeNode& n = tree.nodes()[i];
     json node = {{"id", n.id}, {"parent", n.parent}};
-    if (n.listed) {
+    if (n.page_size > 0) {
+      json pages = json::array();
+      for (std::int64_t p = 0; p < n.pages; ++p) pages.push_back(tree.page(i, p));
+      node["pages"] = std::move(pages);
+      node["page_size"] = n.page_size;
+      node["last_page_tokens"] = n.pages == 0 ? 0 : n.length - (n.pages - 1) * n.page_size;
+    } else if (n.listed) {
       json slots = json::array();
       for (std::int64_t t = 0; t < n.length; ++t) slots.push_back(tree.slot(i, t));
       node["slots"] = std::move(slots);

@@ -106,7 +106,24 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots) {
            node_name(tree, index), field, token, slot, kMaxSlot);
     }
   };
-  if (node.listed) {
+  if (node.page_size != 0 || node.pages > 0) {
+    // Paged: the length must fit the pages, and each page is checked whole (its last used slot).
+    if (node.page_size <= 0) {
+      fail(ErrorCategory::InvalidTree, "{}: page_size {} must be positive", node_name(tree, index), node.page_size);
+    }
+    const std::int64_t full = (node.pages - 1) * std::int64_t(node.page_size);
+    if (node.pages == 0 ? node.length != 0 : (node.length <= full || node.length > full + node.page_size)) {
+      fail(ErrorCategory::InvalidTree, "{}: {} pages of {} tokens with {} in the last: last_page_tokens must be 1 to {}",
+           node_name(tree, index), node.pages, node.page_size, node.length - std::max<std::int64_t>(full, 0),
+           node.page_size);
+    }
+    for (std::int64_t p = 0; p < node.pages; ++p) {
+      const std::int64_t page = tree.page(std::size_t(index), p);
+      if (page < 0) fail(ErrorCategory::InvalidTree, "{}: pages[{}] = {} is negative", node_name(tree, index), p, page);
+      const std::int64_t used = p + 1 < node.pages ? node.page_size : node.length - full;
+      check(page * node.page_size + used - 1, p * node.page_size + used - 1, "tokens");
+    }
+  } else if (node.listed) {
     for (std::int64_t t = 0; t < node.length; ++t) check(tree.slot(std::size_t(index), t), t, "slots");
   } else {
     if (node.first < 0) {

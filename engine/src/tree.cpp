@@ -20,6 +20,18 @@ void Tree::add_node_range(std::int64_t id, std::int64_t parent, std::int64_t fir
   nodes_.push_back(TreeNode{id, parent, count, first_slot, false});
 }
 
+void Tree::add_node_pages(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& pages,
+                          std::int32_t page_size, std::int32_t last_page_tokens) {
+  // The length as given; plan() checks that it fits the pages (topology.cpp).
+  const std::int64_t length =
+      pages.empty() ? last_page_tokens : std::int64_t(pages.size() - 1) * page_size + last_page_tokens;
+  TreeNode node{id, parent, length, std::int64_t(listed_slots_.size()), true};
+  node.page_size = page_size;
+  node.pages = std::int64_t(pages.size());
+  nodes_.push_back(node);
+  listed_slots_.insert(listed_slots_.end(), pages.begin(), pages.end());
+}
+
 void Tree::add_query(std::int64_t node_id, std::int64_t upto) {
   queries_.push_back(TreeQuery{node_id, upto});
 }

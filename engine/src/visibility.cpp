@@ -86,7 +86,17 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
     vis.node_piece_end[i] = std::int32_t(vis.pieces.size());
 
     const TreeNode& node = nodes[i];
-    if (node.listed) {
+    if (node.page_size > 0) {
+      // Page by page: a page's slots are consecutive.
+      for (std::int32_t t = 0; t < visible[i];) {
+        const std::int64_t base = tree.page(i, t / node.page_size) * node.page_size;
+        const std::int32_t end = std::min(visible[i], (t / node.page_size + 1) * node.page_size);
+        for (std::int32_t offset_in_page = t % node.page_size; t < end; ++t, ++offset_in_page) {
+          slot_out[t] = std::int32_t(base + offset_in_page);
+        }
+        vis.max_slot = std::max<std::int64_t>(vis.max_slot, slot_out[end - 1]);
+      }
+    } else if (node.listed) {
       for (std::int32_t t = 0; t < visible[i]; ++t) slot_out[t] = std::int32_t(tree.slot(i, t));
       if (visible[i] > 0) vis.max_slot = std::max<std::int64_t>(vis.max_slot, *std::max_element(slot_out, slot_out + visible[i]));
     } else {

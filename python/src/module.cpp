@@ -133,6 +133,8 @@ NB_MODULE(_core, m) {
       .def("add_node", &Tree::add_node, nb::arg("id"), nb::arg("parent"), nb::arg("slots"))
       .def("add_node_range", &Tree::add_node_range, nb::arg("id"), nb::arg("parent"), nb::arg("first_slot"),
            nb::arg("count"))
+      .def("add_node_pages", &Tree::add_node_pages, nb::arg("id"), nb::arg("parent"), nb::arg("pages"),
+           nb::arg("page_size"), nb::arg("last_page_tokens"))
       .def("add_query",
            [](Tree& t, std::int64_t node, std::optional<std::int64_t> upto) { t.add_query(node, upto.value_or(kWholeNode)); },
            nb::arg("node"), nb::arg("upto") = nb::none())

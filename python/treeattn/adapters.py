@@ -13,11 +13,11 @@ from ._core import Tree
 
 
 class _TrieNode:
-    __slots__ = ("children", "slots", "ends")
+    __slots__ = ("children", "key", "ends")
 
-    def __init__(self, slots):
+    def __init__(self, key):
         self.children = {}
-        self.slots = slots
+        self.key = key
         self.ends = []  # requests whose sequence ends here
 
 
@@ -32,15 +32,16 @@ def _rows(table, lengths, what):
     return rows, lens
 
 
-def _tree(units, heads_q, heads_kv, head_dim, scale):
-    """The tree of the requests' `units` (lists of (key, slots)), merged by common leading keys."""
+def _tree(units, heads_q, heads_kv, head_dim, scale, add_node):
+    """The tree of the requests' `units` (lists of keys), merged by common leading
+    keys; add_node(tree, id, parent, keys) adds a node of a run of keys."""
     roots = {}
-    for r, pieces in enumerate(units):
+    for r, keys in enumerate(units):
         children, node = roots, None
-        for key, slots in pieces:
+        for key in keys:
             node = children.get(key)
             if node is None:
-                node = children[key] = _TrieNode(slots)
+                node = children[key] = _TrieNode(key)
             children = node.children
         node.ends.append(r)
 
@@ -50,12 +51,12 @@ def _tree(units, heads_q, heads_kv, head_dim, scale):
     stack = [(node, -1) for node in reversed(list(roots.values()))]
     while stack:
         node, parent = stack.pop()
-        slots = list(node.slots)
+        keys = [node.key]
         # A chain that no request ends inside and that does not branch is one node.
         while not node.ends and len(node.children) == 1:
             node = next(iter(node.children.values()))
-            slots.extend(node.slots)
-        tree.add_node(next_id, parent, slots)
+            keys.append(node.key)
+        add_node(tree, next_id, parent, keys)
         for r in node.ends:
             query_node[r] = next_id
         stack.extend((child, next_id) for child in reversed(list(node.children.values())))
@@ -68,7 +69,8 @@ def _tree(units, heads_q, heads_kv, head_dim, scale):
 def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, head_dim, scale=None):
     """A tree from vLLM-style paging: request r's token t lives in KV slot
     block_table[r][t // page_size] * page_size + t % page_size, for t < seq_lens[r].
-    Requests that begin with the same pages share them as one node."""
+    Requests that begin with the same pages share them as one node, given to the
+    tree as its pages (never expanded to slots here)."""
     if page_size <= 0:
         raise ValueError(f"page_size {page_size} must be positive")
     rows, lens = _rows(block_table, seq_lens, "block_table")
@@ -77,15 +79,20 @@ def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, 
         pages = (n + page_size - 1) // page_size
         if pages > len(row):
             raise ValueError(f"block_table: request {r} has {n} tokens, {pages} pages, but {len(row)} table entries")
-        pieces = []
+        keys = []
         for p in range(pages):
             page, tokens = int(row[p]), min(page_size, n - p * page_size)
             if page < 0:
                 raise ValueError(f"block_table: request {r}, page {p} is {page}")
-            # The key holds the tokens used: a partly filled page is not the full page of another request.
-            pieces.append(((page, tokens), range(page * page_size, page * page_size + tokens)))
-        units.append(pieces)
-    return _tree(units, heads_q, heads_kv, head_dim, scale)
+            # The key holds the tokens used: a partly filled page is not the full page of another
+            # request (and, filled in order, it only ever ends a run).
+            keys.append((page, tokens))
+        units.append(keys)
+
+    def add_pages(tree, node_id, parent, keys):
+        tree.add_node_pages(node_id, parent, [page for page, _ in keys], page_size, keys[-1][1])
+
+    return _tree(units, heads_q, heads_kv, head_dim, scale, add_pages)
 
 
 def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, scale=None, req_pool_indices=None):
@@ -101,5 +108,5 @@ def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, 
     for r, (row, n) in enumerate(zip(rows, lens)):
         if n > len(row):
             raise ValueError(f"req_to_token: request {r} has {n} tokens but its row holds {len(row)}")
-        units.append([(int(slot), (int(slot),)) for slot in row[:n]])
-    return _tree(units, heads_q, heads_kv, head_dim, scale)
+        units.append([int(slot) for slot in row[:n]])
+    return _tree(units, heads_q, heads_kv, head_dim, scale, lambda tree, node_id, parent, slots: tree.add_node(node_id, parent, slots))

@@ -40,7 +40,8 @@ static int g_passed = 0, g_failed = 0;
 enum { HQ = 4, HKV = 2, D = 64, SLOTS = 64 };
 
 /* The tree: root id 100 (slots 0..29, ranged), child 7 (slots 40, 35, 36, listed),
- * child 9 under 7 (slots 50..53); queries on 7, on 9, and on 9 up to its 2nd token. */
+ * child 9 under 7 (slots 50..53, on pages 25 and 26 of 2 slots); queries on 7, on 9,
+ * and on 9 up to its 2nd token. */
 static const int64_t kPath0[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
                                  22, 23, 24, 25, 26, 27, 28, 29, 40, 35, 36};
 static const int kQueryTokens[3] = {33, 37, 35};
@@ -103,7 +104,8 @@ static treeattn_tree* build_tree(void) {
   const int64_t listed[] = {40, 35, 36};
   CHECK(treeattn_tree_add_node(tree, 7, 100, listed, 3) == TREEATTN_OK); /* before its parent: fine */
   CHECK(treeattn_tree_add_node_range(tree, 100, -1, 0, 30) == TREEATTN_OK);
-  CHECK(treeattn_tree_add_node_range(tree, 9, 7, 50, 4) == TREEATTN_OK);
+  const int64_t pages[] = {25, 26}; /* pages of 2 slots: 50, 51 and 52, 53 */
+  CHECK(treeattn_tree_add_node_pages(tree, 9, 7, pages, 2, 2, 2) == TREEATTN_OK);
   CHECK(treeattn_tree_add_query(tree, 7, -1) == TREEATTN_OK);
   CHECK(treeattn_tree_add_query(tree, 9, -1) == TREEATTN_OK);
   CHECK(treeattn_tree_add_query(tree, 9, 2) == TREEATTN_OK);
@@ -205,6 +207,7 @@ int main(void) {
   treeattn_tree_destroy(bad);
   CHECK_FAILS(treeattn_tree_add_node(NULL, 1, -1, NULL, 0), TREEATTN_ERROR_INVALID_ARGUMENT, "tree is NULL");
   CHECK_FAILS(treeattn_tree_add_node(tree, 11, 9, NULL, 3), TREEATTN_ERROR_INVALID_ARGUMENT, "slots is NULL");
+  CHECK_FAILS(treeattn_tree_add_node_pages(tree, 11, 9, NULL, 2, 16, 3), TREEATTN_ERROR_INVALID_ARGUMENT, "pages is NULL");
 
   const treeattn_tensor short_q = tensor(q, TREEATTN_DTYPE_F16, 3, 2, HQ, D);
   CHECK_FAILS(treeattn_run(context, plan, &short_q, &tk, &tv, &to, NULL), TREEATTN_ERROR_INVALID_ARGUMENT,

@@ -498,3 +498,44 @@ TEST_CASE("item token maps give each item's tokens their slot and mask, padded t
     }
   }
 }
+
+TEST_CASE("a tree of paged nodes plans exactly as the same tree with every slot listed") {
+  // Nodes on pages of 16 tokens, some pages out of order and partly filled; the
+  // same nodes as listed slots must give the very same plan, for every strategy.
+  const std::int32_t page = 16;
+  std::vector<std::vector<std::int64_t>> pages = {{7, 2, 11}, {4}, {9, 0}, {5}, {12, 3, 6}};
+  std::vector<std::int32_t> last = {16, 5, 9, 1, 13};
+  std::vector<std::int64_t> parent = {kNoParent, 0, 0, 2, 2};
+  Tree paged({16, 4, 64}), listed({16, 4, 64});
+  for (std::size_t n = 0; n < pages.size(); ++n) {
+    paged.add_node_pages(std::int64_t(n), parent[n], pages[n], page, last[n]);
+    std::vector<std::int64_t> slots;
+    for (std::size_t p = 0; p < pages[n].size(); ++p) {
+      const std::int32_t used = p + 1 < pages[n].size() ? page : last[n];
+      for (std::int32_t t = 0; t < used; ++t) slots.push_back(pages[n][p] * page + t);
+    }
+    listed.add_node(std::int64_t(n), parent[n], slots);
+  }
+  for (Tree* t : {&paged, &listed}) {
+    t->add_query(1);
+    t->add_query(3);
+    t->add_query(4, 20);
+    t->add_query(2, 3);
+  }
+  for (Strategy s : all_strategies()) {
+    for (std::int32_t block : {16, 48, kAutoBlockTokens}) {
+      CAPTURE(to_string(s));
+      CAPTURE(block);
+      const PlanOptions options{s, block, kMaxQueryTile, 208};
+      const Plan a = plan(paged, options), b = plan(listed, options);
+      CHECK(a.token_slot == b.token_slot);
+      CHECK(a.segment_token_begin == b.segment_token_begin);
+      CHECK(a.block_segment_begin == b.block_segment_begin);
+      CHECK(a.segment_mask == b.segment_mask);
+      CHECK(a.tile_query == b.tile_query);
+      CHECK(a.tile_partial == b.tile_partial);
+      CHECK(a.merge_begin == b.merge_begin);
+      CHECK(a.min_kv_slots == b.min_kv_slots);
+    }
+  }
+}

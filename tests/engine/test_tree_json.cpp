@@ -74,6 +74,27 @@ TEST_CASE("tree_to_json round-trips a random forest") {
   }
 }
 
+TEST_CASE("paged nodes in tree files: pages, page_size, last_page_tokens, round-tripped") {
+  const Tree tree = parse_tree_json(R"({"heads_q": 8, "heads_kv": 2, "head_dim": 64,
+    "nodes": [{"id": 0, "parent": -1, "pages": [4, 1, 9], "page_size": 16, "last_page_tokens": 5},
+              {"id": 1, "parent": 0, "slot_range": [200, 3]}],
+    "queries": [{"node": 1}]})");
+  REQUIRE(tree.node_count() == 2);
+  CHECK(tree.nodes()[0].length == 37);
+  CHECK(tree.slot(0, 0) == 64);
+  CHECK(tree.slot(0, 17) == 17);
+  CHECK(tree.slot(0, 36) == 148);
+  const Tree again = parse_tree_json(tree_to_json(tree));
+  CHECK(tree_to_json(again) == tree_to_json(tree));
+  CHECK(again.nodes()[0].page_size == 16);
+  CHECK_THROWS_WITH_AS(parse_tree_json(R"({"heads_q": 8, "heads_kv": 2, "head_dim": 64,
+    "nodes": [{"id": 0, "parent": -1, "pages": [4], "page_size": 16, "last_page_tokens": 17}], "queries": []})"),
+                       doctest::Contains("page_size 16 and last_page_tokens 17"), Error);
+  CHECK_THROWS_WITH_AS(parse_tree_json(R"({"heads_q": 8, "heads_kv": 2, "head_dim": 64,
+    "nodes": [{"id": 0, "parent": -1, "pages": [4], "page_size": 16}], "queries": []})"),
+                       doctest::Contains("last_page_tokens"), Error);
+}
+
 TEST_CASE("malformed tree files name the field at fault") {
   const std::string heads = R"("heads_q": 4, "heads_kv": 2, "head_dim": 64, )";
   expect_io_error("{\"heads_q\": 4,", "malformed JSON at byte");
@@ -84,7 +105,7 @@ TEST_CASE("malformed tree files name the field at fault") {
   expect_io_error("{" + heads + R"("nodes": [{"id": "a", "parent": -1, "slots": []}], "queries": []})",
                   "nodes[0].id must be an integer");
   expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1}], "queries": []})",
-                  "nodes[0] needs exactly one of 'slots' and 'slot_range'");
+                  "nodes[0] needs exactly one of 'slots', 'slot_range' and 'pages'");
   expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1, "slots": [1], "slot_range": [0, 1]}], "queries": []})",
                   "exactly one of");
   expect_io_error("{" + heads + R"("nodes": [{"id": 0, "parent": -1, "slots": [1, 2.5]}], "queries": []})",

@@ -119,6 +119,25 @@ TEST_CASE("slots") {
   }
 }
 
+TEST_CASE("paged nodes: page size, the last page's tokens, page ids, checked per page") {
+  auto paged = [](std::vector<std::int64_t> pages, std::int32_t page_size, std::int32_t last) {
+    Tree tree = base();
+    tree.add_node_pages(12, 10, pages, page_size, last);
+    tree.add_query(12);
+    return tree;
+  };
+  CHECK_NOTHROW(plan(paged({3, 5}, 4, 2), PlanOptions{Strategy::flatten, 256, kMaxQueryTile, 22}));
+  CHECK_NOTHROW(plan(paged({}, 4, 0), PlanOptions{}));  // an empty node (its query sees its ancestors)
+  expect_rejected(paged({3}, 0, 1), {"node 12 (nodes[2])", "page_size 0 must be positive"});
+  expect_rejected(paged({3, 5}, 4, 0), {"node 12 (nodes[2])", "2 pages of 4 tokens with 0 in the last",
+                                        "last_page_tokens must be 1 to 4"});
+  expect_rejected(paged({3, 5}, 4, 5), {"with 5 in the last"});
+  expect_rejected(paged({3, -2}, 4, 1), {"node 12 (nodes[2]): pages[1] = -2 is negative"});
+  // Page 5's second token is slot 21: a pool of 21 slots ends one short, named by the token.
+  expect_rejected(paged({3, 5}, 4, 2), {"node 12 (nodes[2]): tokens[5] = 21 is out of range for a KV pool of 21 slots"},
+                  21);
+}
+
 TEST_CASE("queries") {
   {
     Tree tree = base();

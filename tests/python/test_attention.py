@@ -89,7 +89,7 @@ def test_trees_from_json_path_text_and_dict(tmp_path):
         assert (tree.num_nodes, tree.num_queries, tree.heads) == (2, 2, (8, 2, 64))
     with pytest.raises(OSError, match="nothing.json"):
         treeattn.Tree.from_json(tmp_path / "nothing.json")
-    with pytest.raises(OSError, match=r"nodes\[0\] needs exactly one of 'slots' and 'slot_range'"):
+    with pytest.raises(OSError, match=r"nodes\[0\] needs exactly one of 'slots', 'slot_range' and 'pages'"):
         treeattn.Tree.from_json({"heads_q": 8, "heads_kv": 2, "head_dim": 64, "nodes": [{"id": 0, "parent": -1}],
                                  "queries": []})
 

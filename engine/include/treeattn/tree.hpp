@@ -34,9 +34,14 @@ struct TreeNode {
   std::int64_t parent = kNoParent;
   std::int64_t length = 0;  // tokens in the node
   // Where the node's slots are: a contiguous range [first, first + length) of
-  // the KV pool when `listed` is false, else an offset into Tree's slot list.
+  // the KV pool when `listed` is false, else an offset into Tree's list of
+  // slots, or of page ids when the node is paged.
   std::int64_t first = 0;
   bool listed = false;
+  // Paged (page_size > 0): `pages` page ids from `first` on; token t is in slot
+  // page[t / page_size] * page_size + t % page_size.
+  std::int32_t page_size = 0;
+  std::int64_t pages = 0;
 };
 
 struct TreeQuery {
@@ -56,6 +61,11 @@ class Tree {
   // A node whose `count` tokens live in slots [first_slot, first_slot + count).
   void add_node_range(std::int64_t id, std::int64_t parent, std::int64_t first_slot,
                       std::int64_t count);
+  // A node whose tokens fill pages of a paged KV cache, in order: page p holds
+  // slots [p * page_size, (p + 1) * page_size), the last one `last_page_tokens`
+  // of them (1..page_size; 0 with no pages). Kept and checked per page.
+  void add_node_pages(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& pages,
+                      std::int32_t page_size, std::int32_t last_page_tokens);
   // A query on node `node_id` (row `query_count()` of Q).
   void add_query(std::int64_t node_id, std::int64_t upto = kWholeNode);
 
@@ -67,7 +77,12 @@ class Tree {
   // KV-pool slot of token `token` of the node at `node_index` (insertion order).
   std::int64_t slot(std::size_t node_index, std::int64_t token) const noexcept {
     const TreeNode& n = nodes_[node_index];
+    if (n.page_size > 0) return page(node_index, token / n.page_size) * n.page_size + token % n.page_size;
     return n.listed ? listed_slots_[std::size_t(n.first + token)] : n.first + token;
+  }
+  // Page id `p` of the paged node at `node_index`.
+  std::int64_t page(std::size_t node_index, std::int64_t p) const noexcept {
+    return listed_slots_[std::size_t(nodes_[node_index].first + p)];
   }
 
   // Makes room for a tree of known size (optional; avoids reallocations).

@@ -99,6 +99,12 @@ TREEATTN_C_API treeattn_status treeattn_tree_add_node(treeattn_tree* tree, int64
                                                       const int64_t* slots, int64_t count);
 TREEATTN_C_API treeattn_status treeattn_tree_add_node_range(treeattn_tree* tree, int64_t id, int64_t parent,
                                                             int64_t first_slot, int64_t count);
+/* A node on pages of a paged KV cache: page p holds slots [p * page_size,
+ * (p + 1) * page_size); the node's tokens fill its pages in order, the last one
+ * `last_page_tokens` of them (1..page_size; 0 with no pages). Checked per page. */
+TREEATTN_C_API treeattn_status treeattn_tree_add_node_pages(treeattn_tree* tree, int64_t id, int64_t parent,
+                                                            const int64_t* pages, int64_t page_count, int32_t page_size,
+                                                            int32_t last_page_tokens);
 /* Query i (in the order added) is row i of Q; it sees its node's ancestors and
  * its node, or only the node's first `upto` tokens. */
 TREEATTN_C_API treeattn_status treeattn_tree_add_query(treeattn_tree* tree, int64_t node, int64_t upto /* < 0: whole node */);

@@ -23,7 +23,9 @@ std::int64_t SequenceTree::add_node(std::int64_t parent) {
     (void)at(parent);
     nodes_[parent].children.push_back(next_id_);
   }
-  nodes_[next_id_].parent = parent;
+  Node& node = nodes_[next_id_];
+  node.parent = parent;
+  mark_changed(next_id_, node);
   return next_id_++;
 }
 
@@ -36,10 +38,22 @@ void SequenceTree::append(std::int64_t node, std::int64_t count) {
   while (std::int64_t(n.pages.size()) < pages_needed) n.pages.push_back(cache_.allocate());
   n.length += count;
   tokens_ += count;
+  if (count > 0) mark_changed(node, n);
+}
+
+void SequenceTree::mark_changed(std::int64_t id, Node& node) {
+  if (node.changed) return;
+  node.changed = true;
+  changed_.push_back(id);
+}
+
+std::int32_t SequenceTree::used_pages(std::int64_t length) const {
+  return std::int32_t((length + cache_.page_size() - 1) / cache_.page_size());
 }
 
 void SequenceTree::remove(std::int64_t node) {
   const Node& victim = at(node);
+  if (victim.synced_length >= 0) removed_.push_back(node);  // its subtree goes with it
   if (victim.parent != kNoParent) {
     auto& siblings = nodes_[victim.parent].children;
     siblings.erase(std::find(siblings.begin(), siblings.end(), node));
@@ -83,6 +97,33 @@ Tree SequenceTree::to_tree(const HeadConfig& heads, const std::vector<TreeQuery>
   }
   for (const TreeQuery& q : queries) tree.add_query(q.node, q.upto);
   return tree;
+}
+
+void SequenceTree::sync(IncrementalPlanner& planner, const std::vector<TreeQuery>& queries) {
+  for (std::int64_t id : removed_) planner.remove_node(id);
+  removed_.clear();
+  // Ids count up as nodes are made: the new nodes go in in creation order,
+  // as to_tree() lists them, so the plans agree to the node index.
+  std::sort(changed_.begin(), changed_.end());
+  const std::int32_t page_size = cache_.page_size();
+  std::vector<std::int64_t> pages;
+  for (std::int64_t id : changed_) {
+    auto it = nodes_.find(id);
+    if (it == nodes_.end()) continue;  // added and removed between two syncs
+    Node& node = it->second;
+    node.changed = false;
+    const std::int32_t from = node.synced_length < 0 ? 0 : used_pages(node.synced_length);
+    pages.assign(node.pages.begin() + from, node.pages.begin() + used_pages(node.length));
+    if (node.synced_length < 0) {
+      const std::int32_t last = node.length == 0 ? 0 : std::int32_t(node.length - (std::int64_t(pages.size()) - 1) * page_size);
+      planner.add_node_pages(id, node.parent, pages, page_size, last);
+    } else {
+      planner.append_pages(id, node.length - node.synced_length, pages);
+    }
+    node.synced_length = node.length;
+  }
+  changed_.clear();
+  planner.set_queries(queries);
 }
 
 }  // namespace treeattn

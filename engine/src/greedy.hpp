@@ -36,6 +36,8 @@ class GreedyEdges {
   GreedyEdges(const Topology& topo, const Visibility& vis);
   std::int64_t tokens(std::int32_t node) const { return tokens_[std::size_t(node)]; }
   std::int32_t queries_below(std::int32_t node) const { return subtree_queries_[std::size_t(node)]; }
+  // A node's visible tokens changed (tokens appended): its edges are priced again when their shape changed.
+  void set_tokens(std::int32_t node, std::int64_t tokens) { tokens_[std::size_t(node)] = tokens; }
   // The trade of the edge into `child` for this shape, priced for `model` (its
   // partial_ns aside: the trade does not read it).
   EdgeTrade trade(std::int32_t child, const EdgeShape& edge, const CostModel& model, std::int32_t group,

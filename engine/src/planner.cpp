@@ -8,6 +8,7 @@
 #include "greedy.hpp"
 #include "plan_builder.hpp"
 #include "plan_shape.hpp"
+#include "plan_steps.hpp"
 #include "thread_pool.hpp"
 #include "topology.hpp"
 #include "visibility.hpp"
@@ -109,13 +110,6 @@ void plan_sequence(PlanBuilder& builder, const Visibility& vis, const Topology& 
   }
 }
 
-// Greedy's choice: the children order, the edge decisions and their layout.
-struct GreedyChoice {
-  Topology order;
-  GreedyGroups groups;
-  GreedyLayout layout;
-};
-
 // The plan's scalar fields: what it is planned for. `greedy` is greedy's
 // choice, null for the other strategies.
 Plan plan_header(const Tree& tree, const Visibility& vis, const PlanOptions& options, const GreedyChoice* greedy) {
@@ -147,10 +141,10 @@ void emit_strategy(PlanBuilder& builder, const Topology& topo, const Visibility&
 
 // A strategy's plan from an analysed tree and its visibility; `greedy` is
 // greedy's choice (and `topo` its order), null for the other strategies.
-Plan assemble(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
+Plan assemble(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
               const GreedyChoice* greedy) {
   Plan result = plan_header(tree, vis, options, greedy);
-  result.token_slot = std::move(vis.token_slot);
+  result.token_slot = vis.token_slot;
   PlanBuilder builder(result, vis, options.cost);
   emit_strategy(builder, topo, vis, options.strategy, greedy);
   if (greedy != nullptr) {
@@ -174,50 +168,6 @@ CostEstimate predict(const Tree& tree, const Topology& topo, const Visibility& v
   emit_strategy(builder, topo, vis, options.strategy, greedy);
   return estimate_shape(shape, header.heads, options.cost, to_beat_us);
 }
-
-// The visibility of the last children order greedy asked for: the block-size
-// candidates often reorder a tree the same way, and then it is not recomputed.
-class VisibilityCache {
- public:
-  const Visibility& get(const Tree& tree, const Topology& order) {
-    if (!vis_ || order.children != children_) {
-      vis_ = compute_visibility(tree, order);
-      children_ = order.children;
-    }
-    return *vis_;
-  }
-
- private:
-  std::vector<std::int32_t> children_;
-  std::optional<Visibility> vis_;
-};
-
-// What greedy keeps between its passes over one tree.
-class GreedyMemo {
- public:
-  GreedyMemo(const Topology& topo, const Visibility& vis) : edges(topo, vis) {}
-  GreedyEdges edges;
-
-  // The model's time for greedy's own plan. The block-size candidates often
-  // arrive at the same layout (the same edges joined, the same units: the
-  // same plan), which is then not timed again.
-  const CostEstimate& own(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options) {
-    if (!timed_ || choice.groups.joined != joined_ || choice.layout.units != units_) {
-      estimate_ = predict(tree, choice.order, reordered_.get(tree, choice.order), options, &choice);
-      joined_ = choice.groups.joined;
-      units_ = choice.layout.units;
-      timed_ = true;
-    }
-    return estimate_;
-  }
-
- private:
-  VisibilityCache reordered_;
-  bool timed_ = false;
-  std::vector<std::uint8_t> joined_;
-  std::vector<GreedyUnit> units_;
-  CostEstimate estimate_;
-};
 
 // Greedy's layout: its own, flatten's (own empty), or one item per query
 // (one_item_block > 0: the sequence layout in blocks that long), and the
@@ -311,16 +261,14 @@ void consider_one_item_per_query(const Tree& tree, const Topology& topo, const V
 
 // Greedy's plan: the decision's layout, unless one item per query (last
 // candidate, whatever the block size) beats it.
-Plan build_greedy(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
-                  GreedyDecision decision) {
+Plan build_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
+                  GreedyDecision decision, VisibilityCache& reordered) {
   consider_one_item_per_query(tree, topo, vis, options, decision);
-  if (decision.own) {
-    return assemble(tree, decision.own->order, compute_visibility(tree, decision.own->order), options, &*decision.own);
-  }
+  if (decision.own) return assemble(tree, decision.own->order, reordered.get(tree, decision.own->order), options, &*decision.own);
   PlanOptions layout = options;  // flatten's, or one item per query
   layout.strategy = decision.one_item_block > 0 ? Strategy::sequence : Strategy::flatten;
   if (decision.one_item_block > 0) layout.block_tokens = decision.one_item_block;
-  Plan plan = assemble(tree, topo, std::move(vis), layout, nullptr);
+  Plan plan = assemble(tree, topo, vis, layout, nullptr);
   plan.strategy = Strategy::greedy;
   return plan;
 }
@@ -367,8 +315,8 @@ class CandidateSearch {
 // On a pool, each worker searches the candidates it is handed; a candidate a
 // worker skips as slower than its own best is slower than the overall best
 // too, so the choice is the one a single thread makes.
-Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis, const PlanOptions& options,
-                          ThreadPool* pool) {
+Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
+                          ThreadPool* pool, std::int32_t* chosen_block) {
   const std::vector<std::int32_t> sizes = auto_block_candidates(options.cost);
   std::vector<CandidateSearch> searches(pool != nullptr ? std::size_t(pool->size()) : 1);
   if (searches.size() == 1) {
@@ -383,26 +331,71 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, Visibility vis
     auto& b = search.best();
     if (b && (best == nullptr || CandidateSearch::better(b->decision.time_us, b->index, *best))) best = &*b;
   }
+  if (chosen_block != nullptr) *chosen_block = best->options.block_tokens;
   if (options.strategy == Strategy::greedy) {
-    return build_greedy(tree, topo, std::move(vis), best->options, std::move(best->decision));  // the searches end here
+    VisibilityCache reordered;
+    return build_greedy(tree, topo, vis, best->options, std::move(best->decision), reordered);  // the searches end here
   }
-  return assemble(tree, topo, std::move(vis), best->options, nullptr);
+  return assemble(tree, topo, vis, best->options, nullptr);
 }
 
 Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
   check_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
-  Visibility vis = compute_visibility(tree, topo);
-  if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, std::move(vis), options, pool);
-  if (options.strategy == Strategy::greedy) {
-    GreedyMemo memo(topo, vis);
-    GreedyDecision decision = decide_greedy(tree, topo, vis, options, memo);  // before vis moves on
-    return build_greedy(tree, topo, std::move(vis), options, std::move(decision));
-  }
-  return assemble(tree, topo, std::move(vis), options, nullptr);
+  return plan_analyzed(tree, topo, compute_visibility(tree, topo), options, pool, nullptr, nullptr);
 }
 
 }  // namespace
+
+// --- what greedy keeps between its passes (plan_steps.hpp) -------------------
+
+const Visibility& VisibilityCache::get(const Tree& tree, const Topology& order) {
+  if (!vis_ || order.children != order_->children) {
+    vis_ = compute_visibility(tree, order);
+    order_ = order;
+  }
+  return *vis_;
+}
+
+void VisibilityCache::appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown) {
+  if (!vis_) return;
+  order_->query_upto = topo.query_upto;
+  if (!update_visibility(tree, *order_, *vis_, grown)) vis_ = compute_visibility(tree, *order_);
+}
+
+const CostEstimate& GreedyMemo::own(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options) {
+  if (!timed_ || choice.groups.joined != joined_ || choice.layout.units != units_) {
+    estimate_ = predict(tree, choice.order, reordered.get(tree, choice.order), options, &choice);
+    joined_ = choice.groups.joined;
+    units_ = choice.layout.units;
+    timed_ = true;
+  }
+  return estimate_;
+}
+
+void GreedyMemo::appended(const Tree& tree, const Topology& topo, const Visibility& vis,
+                          const std::vector<std::int32_t>& grown) {
+  for (std::int32_t v : grown) edges.set_tokens(v, vis.node_visible[std::size_t(v)]);
+  reordered.appended(tree, topo, grown);
+  timed_ = false;
+}
+
+Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options, ThreadPool* pool,
+                   GreedyMemo* memo, std::int32_t* chosen_block) {
+  if (options.block_tokens == kAutoBlockTokens) {
+    return plan_auto_block_size(tree, topo, vis, options, pool, chosen_block);
+  }
+  if (chosen_block != nullptr) *chosen_block = options.block_tokens;
+  if (options.strategy == Strategy::greedy) {
+    std::optional<GreedyMemo> local;
+    GreedyMemo& m = memo != nullptr ? *memo : local.emplace(topo, vis);
+    GreedyDecision decision = decide_greedy(tree, topo, vis, options, m);
+    return build_greedy(tree, topo, vis, options, std::move(decision), m.reordered);
+  }
+  return assemble(tree, topo, vis, options, nullptr);
+}
+
+void check_plan_options(const PlanOptions& options) { check_options(options); }
 
 Plan plan(const Tree& tree, const PlanOptions& options) { return plan_on(tree, options, nullptr); }
 

@@ -80,7 +80,9 @@ class IdIndex {
   std::unordered_map<std::int64_t, std::int32_t> map_;
 };
 
-void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots) {
+}  // namespace
+
+void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots, std::int64_t from_token) {
   const TreeNode& node = tree.nodes()[std::size_t(index)];
   if (node.length < 0) {
     fail(ErrorCategory::InvalidTree, "{}: slot_range count {} is negative", node_name(tree, index),
@@ -117,14 +119,14 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots) {
            node_name(tree, index), node.pages, node.page_size, node.length - std::max<std::int64_t>(full, 0),
            node.page_size);
     }
-    for (std::int64_t p = 0; p < node.pages; ++p) {
+    for (std::int64_t p = from_token / node.page_size; p < node.pages; ++p) {
       const std::int64_t page = tree.page(std::size_t(index), p);
       if (page < 0) fail(ErrorCategory::InvalidTree, "{}: pages[{}] = {} is negative", node_name(tree, index), p, page);
       const std::int64_t used = p + 1 < node.pages ? node.page_size : node.length - full;
       check(page * node.page_size + used - 1, p * node.page_size + used - 1, "tokens");
     }
   } else if (node.listed) {
-    for (std::int64_t t = 0; t < node.length; ++t) check(tree.slot(std::size_t(index), t), t, "slots");
+    for (std::int64_t t = from_token; t < node.length; ++t) check(tree.slot(std::size_t(index), t), t, "slots");
   } else {
     if (node.first < 0) {
       fail(ErrorCategory::InvalidTree, "{}: slot_range start {} is negative", node_name(tree, index),
@@ -134,6 +136,8 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots) {
     if (node.length > 0) check(node.first + node.length - 1, node.length - 1, "slot_range");
   }
 }
+
+namespace {
 
 // Walks the forest depth-first from its roots, recording the preorder. A node the walk never reaches sits on (or hangs below) a cycle
 // of parent links: that cycle is reported by node id.
@@ -178,7 +182,7 @@ void walk_preorder(const Tree& tree, Topology& topo) {
 
 }  // namespace
 
-Topology analyze(const Tree& tree, std::int64_t kv_slots) {
+Topology analyze(const Tree& tree, std::int64_t kv_slots, std::size_t checked_nodes) {
   check_heads(tree.heads);
   const auto& nodes = tree.nodes();
   if (nodes.size() > std::size_t(kMaxCount)) {
@@ -208,7 +212,7 @@ Topology analyze(const Tree& tree, std::int64_t kv_slots) {
       topo.roots.push_back(i);
     }
     topo.parent[std::size_t(i)] = p;
-    check_slots(tree, i, kv_slots);
+    if (std::size_t(i) >= checked_nodes) check_slots(tree, i, kv_slots, 0);
   }
   for (std::int32_t i = 0; i < n; ++i) topo.child_begin[std::size_t(i) + 1] += topo.child_begin[std::size_t(i)];
   topo.children.resize(std::size_t(topo.child_begin[std::size_t(n)]));

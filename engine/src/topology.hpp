@@ -21,8 +21,13 @@ struct Topology {
 
 // Validates heads, ids, parents (unknown, cycles), slots (sign, width, kv_slots
 // when > 0) and queries (node, upto, at least one visible token). Throws
-// InvalidTree naming the node or query.
-Topology analyze(const Tree& tree, std::int64_t kv_slots);
+// InvalidTree naming the node or query. The slots of nodes [0, checked_nodes)
+// are taken as checked already (an IncrementalPlanner checked them when they came).
+Topology analyze(const Tree& tree, std::int64_t kv_slots, std::size_t checked_nodes = 0);
+
+// Checks the slots (or pages) of the node at `index` from token `from_token`
+// on: the tokens appended since they were last checked.
+void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots, std::int64_t from_token);
 
 // Moves the children flagged in `last` ([nodes], by child) behind their
 // siblings (order otherwise kept) and recomputes the preorder, so strategies

@@ -6,6 +6,58 @@
 #include "fail.hpp"
 
 namespace treeattn {
+namespace {
+
+// The pieces of node v (vis.node_* set for it), its tokens starting at
+// `offset` in the flattened order. Tokens [t, next) are seen by the own
+// queries with upto > t (those from own index k on) and every descendant query.
+void append_pieces(const Topology& topo, const Visibility& vis, std::int32_t v, std::int32_t offset,
+                   std::vector<Piece>& out) {
+  const std::size_t i = std::size_t(v);
+  const std::int32_t first = vis.node_position[i], own_end = vis.node_own_end[i];
+  std::int32_t k = first;
+  for (std::int32_t t = 0; t < vis.node_visible[i];) {
+    while (k < own_end && topo.query_upto[std::size_t(vis.query_at[std::size_t(k)])] <= t) ++k;
+    const std::int32_t next = k < own_end ? topo.query_upto[std::size_t(vis.query_at[std::size_t(k)])] : vis.node_visible[i];
+    out.push_back(Piece{v, offset + t, offset + next, k, vis.node_subtree_end[i]});
+    t = next;
+  }
+}
+
+// The KV-pool rows of tokens [from, to) of the node at `index`, written to
+// out[from..to); returns the largest (-1 for none).
+std::int64_t write_slots(const Tree& tree, std::size_t index, std::int32_t from, std::int32_t to, std::int32_t* out) {
+  if (from >= to) return -1;
+  const TreeNode& node = tree.nodes()[index];
+  if (node.page_size > 0) {
+    // Page by page: a page's slots are consecutive.
+    std::int64_t largest = -1;
+    for (std::int32_t t = from; t < to;) {
+      const std::int64_t base = tree.page(index, t / node.page_size) * node.page_size;
+      const std::int32_t end = std::min(to, (t / node.page_size + 1) * node.page_size);
+      for (std::int32_t offset_in_page = t % node.page_size; t < end; ++t, ++offset_in_page) {
+        out[t] = std::int32_t(base + offset_in_page);
+      }
+      largest = std::max<std::int64_t>(largest, out[end - 1]);
+    }
+    return largest;
+  }
+  if (node.listed) {
+    for (std::int32_t t = from; t < to; ++t) out[t] = std::int32_t(tree.slot(index, t));
+    return *std::max_element(out + from, out + to);
+  }
+  for (std::int32_t t = from; t < to; ++t) out[t] = std::int32_t(node.first + t);
+  return node.first + to - 1;
+}
+
+void check_total(std::int64_t total_visible) {
+  if (total_visible > std::numeric_limits<std::int32_t>::max()) {
+    fail(ErrorCategory::InvalidTree, "the tree holds {} visible tokens, more than the limit of {}", total_visible,
+         std::numeric_limits<std::int32_t>::max());
+  }
+}
+
+}  // namespace
 
 Visibility compute_visibility(const Tree& tree, const Topology& topo) {
   const std::size_t n = tree.node_count();
@@ -46,16 +98,18 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
     const std::int32_t p = topo.parent[i];
     if (p >= 0) subtree_queries[std::size_t(p)] += subtree_queries[i];
   }
-  if (total_visible > std::numeric_limits<std::int32_t>::max()) {
-    fail(ErrorCategory::InvalidTree, "the tree holds {} visible tokens, more than the limit of {}", total_visible,
-         std::numeric_limits<std::int32_t>::max());
-  }
+  check_total(total_visible);
 
   // One forward pass in preorder: query positions, pieces and token slots.
   vis.query_at.resize(nq);
   vis.query_position.resize(nq);
   vis.node_piece_begin.assign(n, 0);
   vis.node_piece_end.assign(n, 0);
+  vis.node_position.assign(n, 0);
+  vis.node_subtree_end.assign(n, 0);
+  vis.node_own_end.assign(n, 0);
+  vis.node_token_begin.assign(n, 0);
+  vis.node_visible = visible;
   vis.pieces.reserve(n + nq);
   vis.token_slot.resize(std::size_t(total_visible));
   std::int32_t* slot_out = vis.token_slot.data();
@@ -72,41 +126,104 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
       ++position;
     }
 
-    // Tokens [t, next) are seen by the own queries with upto > t (those from
-    // index k on) and by every descendant query.
     const std::int32_t subtree_end = first_position + subtree_queries[i];
+    vis.node_position[i] = first_position;
+    vis.node_own_end[i] = position;
+    vis.node_subtree_end[i] = subtree_end;
+    vis.node_token_begin[i] = offset;
     vis.node_piece_begin[i] = std::int32_t(vis.pieces.size());
-    std::int32_t k = 0;
-    for (std::int32_t t = 0; t < visible[i];) {
-      while (k < own_count && topo.query_upto[std::size_t(own_first[k])] <= t) ++k;
-      const std::int32_t next = k < own_count ? topo.query_upto[std::size_t(own_first[k])] : visible[i];
-      vis.pieces.push_back(Piece{v, offset + t, offset + next, first_position + k, subtree_end});
-      t = next;
-    }
+    append_pieces(topo, vis, v, offset, vis.pieces);
     vis.node_piece_end[i] = std::int32_t(vis.pieces.size());
 
-    const TreeNode& node = nodes[i];
-    if (node.page_size > 0) {
-      // Page by page: a page's slots are consecutive.
-      for (std::int32_t t = 0; t < visible[i];) {
-        const std::int64_t base = tree.page(i, t / node.page_size) * node.page_size;
-        const std::int32_t end = std::min(visible[i], (t / node.page_size + 1) * node.page_size);
-        for (std::int32_t offset_in_page = t % node.page_size; t < end; ++t, ++offset_in_page) {
-          slot_out[t] = std::int32_t(base + offset_in_page);
-        }
-        vis.max_slot = std::max<std::int64_t>(vis.max_slot, slot_out[end - 1]);
-      }
-    } else if (node.listed) {
-      for (std::int32_t t = 0; t < visible[i]; ++t) slot_out[t] = std::int32_t(tree.slot(i, t));
-      if (visible[i] > 0) vis.max_slot = std::max<std::int64_t>(vis.max_slot, *std::max_element(slot_out, slot_out + visible[i]));
-    } else {
-      for (std::int32_t t = 0; t < visible[i]; ++t) slot_out[t] = std::int32_t(node.first + t);
-      if (visible[i] > 0) vis.max_slot = std::max(vis.max_slot, node.first + visible[i] - 1);
-    }
+    vis.max_slot = std::max(vis.max_slot, write_slots(tree, i, 0, visible[i], slot_out));
     slot_out += visible[i];
     offset += visible[i];
   }
   return vis;
+}
+
+bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, const std::vector<std::int32_t>& grown) {
+  struct Change {
+    std::int32_t node, old_visible, new_visible;
+    std::size_t pieces;  // its recomputed pieces start here in `fresh`
+  };
+  std::vector<Change> changes;
+  std::vector<Piece> fresh;
+  std::int64_t total = std::int64_t(vis.token_slot.size());
+  for (std::int32_t v : grown) {
+    const std::size_t i = std::size_t(v);
+    const std::int32_t first = vis.node_position[i], own_end = vis.node_own_end[i];
+    auto upto = [&](std::int32_t position) { return topo.query_upto[std::size_t(vis.query_at[std::size_t(position)])]; };
+    for (std::int32_t k = first + 1; k < own_end; ++k) {  // still sorted by visible tokens, then index?
+      const std::int32_t a = upto(k - 1), b = upto(k);
+      if (a > b || (a == b && vis.query_at[std::size_t(k - 1)] > vis.query_at[std::size_t(k)])) return false;
+    }
+    const std::int32_t old_visible = vis.node_visible[i];
+    const std::int32_t new_visible = vis.node_subtree_end[i] > own_end ? std::int32_t(tree.nodes()[i].length)
+                                     : own_end > first                  ? upto(own_end - 1)
+                                                                        : 0;
+    if (new_visible == old_visible) continue;
+    const std::size_t at = fresh.size();
+    vis.node_visible[i] = new_visible;  // append_pieces reads it; put back below
+    append_pieces(topo, vis, v, vis.node_token_begin[i], fresh);
+    vis.node_visible[i] = old_visible;
+    if (old_visible == 0 || std::int32_t(fresh.size() - at) != vis.node_piece_end[i] - vis.node_piece_begin[i]) return false;
+    changes.push_back(Change{v, old_visible, new_visible, at});
+    total += new_visible - old_visible;
+  }
+  if (changes.empty()) return true;
+  check_total(total);
+  // In flattened order (visible nodes have distinct first tokens).
+  std::sort(changes.begin(), changes.end(), [&](const Change& a, const Change& b) {
+    return vis.node_token_begin[std::size_t(a.node)] < vis.node_token_begin[std::size_t(b.node)];
+  });
+
+  // Token slots: the unchanged stretches copied, the appended tokens written.
+  std::vector<std::int32_t> slots(static_cast<std::size_t>(total));
+  std::int32_t copied = 0, shift = 0;
+  for (const Change& c : changes) {
+    const std::size_t i = std::size_t(c.node);
+    const std::int32_t old_end = vis.node_token_begin[i] + c.old_visible;
+    std::copy(vis.token_slot.begin() + copied, vis.token_slot.begin() + old_end, slots.begin() + copied + shift);
+    std::int32_t* node_slots = slots.data() + vis.node_token_begin[i] + shift;
+    vis.max_slot = std::max(vis.max_slot, write_slots(tree, i, c.old_visible, c.new_visible, node_slots));
+    copied = old_end;
+    shift += c.new_visible - c.old_visible;
+  }
+  std::copy(vis.token_slot.begin() + copied, vis.token_slot.end(), slots.begin() + copied + shift);
+  vis.token_slot = std::move(slots);
+
+  // Pieces: the grown nodes' recomputed, then every piece and node shifted by
+  // the tokens appended before it (comparing first tokens as they were).
+  for (std::size_t c = 0; c < changes.size(); ++c) {
+    const std::size_t i = std::size_t(changes[c].node);
+    std::copy_n(fresh.begin() + std::ptrdiff_t(changes[c].pieces), vis.node_piece_end[i] - vis.node_piece_begin[i],
+                vis.pieces.begin() + vis.node_piece_begin[i]);
+  }
+  std::vector<std::int32_t> change_begin(changes.size());
+  for (std::size_t c = 0; c < changes.size(); ++c) change_begin[c] = vis.node_token_begin[std::size_t(changes[c].node)];
+  auto shifter = [&] {
+    return [&, next = std::size_t(0), by = std::int32_t(0)](std::int32_t old_begin) mutable {
+      while (next < changes.size() && change_begin[next] < old_begin) {
+        by += changes[next].new_visible - changes[next].old_visible;
+        ++next;
+      }
+      return by;
+    };
+  };
+  auto piece_shift = shifter();
+  for (Piece& piece : vis.pieces) {
+    const std::int32_t by = piece_shift(vis.node_token_begin[std::size_t(piece.node)]);
+    piece.token_begin += by;
+    piece.token_end += by;
+  }
+  for (const Change& c : changes) vis.node_visible[std::size_t(c.node)] = c.new_visible;
+  auto node_shift = shifter();
+  for (std::int32_t v : topo.preorder) {
+    const std::size_t i = std::size_t(v);
+    vis.node_token_begin[i] += node_shift(vis.node_token_begin[i]);
+  }
+  return true;
 }
 
 }  // namespace treeattn

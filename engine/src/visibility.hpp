@@ -35,8 +35,25 @@ struct Visibility {
   std::vector<std::int32_t> node_piece_end;    // [nodes] a node's pieces contiguous
   std::vector<std::int32_t> token_slot;      // [visible tokens] KV-pool row
   std::int64_t max_slot = -1;
+  // Per node: its first query position (its own queries, then its subtree's,
+  // up to node_subtree_end), its visible tokens and where they start in the
+  // flattened order. What update_visibility() needs to redo one node.
+  std::vector<std::int32_t> node_position;
+  std::vector<std::int32_t> node_subtree_end;
+  std::vector<std::int32_t> node_own_end;
+  std::vector<std::int32_t> node_visible;
+  std::vector<std::int32_t> node_token_begin;
 };
 
 Visibility compute_visibility(const Tree& tree, const Topology& topo);
+
+// After tokens were appended to the nodes `grown` (topo.query_upto already
+// set for the queries that see whole nodes), brings `vis` to what
+// compute_visibility() returns now, in time linear in the pieces and the
+// grown nodes' own queries plus one copy of the token slots. Returns false,
+// leaving `vis` as it was, where an append changes more than token counts
+// (the order of a node's own queries, or its number of pieces): the caller
+// then computes it again.
+bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, const std::vector<std::int32_t>& grown);
 
 }  // namespace treeattn

@@ -2,12 +2,14 @@
 // The live tree of sequences during tree decoding: nodes that grow token by
 // token, fork into children and are pruned with their subtrees. Each node owns
 // whole pages of a PagedKvCache (a page never mixes nodes), so pruning a branch
-// returns exactly its pages. to_tree() takes a snapshot for plan().
+// returns exactly its pages. to_tree() takes a snapshot for plan();
+// sync() hands an IncrementalPlanner the changes since the last sync.
 
 #include <cstdint>
 #include <map>
 #include <vector>
 
+#include "treeattn/incremental_planner.hpp"
 #include "treeattn/kv_cache.hpp"
 #include "treeattn/tree.hpp"
 
@@ -40,18 +42,30 @@ class SequenceTree {
   // The live nodes (in creation order) with their slots, and `queries`.
   Tree to_tree(const HeadConfig& heads, const std::vector<TreeQuery>& queries) const;
 
+  // Gives `planner` the nodes added, grown and removed since the last sync
+  // (all of them at the first) and `queries`; its tree is then to_tree()'s.
+  // One planner per SequenceTree: the changes are handed over once. Costs
+  // the changed nodes' new pages, not the tree's.
+  void sync(IncrementalPlanner& planner, const std::vector<TreeQuery>& queries);
+
  private:
   struct Node {
     std::int64_t parent = kNoParent;
     std::int64_t length = 0;
     std::vector<std::int32_t> pages;
     std::vector<std::int64_t> children;
+    std::int64_t synced_length = -1;  // tokens at the last sync, -1: not synced yet
+    bool changed = false;             // in changed_
   };
   const Node& at(std::int64_t node) const;
+  void mark_changed(std::int64_t id, Node& node);
+  std::int32_t used_pages(std::int64_t length) const;
 
   PagedKvCache& cache_;
   std::map<std::int64_t, Node> nodes_;
   std::int64_t next_id_ = 0;
+  std::vector<std::int64_t> changed_;  // nodes added or grown since the last sync
+  std::vector<std::int64_t> removed_;  // synced nodes removed since (subtree roots)
   std::int64_t tokens_ = 0;
 };
 

@@ -13,6 +13,8 @@
 
 namespace treeattn {
 
+class IncrementalPlanner;
+
 // Supported head dimensions (the kernels are specialised for each).
 inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 
@@ -89,9 +91,21 @@ class Tree {
   void reserve(std::size_t nodes, std::size_t queries, std::size_t listed_slots = 0);
 
  private:
+  friend class IncrementalPlanner;  // grows, and removes nodes of, the tree it keeps
+  // Tokens appended to the node at `index`: slots, a range, or (paged) `count`
+  // tokens filling its last page and then `new_pages`.
+  void append_slots(std::size_t index, const std::int64_t* slots, std::int64_t count);
+  void append_range(std::size_t index, std::int64_t first_slot, std::int64_t count);
+  void append_pages(std::size_t index, std::int64_t count, const std::vector<std::int64_t>& new_pages);
+  // Keeps the nodes whose flag is 0, in order; their listed slots packed again.
+  void remove_nodes(const std::vector<std::uint8_t>& removed);
+  // Moves a listed node's entries to the end of listed_slots_, where they can grow.
+  void move_listed_to_end(TreeNode& node);
+
   std::vector<TreeNode> nodes_;
   std::vector<TreeQuery> queries_;
   std::vector<std::int64_t> listed_slots_;
+  std::int64_t dead_listed_ = 0;  // entries of listed_slots_ no node refers to any more
 };
 
 }  // namespace treeattn

@@ -15,6 +15,7 @@
 #include "treeattn/config.h"
 #include "treeattn/dtype.hpp"
 #include "treeattn/error.hpp"
+#include "treeattn/incremental_planner.hpp"
 #include "treeattn/log.hpp"
 #include "treeattn/plan.hpp"
 #include "treeattn/planner.hpp"

@@ -1,0 +1,111 @@
+#pragma once
+// IncrementalPlanner: the plan of a tree that changes a little every decode
+// step. It keeps the tree and what plan() derives from it (the validated
+// topology, who sees what, greedy's priced edges) and takes the step's
+// changes: tokens appended to nodes, nodes added or removed, new queries.
+// update() then brings the plan up to date:
+//
+//   * appends only (the common decode step): the appended slots are checked,
+//     the grown nodes' visibility redone and every later token shifted, greedy
+//     re-prices only the edges whose token counts changed; nothing else in the
+//     tree is looked at again. Linear in the pieces (about one per node and
+//     query) plus one copy of the token slots, not in the tree's tokens.
+//   * nodes added or removed, or other queries: the topology is rebuilt,
+//     the slots of the nodes added are checked, no other node's again.
+//
+// The plan is bitwise plan(tree(), options) with options.block_tokens set to
+// block_tokens(). With kAutoBlockTokens the cost model's choice of block
+// size is kept while the tree stays near the size it was chosen for
+// (IncrementalOptions::redecide_drift), and chosen again, with a
+// from-scratch plan, past it: those updates are bitwise plan(tree(), options).
+//
+//   treeattn::IncrementalPlanner planner(heads, options);
+//   planner.add_node_range(0, treeattn::kNoParent, 0, 4000);  // step 1: the whole tree
+//   planner.add_node_range(1, 0, 4000, 1);
+//   planner.set_queries({{1}});
+//   upload(planner.update());
+//   planner.append_range(1, 4001, 1);                          // each later step: its changes
+//   upload(planner.update());
+//
+// Changes name nodes by id; an unknown or removed id is refused at once.
+// Slots are checked by update(), which names the node and token; after an
+// error the changes stay pending, so a caller may remove the offending node
+// and update again. Not thread-safe: one planner per decode loop.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "treeattn/plan.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+struct IncrementalOptions {
+  // With block_tokens = kAutoBlockTokens: the block size stays while the
+  // tree's visible tokens, queries and nodes each differ by at most this
+  // fraction from their counts when it was chosen; the first update past it
+  // chooses again. 0: choose at every update (a from-scratch plan each time).
+  double redecide_drift = 0.25;
+  // Threads for choosing a block size (Planner's meaning: 0 one per hardware
+  // thread); updates between choices run on the calling thread.
+  int threads = 1;
+};
+
+// What the last update() did.
+struct PlanUpdate {
+  bool reanalysed = false;       // nodes were added or removed, or the queries changed
+  bool block_chosen = false;     // the cost model chose the block size (a from-scratch plan)
+  std::int64_t grown_nodes = 0;  // nodes with appended tokens
+  std::int64_t appended_tokens = 0;
+};
+
+class IncrementalPlanner {
+ public:
+  // Throws InvalidArgument for options plan() refuses.
+  explicit IncrementalPlanner(const HeadConfig& heads, const PlanOptions& options = {},
+                              const IncrementalOptions& incremental = {});
+  ~IncrementalPlanner();
+  IncrementalPlanner(IncrementalPlanner&&) noexcept;
+  IncrementalPlanner& operator=(IncrementalPlanner&&) noexcept;
+
+  // New nodes, as Tree's (an id in use is refused).
+  void add_node(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& slots);
+  void add_node_range(std::int64_t id, std::int64_t parent, std::int64_t first_slot, std::int64_t count);
+  void add_node_pages(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& pages,
+                      std::int32_t page_size, std::int32_t last_page_tokens);
+  // Tokens appended to a node, in order: their slots, a slot range, or (a
+  // paged node) `count` tokens that fill its last page and then `new_pages`.
+  void append(std::int64_t id, const std::vector<std::int64_t>& slots);
+  void append_range(std::int64_t id, std::int64_t first_slot, std::int64_t count);
+  void append_pages(std::int64_t id, std::int64_t count, const std::vector<std::int64_t>& new_pages);
+  // Removes a node and its whole subtree.
+  void remove_node(std::int64_t id);
+  // This step's queries (row i of Q is queries[i]); the same list as the
+  // last step's is no change.
+  void set_queries(const std::vector<TreeQuery>& queries);
+
+  // Applies the pending changes and returns the plan (valid until the next update()).
+  const Plan& update();
+
+  const Plan& plan() const noexcept;
+  // The tree as of the last update(), with the changes since applied.
+  const Tree& tree() const noexcept;
+  // The block size the plan was made with (auto's choice, or the option's).
+  std::int32_t block_tokens() const noexcept;
+  const PlanOptions& options() const noexcept;
+  const PlanUpdate& last_update() const noexcept;
+
+ private:
+  std::int32_t index_of(std::int64_t id, const char* change) const;
+  void check_new(std::int64_t id) const;
+  void added(std::int64_t id);
+  void grew(std::int32_t index, std::int64_t count);
+  void apply_removals();
+
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace treeattn

@@ -1,0 +1,310 @@
+#include "treeattn/incremental_planner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <unordered_map>
+
+#include "fail.hpp"
+#include "plan_steps.hpp"
+#include "thread_pool.hpp"
+#include "topology.hpp"
+#include "visibility.hpp"
+
+namespace treeattn {
+
+struct IncrementalPlanner::State {
+  PlanOptions options;
+  IncrementalOptions incremental;
+  std::unique_ptr<ThreadPool> pool;  // for choosing block sizes, when threads != 1
+  Tree tree;
+  std::unordered_map<std::int64_t, std::int32_t> index;  // live node id -> index in tree
+
+  // Pending changes.
+  bool reanalyse = true;                 // nodes added or removed, queries changed
+  std::size_t checked_nodes = 0;         // nodes [0, checked_nodes) were checked at an update
+  std::vector<std::int32_t> grown;       // nodes with appended tokens, in the order of their first append
+  std::vector<std::int64_t> grown_from;  // [nodes] length at the last update, or -1 if not grown
+  std::vector<std::uint8_t> removed;     // [nodes] removal asked for (the subtree follows at update)
+  bool removals = false;
+
+  // What the last update derived.
+  std::optional<Topology> topo;
+  std::optional<Visibility> vis;
+  std::vector<std::int32_t> whole_begin, whole_queries;  // CSR: node -> queries that see the whole node
+  std::optional<GreedyMemo> memo;
+  std::int32_t block = 0;  // the block size option the plan is made with
+  struct Size {
+    std::int64_t tokens = 0, queries = 0, nodes = 0;
+  } chosen_at;  // the tree when the block size was chosen
+  Plan plan;
+  PlanUpdate last;
+
+  bool drifted() const {
+    const Size now{std::int64_t(vis->token_slot.size()), std::int64_t(tree.query_count()), std::int64_t(tree.node_count())};
+    auto off = [&](std::int64_t at, std::int64_t is) {
+      return std::abs(double(is - at)) > incremental.redecide_drift * double(std::max<std::int64_t>(at, 1));
+    };
+    return off(chosen_at.tokens, now.tokens) || off(chosen_at.queries, now.queries) || off(chosen_at.nodes, now.nodes);
+  }
+
+  // Each node's queries without `upto`: their visible tokens follow its length.
+  void index_whole_queries() {
+    const std::size_t n = tree.node_count();
+    whole_begin.assign(n + 1, 0);
+    for (std::size_t q = 0; q < tree.query_count(); ++q) {
+      if (tree.queries()[q].upto == kWholeNode) ++whole_begin[std::size_t(topo->query_node[q]) + 1];
+    }
+    for (std::size_t i = 0; i < n; ++i) whole_begin[i + 1] += whole_begin[i];
+    whole_queries.resize(std::size_t(whole_begin[n]));
+    std::vector<std::int32_t> fill(whole_begin.begin(), whole_begin.end() - 1);
+    for (std::size_t q = 0; q < tree.query_count(); ++q) {
+      if (tree.queries()[q].upto == kWholeNode) {
+        whole_queries[std::size_t(fill[std::size_t(topo->query_node[q])]++)] = std::int32_t(q);
+      }
+    }
+  }
+};
+
+IncrementalPlanner::IncrementalPlanner(const HeadConfig& heads, const PlanOptions& options,
+                                       const IncrementalOptions& incremental)
+    : state_(std::make_unique<State>()) {
+  check_plan_options(options);
+  if (!(incremental.redecide_drift >= 0.0)) {
+    fail(ErrorCategory::InvalidArgument, "redecide_drift = {} must be 0 or positive", incremental.redecide_drift);
+  }
+  if (incremental.threads < 0) {
+    fail(ErrorCategory::InvalidArgument, "IncrementalPlanner: threads = {} is negative (0: one per hardware thread)",
+         incremental.threads);
+  }
+  State& s = *state_;
+  s.options = options;
+  s.incremental = incremental;
+  if (incremental.threads != 1) s.pool = std::make_unique<ThreadPool>(incremental.threads);
+  s.tree = Tree(heads);
+}
+
+IncrementalPlanner::~IncrementalPlanner() = default;
+IncrementalPlanner::IncrementalPlanner(IncrementalPlanner&&) noexcept = default;
+IncrementalPlanner& IncrementalPlanner::operator=(IncrementalPlanner&&) noexcept = default;
+
+const Plan& IncrementalPlanner::plan() const noexcept { return state_->plan; }
+const Tree& IncrementalPlanner::tree() const noexcept { return state_->tree; }
+std::int32_t IncrementalPlanner::block_tokens() const noexcept { return state_->block; }
+const PlanOptions& IncrementalPlanner::options() const noexcept { return state_->options; }
+const PlanUpdate& IncrementalPlanner::last_update() const noexcept { return state_->last; }
+
+std::int32_t IncrementalPlanner::index_of(std::int64_t id, const char* change) const {
+  const auto it = state_->index.find(id);
+  if (it == state_->index.end()) fail(ErrorCategory::InvalidTree, "{}: node {} is not in the tree", change, id);
+  if (state_->removed[std::size_t(it->second)]) {
+    fail(ErrorCategory::InvalidTree, "{}: node {} is being removed", change, id);
+  }
+  return it->second;
+}
+
+void IncrementalPlanner::check_new(std::int64_t id) const {
+  if (state_->index.count(id) != 0) fail(ErrorCategory::InvalidTree, "add_node: node id {} is in the tree already", id);
+}
+
+void IncrementalPlanner::added(std::int64_t id) {
+  State& s = *state_;
+  s.index.emplace(id, std::int32_t(s.tree.node_count() - 1));
+  s.grown_from.push_back(-1);
+  s.removed.push_back(0);
+  s.reanalyse = true;
+}
+
+void IncrementalPlanner::add_node(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& slots) {
+  check_new(id);
+  state_->tree.add_node(id, parent, slots);
+  added(id);
+}
+
+void IncrementalPlanner::add_node_range(std::int64_t id, std::int64_t parent, std::int64_t first_slot,
+                                        std::int64_t count) {
+  check_new(id);
+  state_->tree.add_node_range(id, parent, first_slot, count);
+  added(id);
+}
+
+void IncrementalPlanner::add_node_pages(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& pages,
+                                        std::int32_t page_size, std::int32_t last_page_tokens) {
+  check_new(id);
+  state_->tree.add_node_pages(id, parent, pages, page_size, last_page_tokens);
+  added(id);
+}
+
+void IncrementalPlanner::grew(std::int32_t index, std::int64_t count) {
+  State& s = *state_;
+  if (count < 0) fail(ErrorCategory::InvalidArgument, "append: node {}: {} tokens", s.tree.nodes()[std::size_t(index)].id, count);
+  std::int64_t& from = s.grown_from[std::size_t(index)];
+  if (from < 0 && std::size_t(index) < s.checked_nodes) {  // a node added since the last update is checked whole
+    from = s.tree.nodes()[std::size_t(index)].length;
+    s.grown.push_back(index);
+  }
+}
+
+void IncrementalPlanner::append(std::int64_t id, const std::vector<std::int64_t>& slots) {
+  const std::int32_t index = index_of(id, "append");
+  if (state_->tree.nodes()[std::size_t(index)].page_size > 0) {
+    fail(ErrorCategory::InvalidArgument, "append: node {} is paged (append_pages adds its tokens)", id);
+  }
+  grew(index, std::int64_t(slots.size()));
+  state_->tree.append_slots(std::size_t(index), slots.data(), std::int64_t(slots.size()));
+}
+
+void IncrementalPlanner::append_range(std::int64_t id, std::int64_t first_slot, std::int64_t count) {
+  const std::int32_t index = index_of(id, "append_range");
+  if (state_->tree.nodes()[std::size_t(index)].page_size > 0) {
+    fail(ErrorCategory::InvalidArgument, "append_range: node {} is paged (append_pages adds its tokens)", id);
+  }
+  grew(index, count);
+  state_->tree.append_range(std::size_t(index), first_slot, count);
+}
+
+void IncrementalPlanner::append_pages(std::int64_t id, std::int64_t count, const std::vector<std::int64_t>& new_pages) {
+  const std::int32_t index = index_of(id, "append_pages");
+  const TreeNode& node = state_->tree.nodes()[std::size_t(index)];
+  if (node.page_size <= 0) fail(ErrorCategory::InvalidArgument, "append_pages: node {} is not paged", id);
+  // The pages must hold the tokens exactly as add_node_pages' would: checked
+  // here, where the call that broke it is known.
+  const std::int64_t length = node.length + count;
+  const std::int64_t pages = node.pages + std::int64_t(new_pages.size());
+  if (count < 0 || length > pages * node.page_size || length <= (pages - 1) * node.page_size) {
+    fail(ErrorCategory::InvalidTree,
+         "append_pages: node {}: {} tokens on {} pages of {} (it had {} tokens on {} pages, {} new pages for {} tokens)",
+         id, length, pages, node.page_size, node.length, node.pages, new_pages.size(), count);
+  }
+  grew(index, count);
+  state_->tree.append_pages(std::size_t(index), count, new_pages);
+}
+
+void IncrementalPlanner::remove_node(std::int64_t id) {
+  State& s = *state_;
+  s.removed[std::size_t(index_of(id, "remove_node"))] = 1;
+  s.removals = true;
+}
+
+void IncrementalPlanner::set_queries(const std::vector<TreeQuery>& queries) {
+  State& s = *state_;
+  const std::vector<TreeQuery>& now = s.tree.queries();
+  const bool same = now.size() == queries.size() &&
+                    std::equal(now.begin(), now.end(), queries.begin(), [](const TreeQuery& a, const TreeQuery& b) {
+                      return a.node == b.node && a.upto == b.upto;
+                    });
+  if (same) return;
+  s.tree.queries_ = queries;
+  s.reanalyse = true;
+}
+
+// The removed nodes' subtrees go with them; the tree is packed, the index rebuilt.
+void IncrementalPlanner::apply_removals() {
+  State& s = *state_;
+  const std::vector<TreeNode>& nodes = s.tree.nodes();
+  const std::size_t n = nodes.size();
+  std::vector<std::int32_t> child_begin(n + 1, 0), children;
+  std::vector<std::int32_t> parent(n, -1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto it = nodes[i].parent == kNoParent ? s.index.end() : s.index.find(nodes[i].parent);
+    if (it != s.index.end()) {
+      parent[i] = it->second;
+      ++child_begin[std::size_t(it->second) + 1];
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) child_begin[i + 1] += child_begin[i];
+  children.resize(std::size_t(child_begin[n]));
+  std::vector<std::int32_t> fill(child_begin.begin(), child_begin.end() - 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (parent[i] >= 0) children[std::size_t(fill[std::size_t(parent[i])]++)] = std::int32_t(i);
+  }
+  std::vector<std::int32_t> stack;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (s.removed[i]) stack.push_back(std::int32_t(i));
+  }
+  while (!stack.empty()) {  // a parent cycle is met at most once per node
+    const std::size_t v = std::size_t(stack.back());
+    stack.pop_back();
+    for (std::int32_t k = child_begin[v]; k < child_begin[v + 1]; ++k) {
+      const std::size_t c = std::size_t(children[std::size_t(k)]);
+      if (!s.removed[c]) {
+        s.removed[c] = 1;
+        stack.push_back(std::int32_t(c));
+      }
+    }
+  }
+  // Kept nodes keep their order: those checked before stay in front.
+  std::size_t checked = 0, kept = 0;
+  std::vector<std::int64_t> grown_from;
+  std::vector<std::int32_t> new_index(n, -1);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (s.removed[i]) continue;
+    new_index[i] = std::int32_t(kept++);
+    if (i < s.checked_nodes) ++checked;
+    grown_from.push_back(s.grown_from[i]);
+  }
+  std::vector<std::int32_t> grown;
+  for (std::int32_t g : s.grown) {
+    if (new_index[std::size_t(g)] >= 0) grown.push_back(new_index[std::size_t(g)]);
+  }
+  s.tree.remove_nodes(s.removed);
+  s.index.clear();
+  for (std::size_t i = 0; i < s.tree.node_count(); ++i) s.index.emplace(s.tree.nodes()[i].id, std::int32_t(i));
+  s.checked_nodes = checked;
+  s.grown = std::move(grown);
+  s.grown_from = std::move(grown_from);
+  s.removed.assign(s.tree.node_count(), 0);
+  s.removals = false;
+  s.reanalyse = true;
+}
+
+const Plan& IncrementalPlanner::update() {
+  State& s = *state_;
+  // The appended tokens first: an error leaves every change pending.
+  for (std::int32_t g : s.grown) {
+    if (!s.removed[std::size_t(g)]) check_slots(s.tree, g, s.options.kv_slots, s.grown_from[std::size_t(g)]);
+  }
+  if (s.removals) apply_removals();
+
+  PlanUpdate info;
+  info.grown_nodes = std::int64_t(s.grown.size());
+  for (std::int32_t g : s.grown) info.appended_tokens += s.tree.nodes()[std::size_t(g)].length - s.grown_from[std::size_t(g)];
+  if (s.reanalyse || !s.topo) {
+    s.topo = analyze(s.tree, s.options.kv_slots, s.checked_nodes);
+    s.vis = compute_visibility(s.tree, *s.topo);
+    s.index_whole_queries();
+    s.memo.reset();
+    info.reanalysed = true;
+  } else if (!s.grown.empty()) {
+    for (std::int32_t g : s.grown) {
+      const std::int32_t length = std::int32_t(s.tree.nodes()[std::size_t(g)].length);
+      for (std::int32_t k = s.whole_begin[std::size_t(g)]; k < s.whole_begin[std::size_t(g) + 1]; ++k) {
+        s.topo->query_upto[std::size_t(s.whole_queries[std::size_t(k)])] = length;
+      }
+    }
+    if (!update_visibility(s.tree, *s.topo, *s.vis, s.grown)) s.vis = compute_visibility(s.tree, *s.topo);
+    if (s.memo) s.memo->appended(s.tree, *s.topo, *s.vis, s.grown);
+  }
+
+  if (s.options.block_tokens == kAutoBlockTokens && (s.block == 0 || s.drifted())) {
+    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, s.options, s.pool.get(), nullptr, &s.block);
+    s.chosen_at = {std::int64_t(s.vis->token_slot.size()), std::int64_t(s.tree.query_count()),
+                   std::int64_t(s.tree.node_count())};
+    s.memo.reset();  // the next update prices greedy's edges at the new size
+    info.block_chosen = true;
+  } else {
+    PlanOptions fixed = s.options;
+    fixed.block_tokens = s.block = s.options.block_tokens == kAutoBlockTokens ? s.block : s.options.block_tokens;
+    if (fixed.strategy == Strategy::greedy && !s.memo) s.memo.emplace(*s.topo, *s.vis);
+    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, fixed, nullptr, s.memo ? &*s.memo : nullptr, nullptr);
+  }
+
+  for (std::int32_t g : s.grown) s.grown_from[std::size_t(g)] = -1;
+  s.grown.clear();
+  s.checked_nodes = s.tree.node_count();
+  s.reanalyse = false;
+  s.last = info;
+  return s.plan;
+}
+
+}  // namespace treeattn

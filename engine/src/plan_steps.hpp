@@ -1,0 +1,75 @@
+#pragma once
+// Internal: planning an analysed tree, shared by plan() and the
+// IncrementalPlanner, and what greedy keeps between its passes over a tree
+// (the block-size candidates of one plan, or the decode steps of an
+// IncrementalPlanner).
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "greedy.hpp"
+#include "topology.hpp"
+#include "treeattn/planner.hpp"
+#include "visibility.hpp"
+
+namespace treeattn {
+
+class ThreadPool;
+
+// Greedy's choice: the children order, the edge decisions and their layout.
+struct GreedyChoice {
+  Topology order;
+  GreedyGroups groups;
+  GreedyLayout layout;
+};
+
+// The visibility of the last children order greedy asked for: the block-size
+// candidates often reorder a tree the same way, and then it is not recomputed.
+class VisibilityCache {
+ public:
+  const Visibility& get(const Tree& tree, const Topology& order);
+  // Tokens were appended to the nodes `grown` (`topo`: the tree's topology,
+  // its query_upto updated): the cached visibility follows.
+  void appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown);
+
+ private:
+  std::optional<Topology> order_;
+  std::optional<Visibility> vis_;
+};
+
+// What greedy keeps between its passes over one tree, and (appended()) over
+// the decode steps that only grow its nodes.
+class GreedyMemo {
+ public:
+  GreedyMemo(const Topology& topo, const Visibility& vis) : edges(topo, vis) {}
+  GreedyEdges edges;
+  VisibilityCache reordered;
+
+  // The model's time for greedy's own plan. The block-size candidates often
+  // arrive at the same layout (the same edges joined, the same units: the
+  // same plan), which is then not timed again.
+  const CostEstimate& own(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options);
+  // Tokens were appended to `grown` (`topo` and `vis` updated): the edges see
+  // the new counts (an edge whose shape changed is priced again), the
+  // reordered visibility follows, the own plan is timed again.
+  void appended(const Tree& tree, const Topology& topo, const Visibility& vis, const std::vector<std::int32_t>& grown);
+
+ private:
+  bool timed_ = false;
+  std::vector<std::uint8_t> joined_;
+  std::vector<GreedyUnit> units_;
+  CostEstimate estimate_;
+};
+
+// plan() after analyze() and compute_visibility(): `vis` is the visibility
+// of `topo`. With `memo` (greedy at a fixed block size), greedy decides
+// through it. `chosen_block`, when given, receives the block size the plan
+// was made with (auto's choice, or options.block_tokens).
+Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options, ThreadPool* pool,
+                   GreedyMemo* memo, std::int32_t* chosen_block);
+
+// Throws InvalidArgument for options plan() refuses.
+void check_plan_options(const PlanOptions& options);
+
+}  // namespace treeattn

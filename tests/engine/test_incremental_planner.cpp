@@ -1,0 +1,228 @@
+// The IncrementalPlanner: at every step of whole decode replays (few-shot,
+// speculative with accepted tokens, tree-of-thought with forks and pruning)
+// its plan is bitwise the from-scratch plan of the same tree at its block
+// size, for flatten and greedy; random appends on random forests agree and
+// cover exactly; bad changes are refused naming the node or token, and
+// nothing pending is lost.
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "support/plan_check.hpp"
+#include "treeattn/error.hpp"
+#include "treeattn/incremental_planner.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/scenarios.hpp"
+#include "treeattn/sequence_tree.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+const std::string kWorkloads = [] {
+  const char* dir = std::getenv("TREEATTN_WORKLOADS_DIR");
+  return std::string(dir != nullptr ? dir : "data/workloads/deft");
+}();
+const HeadConfig kHeads{32, 8, 128, 0.0f};
+
+// What a replay's updates did, for the checks that the fast path ran.
+struct ReplayCounts {
+  std::int64_t steps = 0, appends_only = 0, chosen = 0;
+};
+
+// Replays `scenario` to its end, syncing a SequenceTree into an
+// IncrementalPlanner each step; every plan must equal the from-scratch plan
+// of the same tree with the planner's block size (and, where it chose the
+// block size, the auto plan itself).
+ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, std::int64_t max_steps = 0) {
+  PagedKvCache cache(16, 0);
+  SequenceTree live(cache);
+  IncrementalPlanner planner(kHeads, options);
+  std::vector<TreeQuery> queries;
+  ReplayCounts counts;
+  const std::int64_t steps = max_steps > 0 ? std::min(max_steps, scenario.steps()) : scenario.steps();
+  for (std::int64_t step = 1; step <= steps; ++step) {
+    scenario.advance(live, queries);
+    live.sync(planner, queries);
+    const Plan& updated = planner.update();
+    const Tree tree = live.to_tree(kHeads, queries);
+    PlanOptions fixed = options;
+    fixed.block_tokens = planner.block_tokens();
+    const std::string difference = test::plan_difference(updated, plan(tree, fixed));
+    if (!difference.empty()) {
+      FAIL_CHECK(scenario.name(), " step ", step, ": ", difference);
+      return counts;
+    }
+    if (planner.last_update().block_chosen) {
+      ++counts.chosen;
+      CHECK(test::plan_difference(updated, plan(tree, options)) == "");
+    }
+    ++counts.steps;
+    if (!planner.last_update().reanalysed) ++counts.appends_only;
+  }
+  return counts;
+}
+
+const Strategy kIncremental[] = {Strategy::flatten, Strategy::greedy};
+
+}  // namespace
+
+TEST_CASE("few-shot replays: every step is bitwise the from-scratch plan, by appends alone after the first") {
+  for (Strategy s : kIncremental) {
+    for (std::int32_t block : {64, 256, kAutoBlockTokens}) {
+      CAPTURE(to_string(s));
+      CAPTURE(block);
+      auto scenario = few_shot_scenario(1000, 12, 60);
+      const ReplayCounts c = replay_and_compare(*scenario, PlanOptions{s, block});
+      CHECK(c.steps == 60);
+      CHECK(c.appends_only == 59);  // the first step builds the tree; every later one appends a token per branch
+      if (block == kAutoBlockTokens) {
+        CHECK(c.chosen >= 1);
+        CHECK(c.chosen < 10);  // chosen again only past the drift
+      }
+    }
+  }
+}
+
+TEST_CASE("speculative replays: fresh token trees on a prefix that grows by the accepted tokens") {
+  const MedusaWorkload w = load_medusa(kWorkloads + "/speculative/APPS_tree_size64.json");
+  for (Strategy s : kIncremental) {
+    for (std::int32_t block : {128, kAutoBlockTokens}) {
+      CAPTURE(to_string(s));
+      CAPTURE(block);
+      auto scenario = speculative_scenario(w, 0, 600);
+      const ReplayCounts c = replay_and_compare(*scenario, PlanOptions{s, block});
+      CHECK(c.steps == scenario->steps());
+    }
+  }
+}
+
+TEST_CASE("tree-of-thought replays: forks and pruning between steps of appends") {
+  for (const char* file : {"keywordToT.json", "docmergeToT.json"}) {
+    const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/" + file);
+    for (Strategy s : kIncremental) {
+      for (std::int32_t block : {64, kAutoBlockTokens}) {
+        CAPTURE(file);
+        CAPTURE(to_string(s));
+        CAPTURE(block);
+        auto scenario = reasoning_scenario(trees.front());
+        const ReplayCounts c = replay_and_compare(*scenario, PlanOptions{s, block}, 400);
+        CHECK(c.steps > 0);
+        CHECK(c.appends_only > c.steps / 2);  // most steps only decode
+      }
+    }
+  }
+}
+
+TEST_CASE("random appends to listed, ranged and partly seen nodes agree with from-scratch plans and cover exactly") {
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    RandomForestOptions forest;
+    forest.seed = seed;
+    forest.nodes = 40;
+    forest.roots = 3;
+    forest.queries = 24;
+    forest.max_tokens = 40;
+    const Tree start = random_forest(forest);
+    std::int64_t next_slot = total_tokens(start);  // fresh slots keep every slot distinct
+    for (Strategy s : kIncremental) {
+      CAPTURE(seed);
+      CAPTURE(to_string(s));
+      IncrementalPlanner planner(start.heads, PlanOptions{s, 48});
+      for (std::size_t i = 0; i < start.node_count(); ++i) {
+        const TreeNode& n = start.nodes()[i];
+        std::vector<std::int64_t> slots;
+        for (std::int64_t t = 0; t < n.length; ++t) slots.push_back(start.slot(i, t));
+        planner.add_node(n.id, n.parent, slots);
+      }
+      planner.set_queries(start.queries());
+      planner.update();
+      std::mt19937_64 rng(seed);
+      for (int step = 0; step < 25; ++step) {
+        // A few nodes grow by 1 to 3 tokens, as slot lists or ranges.
+        for (int k = 0; k < 5; ++k) {
+          const TreeNode& n = start.nodes()[rng() % start.node_count()];
+          const std::int64_t count = 1 + std::int64_t(rng() % 3);
+          if (rng() % 2 == 0) {
+            planner.append_range(n.id, next_slot, count);
+          } else {
+            std::vector<std::int64_t> slots;
+            for (std::int64_t t = 0; t < count; ++t) slots.push_back(next_slot + count - 1 - t);
+            planner.append(n.id, slots);
+          }
+          next_slot += count;
+        }
+        const Plan& updated = planner.update();
+        CHECK_FALSE(planner.last_update().reanalysed);
+        REQUIRE(test::plan_difference(updated, plan(planner.tree(), PlanOptions{s, 48})) == "");
+        REQUIRE(test::coverage_error(planner.tree(), updated) == "");
+      }
+    }
+  }
+}
+
+TEST_CASE("removing a node takes its subtree; a query left on it is reported by update") {
+  IncrementalPlanner planner(kHeads, PlanOptions{Strategy::flatten, 64});
+  planner.add_node_range(10, kNoParent, 0, 100);
+  planner.add_node_range(11, 10, 100, 20);
+  planner.add_node_range(12, 11, 120, 5);
+  planner.add_node_range(13, 10, 125, 7);
+  planner.set_queries({{12}, {13}});
+  planner.update();
+  planner.remove_node(11);
+  planner.set_queries({{13}});
+  const Plan& after = planner.update();
+  CHECK(planner.tree().node_count() == 2);
+  CHECK(after.num_tokens() == 107);
+  Tree expected(kHeads);
+  expected.add_node_range(10, kNoParent, 0, 100);
+  expected.add_node_range(13, 10, 125, 7);
+  expected.add_query(13);
+  CHECK(test::plan_difference(after, plan(expected, PlanOptions{Strategy::flatten, 64})) == "");
+
+  planner.remove_node(13);
+  CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("queries[0]: node 13 is not a node id"), Error);
+  planner.set_queries({{10}});
+  CHECK(planner.update().num_tokens() == 100);  // the pending removal was kept
+}
+
+TEST_CASE("bad changes are refused naming the node, and a failed update loses nothing") {
+  PlanOptions options{Strategy::greedy, 32};
+  options.kv_slots = 200;
+  IncrementalPlanner planner(kHeads, options);
+  planner.add_node_range(0, kNoParent, 0, 50);
+  planner.add_node_pages(1, 0, {4, 5}, 16, 3);
+  planner.add_node_range(2, 0, 150, 10);
+  planner.set_queries({{1}, {2}});
+  planner.update();
+
+  CHECK_THROWS_WITH_AS(planner.append(7, {1}), doctest::Contains("append: node 7 is not in the tree"), Error);
+  CHECK_THROWS_WITH_AS(planner.add_node_range(2, 0, 0, 1), doctest::Contains("node id 2 is in the tree already"), Error);
+  CHECK_THROWS_WITH_AS(planner.append(1, {1}), doctest::Contains("node 1 is paged"), Error);
+  CHECK_THROWS_WITH_AS(planner.append_pages(1, 20, {}), doctest::Contains("append_pages: node 1"), Error);
+  CHECK_THROWS_WITH_AS(planner.append_pages(2, 1, {}), doctest::Contains("node 2 is not paged"), Error);
+
+  planner.append_pages(1, 14, {9});  // fills page 5 (13 more) and one token of page 9
+  planner.append_range(2, 199, 2);   // slots 199 and 200: past the pool
+  CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("node 2 (nodes[2]): slot"), Error);
+  CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("out of range for a KV pool of 200 slots"), Error);
+  planner.remove_node(2);
+  planner.set_queries({{1}});
+  const Plan& fixed = planner.update();
+  Tree expected(kHeads);
+  expected.add_node_range(0, kNoParent, 0, 50);
+  expected.add_node_pages(1, 0, {4, 5, 9}, 16, 1);
+  expected.add_query(1);
+  CHECK(test::plan_difference(fixed, plan(expected, options)) == "");
+  CHECK_THROWS_WITH_AS(planner.remove_node(2), doctest::Contains("remove_node: node 2 is not in the tree"), Error);
+}
+
+TEST_CASE("options plan() refuses are refused by the constructor") {
+  CHECK_THROWS_AS(IncrementalPlanner(kHeads, PlanOptions{Strategy::flatten, -3}), Error);
+  IncrementalOptions bad;
+  bad.redecide_drift = -1.0;
+  CHECK_THROWS_WITH_AS(IncrementalPlanner(kHeads, PlanOptions{}, bad), doctest::Contains("redecide_drift"), Error);
+}

@@ -13,12 +13,14 @@ float HeadConfig::effective_scale() const noexcept {
 void Tree::add_node(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& slots) {
   nodes_.push_back(TreeNode{id, parent, std::int64_t(slots.size()),
                             std::int64_t(listed_slots_.size()), true});
+  reserved_.push_back(std::int64_t(slots.size()));
   listed_slots_.insert(listed_slots_.end(), slots.begin(), slots.end());
 }
 
 void Tree::add_node_range(std::int64_t id, std::int64_t parent, std::int64_t first_slot,
                           std::int64_t count) {
   nodes_.push_back(TreeNode{id, parent, count, first_slot, false});
+  reserved_.push_back(0);
 }
 
 void Tree::add_node_pages(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& pages,
@@ -30,6 +32,7 @@ void Tree::add_node_pages(std::int64_t id, std::int64_t parent, const std::vecto
   node.page_size = page_size;
   node.pages = std::int64_t(pages.size());
   nodes_.push_back(node);
+  reserved_.push_back(std::int64_t(pages.size()));
   listed_slots_.insert(listed_slots_.end(), pages.begin(), pages.end());
 }
 
@@ -37,29 +40,42 @@ void Tree::add_query(std::int64_t node_id, std::int64_t upto) {
   queries_.push_back(TreeQuery{node_id, upto});
 }
 
-void Tree::move_listed_to_end(TreeNode& node) {
-  const std::int64_t entries = node.page_size > 0 ? node.pages : node.length;
-  if (node.first + entries == std::int64_t(listed_slots_.size())) return;
+namespace {
+std::int64_t listed_entries(const TreeNode& node) { return node.page_size > 0 ? node.pages : node.length; }
+}  // namespace
+
+void Tree::make_room(std::size_t index, std::int64_t more) {
+  TreeNode& node = nodes_[index];
+  const std::int64_t entries = listed_entries(node);
+  std::int64_t& reserved = reserved_[index];
+  if (entries + more <= reserved) return;
+  if (node.first + reserved == std::int64_t(listed_slots_.size())) {  // last in the list: it grows there
+    reserved = 2 * (entries + more);
+    listed_slots_.resize(std::size_t(node.first + reserved));
+    return;
+  }
   // Packs the list first when most of it is dead: growth stays amortised O(1).
   if (dead_listed_ > std::int64_t(listed_slots_.size()) / 2) remove_nodes(std::vector<std::uint8_t>(nodes_.size(), 0));
-  if (node.first + entries == std::int64_t(listed_slots_.size())) return;
   const std::int64_t first = std::int64_t(listed_slots_.size());
-  listed_slots_.resize(listed_slots_.size() + std::size_t(entries));
+  dead_listed_ += reserved;
+  reserved = 2 * (entries + more);
+  listed_slots_.resize(std::size_t(first + reserved));
   std::copy_n(listed_slots_.begin() + node.first, entries, listed_slots_.begin() + first);
   node.first = first;
-  dead_listed_ += entries;
 }
 
 void Tree::append_slots(std::size_t index, const std::int64_t* slots, std::int64_t count) {
   TreeNode& node = nodes_[index];
   if (!node.listed) {  // a range becomes a list
     const std::int64_t first = std::int64_t(listed_slots_.size());
-    for (std::int64_t t = 0; t < node.length; ++t) listed_slots_.push_back(node.first + t);
+    reserved_[index] = 2 * (node.length + count);
+    listed_slots_.resize(std::size_t(first + reserved_[index]));
+    for (std::int64_t t = 0; t < node.length; ++t) listed_slots_[std::size_t(first + t)] = node.first + t;
     node.first = first;
     node.listed = true;
   }
-  move_listed_to_end(node);
-  listed_slots_.insert(listed_slots_.end(), slots, slots + count);
+  make_room(index, count);
+  std::copy_n(slots, count, listed_slots_.begin() + node.first + node.length);
   node.length += count;
 }
 
@@ -78,8 +94,8 @@ void Tree::append_range(std::size_t index, std::int64_t first_slot, std::int64_t
 void Tree::append_pages(std::size_t index, std::int64_t count, const std::vector<std::int64_t>& new_pages) {
   TreeNode& node = nodes_[index];
   if (!new_pages.empty()) {
-    move_listed_to_end(node);
-    listed_slots_.insert(listed_slots_.end(), new_pages.begin(), new_pages.end());
+    make_room(index, std::int64_t(new_pages.size()));
+    std::copy(new_pages.begin(), new_pages.end(), listed_slots_.begin() + node.first + node.pages);
     node.pages += std::int64_t(new_pages.size());
   }
   node.length += count;
@@ -92,15 +108,19 @@ void Tree::remove_nodes(const std::vector<std::uint8_t>& removed) {
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     if (removed[i]) continue;
     TreeNode node = nodes_[i];
+    std::int64_t reserved = reserved_[i];
     if (node.listed) {
-      const std::int64_t entries = node.page_size > 0 ? node.pages : node.length;
+      const std::int64_t entries = listed_entries(node);
       const std::int64_t first = std::int64_t(packed.size());
       packed.insert(packed.end(), listed_slots_.begin() + node.first, listed_slots_.begin() + node.first + entries);
       node.first = first;
+      reserved = entries;
     }
-    nodes_[kept++] = node;
+    nodes_[kept] = node;
+    reserved_[kept++] = reserved;
   }
   nodes_.resize(kept);
+  reserved_.resize(kept);
   listed_slots_ = std::move(packed);
   dead_listed_ = 0;
 }

@@ -99,13 +99,15 @@ class Tree {
   void append_pages(std::size_t index, std::int64_t count, const std::vector<std::int64_t>& new_pages);
   // Keeps the nodes whose flag is 0, in order; their listed slots packed again.
   void remove_nodes(const std::vector<std::uint8_t>& removed);
-  // Moves a listed node's entries to the end of listed_slots_, where they can grow.
-  void move_listed_to_end(TreeNode& node);
+  // Room for `more` entries after the listed node's own: in place, else the
+  // entries move to the end of listed_slots_ with as many again to spare.
+  void make_room(std::size_t index, std::int64_t more);
 
   std::vector<TreeNode> nodes_;
   std::vector<TreeQuery> queries_;
   std::vector<std::int64_t> listed_slots_;
-  std::int64_t dead_listed_ = 0;  // entries of listed_slots_ no node refers to any more
+  std::vector<std::int64_t> reserved_;  // [nodes] entries of listed_slots_ from a listed node's first that are its
+  std::int64_t dead_listed_ = 0;        // entries of listed_slots_ no node refers to any more
 };
 
 }  // namespace treeattn

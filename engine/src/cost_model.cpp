@@ -245,32 +245,58 @@ struct ItemCtas {
   }
 };
 
+// Each item's CTAs, in the shape's order.
+std::vector<ItemCtas> item_ctas(const PlanShape& shape, const HeadConfig& heads, const CostModel& model) {
+  const std::int64_t group = heads.group_size(), heads_kv = heads.heads_kv;
+  std::vector<ItemCtas> items;
+  items.reserve(shape.items.size());
+  for (const ItemShape& item : shape.items) {
+    const std::int64_t tiles = ceil_div(item.block_tokens, kKvTileTokens);
+    const PassSplit split = split_passes(std::int64_t(item.queries) * group, item.tile_rows);
+    items.push_back(ItemCtas{model.pass_ns + double(tiles) * model.tile_ns_large,
+                             model.pass_ns + double(tiles) * model.tile_ns_small, split.large * heads_kv,
+                             split.small * heads_kv});
+  }
+  return items;
+}
+
+// longest_first_order() of the shape's items, or empty where that is item order.
+std::vector<std::int32_t> longest_first_launch(const PlanShape& shape, const std::vector<ItemCtas>& items) {
+  std::vector<std::int32_t> block(items.size());
+  std::vector<double> longest(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    block[i] = shape.items[i].block;
+    longest[i] = items[i].longest_pass_ns();
+  }
+  std::vector<std::int32_t> order = longest_first_order(block, longest);
+  if (std::is_sorted(order.begin(), order.end())) order.clear();
+  return order;
+}
+
+std::vector<std::int32_t> longest_first_launch(const PlanShape& shape, const HeadConfig& heads, const CostModel& model) {
+  return longest_first_launch(shape, item_ctas(shape, heads, model));
+}
+
 // estimate_shape(), and where it chooses the longest-first order, that order in `launch_order`.
 CostEstimate estimate_with_order(const PlanShape& shape, const HeadConfig& heads, const CostModel& model,
                                  double to_beat_us, std::vector<std::int32_t>* launch_order) {
   CostEstimate e;
-  const std::int64_t group = heads.group_size(), heads_kv = heads.heads_kv;
-  std::vector<ItemCtas> items;
-  items.reserve(shape.items.size());
+  std::vector<ItemCtas> items = item_ctas(shape, heads, model);
   // Launch order: the shape's item order, an item's passes in row order, each over the KV heads.
   std::vector<double> cta_ns;
-  for (const ItemShape& item : shape.items) {
-    const std::int64_t rows = std::int64_t(item.queries) * group;
-    const std::int64_t tiles = ceil_div(item.block_tokens, kKvTileTokens);
-    const PassSplit split = split_passes(rows, item.tile_rows);
-    e.small_passes += split.small * heads_kv;
-    e.large_passes += split.large * heads_kv;
-    e.small_tiles += split.small * tiles * heads_kv;
-    e.large_tiles += split.large * tiles * heads_kv;
-    const double large_ns = model.pass_ns + double(tiles) * model.tile_ns_large;
-    const double small_ns = model.pass_ns + double(tiles) * model.tile_ns_small;
-    items.push_back(ItemCtas{large_ns, small_ns, split.large * heads_kv, split.small * heads_kv});
-    items.back().append(cta_ns);
-    const double pass_ns = split.large > 0 ? large_ns : small_ns;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const ItemCtas& item = items[i];
+    const std::int64_t tiles = ceil_div(shape.items[i].block_tokens, kKvTileTokens);
+    e.small_passes += item.small;
+    e.large_passes += item.large;
+    e.small_tiles += item.small * tiles;
+    e.large_tiles += item.large * tiles;
+    item.append(cta_ns);
+    const double pass_ns = item.large > 0 ? item.large_ns : item.small_ns;
     if (pass_ns > e.max_pass_ns) {
       e.max_pass_ns = pass_ns;
       e.longest_pass_tiles = tiles;
-      e.longest_pass_large = split.large > 0;
+      e.longest_pass_large = item.large > 0;
     }
   }
   e.partial_rows = shape.partials * heads.heads_q;
@@ -288,26 +314,30 @@ CostEstimate estimate_with_order(const PlanShape& shape, const HeadConfig& heads
       return e;
     }
   }
-  e.time_us = (simulate_step_ns(model, cta_ns) + partials_ns) / 1000.0;
-  e.item_order_us = e.time_us;
-  if (shape.reorder && model.reorder_gain > 0.0) {
-    std::vector<std::int32_t> block(items.size());
-    std::vector<double> longest(items.size());
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      block[i] = shape.items[i].block;
-      longest[i] = items[i].longest_pass_ns();
-    }
-    const std::vector<std::int32_t> order = longest_first_order(block, longest);
-    if (!std::is_sorted(order.begin(), order.end())) {
-      std::vector<double> reordered;
-      reordered.reserve(cta_ns.size());
-      for (std::int32_t i : order) items[std::size_t(i)].append(reordered);
-      const double time_us = (simulate_step_ns(model, reordered) + partials_ns) / 1000.0;
-      if (time_us * model.reorder_gain <= e.time_us) {
-        e.time_us = time_us;
-        e.longest_first = true;
-        if (launch_order != nullptr) *launch_order = order;
-      }
+  std::vector<std::int32_t> order;  // longest first, when it differs from item order and is asked for
+  if (shape.order == LaunchOrder::longest_first || (shape.order == LaunchOrder::model && model.reorder_gain > 0.0)) {
+    order = longest_first_launch(shape, items);
+  }
+  auto time_in = [&](const std::vector<std::int32_t>& launch) {
+    if (launch.empty()) return (simulate_step_ns(model, cta_ns) + partials_ns) / 1000.0;
+    std::vector<double> reordered;
+    reordered.reserve(cta_ns.size());
+    for (std::int32_t i : launch) items[std::size_t(i)].append(reordered);
+    return (simulate_step_ns(model, reordered) + partials_ns) / 1000.0;
+  };
+  if (shape.order == LaunchOrder::longest_first) {  // the only order placed
+    e.time_us = e.item_order_us = time_in(order);
+    e.longest_first = !order.empty();
+    if (launch_order != nullptr) *launch_order = order;
+    return e;
+  }
+  e.time_us = e.item_order_us = time_in({});
+  if (!order.empty()) {
+    const double time_us = time_in(order);
+    if (time_us * model.reorder_gain <= e.time_us) {
+      e.time_us = time_us;
+      e.longest_first = true;
+      if (launch_order != nullptr) *launch_order = order;
     }
   }
   return e;
@@ -327,7 +357,7 @@ PlanShape plan_shape(const Plan& plan, bool in_launch_order) {
   }
   shape.partials = plan.num_partials;
   shape.max_fanin = plan.max_merge_fanin();
-  shape.reorder = false;
+  shape.order = LaunchOrder::items;
   return shape;
 }
 
@@ -346,9 +376,11 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model) {
   return e;
 }
 
-std::vector<std::int32_t> plan_launch_order(const Plan& plan, const CostModel& model) {
+std::vector<std::int32_t> plan_launch_order(const Plan& plan, const CostModel& model, LaunchOrder launch) {
+  if (launch == LaunchOrder::items) return {};
   PlanShape shape = plan_shape(plan, false);
-  shape.reorder = true;
+  shape.order = launch;
+  if (launch == LaunchOrder::longest_first) return longest_first_launch(shape, plan.heads, model);  // nothing to time
   std::vector<std::int32_t> order;
   estimate_with_order(shape, plan.heads, model, std::numeric_limits<double>::infinity(), &order);
   return order;

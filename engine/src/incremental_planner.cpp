@@ -33,7 +33,7 @@ struct IncrementalPlanner::State {
   std::optional<Visibility> vis;
   std::vector<std::int32_t> whole_begin, whole_queries;  // CSR: node -> queries that see the whole node
   std::optional<GreedyMemo> memo;
-  std::int32_t block = 0;  // the block size option the plan is made with
+  std::optional<PlanOptions> held;  // the options with the cost model's choices made
   struct Size {
     std::int64_t tokens = 0, queries = 0, nodes = 0;
   } chosen_at;  // the tree when the block size was chosen
@@ -90,7 +90,12 @@ IncrementalPlanner& IncrementalPlanner::operator=(IncrementalPlanner&&) noexcept
 
 const Plan& IncrementalPlanner::plan() const noexcept { return state_->plan; }
 const Tree& IncrementalPlanner::tree() const noexcept { return state_->tree; }
-std::int32_t IncrementalPlanner::block_tokens() const noexcept { return state_->block; }
+std::int32_t IncrementalPlanner::block_tokens() const noexcept {
+  return state_->held ? state_->held->block_tokens : state_->options.block_tokens;
+}
+const PlanOptions& IncrementalPlanner::held_options() const noexcept {
+  return state_->held ? *state_->held : state_->options;
+}
 const PlanOptions& IncrementalPlanner::options() const noexcept { return state_->options; }
 const PlanUpdate& IncrementalPlanner::last_update() const noexcept { return state_->last; }
 
@@ -133,6 +138,33 @@ void IncrementalPlanner::add_node_pages(std::int64_t id, std::int64_t parent, co
   check_new(id);
   state_->tree.add_node_pages(id, parent, pages, page_size, last_page_tokens);
   added(id);
+}
+
+void IncrementalPlanner::add_tree(const Tree& tree) {
+  const HeadConfig& a = state_->tree.heads;
+  const HeadConfig& b = tree.heads;
+  if (a.heads_q != b.heads_q || a.heads_kv != b.heads_kv || a.head_dim != b.head_dim ||
+      a.effective_scale() != b.effective_scale()) {
+    fail(ErrorCategory::InvalidArgument, "add_tree: the tree's heads {}/{}/{} are not the planner's {}/{}/{}", b.heads_q,
+         b.heads_kv, b.head_dim, a.heads_q, a.heads_kv, a.head_dim);
+  }
+  std::vector<std::int64_t> entries;
+  for (std::size_t i = 0; i < tree.node_count(); ++i) {
+    const TreeNode& n = tree.nodes()[i];
+    if (n.page_size > 0) {
+      entries.resize(std::size_t(n.pages));
+      for (std::int64_t p = 0; p < n.pages; ++p) entries[std::size_t(p)] = tree.page(i, p);
+      const std::int64_t last = n.pages == 0 ? 0 : n.length - (n.pages - 1) * n.page_size;
+      add_node_pages(n.id, n.parent, entries, n.page_size, std::int32_t(last));
+    } else if (n.listed) {
+      entries.resize(std::size_t(n.length));
+      for (std::int64_t t = 0; t < n.length; ++t) entries[std::size_t(t)] = tree.slot(i, t);
+      add_node(n.id, n.parent, entries);
+    } else {
+      add_node_range(n.id, n.parent, n.first, n.length);
+    }
+  }
+  set_queries(tree.queries());
 }
 
 void IncrementalPlanner::grew(std::int32_t index, std::int64_t count) {
@@ -286,17 +318,22 @@ const Plan& IncrementalPlanner::update() {
     if (s.memo) s.memo->appended(s.tree, *s.topo, *s.vis, s.grown);
   }
 
-  if (s.options.block_tokens == kAutoBlockTokens && (s.block == 0 || s.drifted())) {
-    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, s.options, s.pool.get(), nullptr, &s.block);
+  const bool chooses = s.options.block_tokens == kAutoBlockTokens || s.options.launch_order == LaunchOrder::model;
+  if (!s.held || (chooses && s.drifted())) {
+    std::int32_t block = 0;
+    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, s.options, s.pool.get(), nullptr, &block, nullptr);
+    s.held = s.options;
+    s.held->block_tokens = block;
+    if (s.options.launch_order == LaunchOrder::model) {
+      s.held->launch_order = s.plan.launch_order.empty() ? LaunchOrder::items : LaunchOrder::longest_first;
+    }
     s.chosen_at = {std::int64_t(s.vis->token_slot.size()), std::int64_t(s.tree.query_count()),
                    std::int64_t(s.tree.node_count())};
-    s.memo.reset();  // the next update prices greedy's edges at the new size
-    info.block_chosen = true;
+    s.memo.reset();  // the next update prices greedy's edges with the held options
+    info.chosen = true;
   } else {
-    PlanOptions fixed = s.options;
-    fixed.block_tokens = s.block = s.options.block_tokens == kAutoBlockTokens ? s.block : s.options.block_tokens;
-    if (fixed.strategy == Strategy::greedy && !s.memo) s.memo.emplace(*s.topo, *s.vis);
-    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, fixed, nullptr, s.memo ? &*s.memo : nullptr, nullptr);
+    if (s.held->strategy == Strategy::greedy && !s.memo) s.memo.emplace(*s.topo, *s.vis);
+    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, *s.held, nullptr, s.memo ? &*s.memo : nullptr, nullptr, &s.plan);
   }
 
   for (std::int32_t g : s.grown) s.grown_from[std::size_t(g)] = -1;

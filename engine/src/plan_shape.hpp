@@ -24,9 +24,10 @@ struct PlanShape {
   std::vector<ItemShape> items;  // in the plan's item order, or in its launch order when `reorder` is false
   std::int64_t partials = 0;
   std::int32_t max_fanin = 0;  // the most partials one query has
-  // The launch order is still to be chosen: the items are also placed longest
-  // pass first, and that order is kept where it wins by reorder_gain.
-  bool reorder = true;
+  // The launch order: `model` is still to be chosen (the items are placed in
+  // both orders, longest first kept where it wins by reorder_gain); `items`
+  // places them as listed; `longest_first` longest pass first.
+  LaunchOrder order = LaunchOrder::model;
 };
 
 // estimate_cost() of any plan with this shape: the same arithmetic, the same

@@ -65,9 +65,10 @@ class GreedyMemo {
 // plan() after analyze() and compute_visibility(): `vis` is the visibility
 // of `topo`. With `memo` (greedy at a fixed block size), greedy decides
 // through it. `chosen_block`, when given, receives the block size the plan
-// was made with (auto's choice, or options.block_tokens).
+// was made with (auto's choice, or options.block_tokens). `reuse`, when
+// given at a fixed block size, is a plan whose array memory the new one takes.
 Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options, ThreadPool* pool,
-                   GreedyMemo* memo, std::int32_t* chosen_block);
+                   GreedyMemo* memo, std::int32_t* chosen_block, Plan* reuse);
 
 // Throws InvalidArgument for options plan() refuses.
 void check_plan_options(const PlanOptions& options);

@@ -111,9 +111,22 @@ void plan_sequence(PlanBuilder& builder, const Visibility& vis, const Topology& 
 }
 
 // The plan's scalar fields: what it is planned for. `greedy` is greedy's
-// choice, null for the other strategies.
-Plan plan_header(const Tree& tree, const Visibility& vis, const PlanOptions& options, const GreedyChoice* greedy) {
+// choice, null for the other strategies. The arrays of `reuse`, when given,
+// are emptied and filled again: their memory serves the next plan.
+Plan plan_header(const Tree& tree, const Visibility& vis, const PlanOptions& options, const GreedyChoice* greedy,
+                 Plan* reuse = nullptr) {
   Plan result;
+  if (reuse != nullptr) {
+    result = std::move(*reuse);
+    for (auto* a : {&result.token_slot, &result.segment_token_begin, &result.segment_token_end, &result.segment_node,
+                    &result.block_segment_begin, &result.item_block, &result.item_query_begin, &result.item_mask_begin,
+                    &result.item_tile_rows, &result.tile_query, &result.tile_partial, &result.merge_begin,
+                    &result.merge_partial, &result.launch_order}) {
+      a->clear();
+    }
+    result.segment_mask.clear();
+    result.num_partials = 0;
+  }
   result.heads = tree.heads;
   result.heads.scale = tree.heads.effective_scale();
   result.num_queries = std::int32_t(tree.query_count());
@@ -142,8 +155,8 @@ void emit_strategy(PlanBuilder& builder, const Topology& topo, const Visibility&
 // A strategy's plan from an analysed tree and its visibility; `greedy` is
 // greedy's choice (and `topo` its order), null for the other strategies.
 Plan assemble(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-              const GreedyChoice* greedy) {
-  Plan result = plan_header(tree, vis, options, greedy);
+              const GreedyChoice* greedy, Plan* reuse = nullptr) {
+  Plan result = plan_header(tree, vis, options, greedy, reuse);
   result.token_slot = vis.token_slot;
   PlanBuilder builder(result, vis, options.cost);
   emit_strategy(builder, topo, vis, options.strategy, greedy);
@@ -153,7 +166,7 @@ Plan assemble(const Tree& tree, const Topology& topo, const Visibility& vis, con
       result.block_tokens = std::max(result.block_tokens, result.block_token_count(b));
     }
   }
-  result.launch_order = plan_launch_order(result, options.cost);
+  result.launch_order = plan_launch_order(result, options.cost, options.launch_order);
   return result;
 }
 
@@ -164,6 +177,7 @@ CostEstimate predict(const Tree& tree, const Topology& topo, const Visibility& v
                      const GreedyChoice* greedy, double to_beat_us = kNoBound) {
   Plan header = plan_header(tree, vis, options, greedy);
   PlanShape shape;
+  shape.order = options.launch_order;
   PlanBuilder builder(header, vis, options.cost, shape);
   emit_strategy(builder, topo, vis, options.strategy, greedy);
   return estimate_shape(shape, header.heads, options.cost, to_beat_us);
@@ -262,13 +276,15 @@ void consider_one_item_per_query(const Tree& tree, const Topology& topo, const V
 // Greedy's plan: the decision's layout, unless one item per query (last
 // candidate, whatever the block size) beats it.
 Plan build_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-                  GreedyDecision decision, VisibilityCache& reordered) {
+                  GreedyDecision decision, VisibilityCache& reordered, Plan* reuse = nullptr) {
   consider_one_item_per_query(tree, topo, vis, options, decision);
-  if (decision.own) return assemble(tree, decision.own->order, reordered.get(tree, decision.own->order), options, &*decision.own);
+  if (decision.own) {
+    return assemble(tree, decision.own->order, reordered.get(tree, decision.own->order), options, &*decision.own, reuse);
+  }
   PlanOptions layout = options;  // flatten's, or one item per query
   layout.strategy = decision.one_item_block > 0 ? Strategy::sequence : Strategy::flatten;
   if (decision.one_item_block > 0) layout.block_tokens = decision.one_item_block;
-  Plan plan = assemble(tree, topo, vis, layout, nullptr);
+  Plan plan = assemble(tree, topo, vis, layout, nullptr, reuse);
   plan.strategy = Strategy::greedy;
   return plan;
 }
@@ -342,7 +358,7 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibili
 Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
   check_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
-  return plan_analyzed(tree, topo, compute_visibility(tree, topo), options, pool, nullptr, nullptr);
+  return plan_analyzed(tree, topo, compute_visibility(tree, topo), options, pool, nullptr, nullptr, nullptr);
 }
 
 }  // namespace
@@ -381,7 +397,7 @@ void GreedyMemo::appended(const Tree& tree, const Topology& topo, const Visibili
 }
 
 Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options, ThreadPool* pool,
-                   GreedyMemo* memo, std::int32_t* chosen_block) {
+                   GreedyMemo* memo, std::int32_t* chosen_block, Plan* reuse) {
   if (options.block_tokens == kAutoBlockTokens) {
     return plan_auto_block_size(tree, topo, vis, options, pool, chosen_block);
   }
@@ -390,9 +406,9 @@ Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis
     std::optional<GreedyMemo> local;
     GreedyMemo& m = memo != nullptr ? *memo : local.emplace(topo, vis);
     GreedyDecision decision = decide_greedy(tree, topo, vis, options, m);
-    return build_greedy(tree, topo, vis, options, std::move(decision), m.reordered);
+    return build_greedy(tree, topo, vis, options, std::move(decision), m.reordered, reuse);
   }
-  return assemble(tree, topo, vis, options, nullptr);
+  return assemble(tree, topo, vis, options, nullptr, reuse);
 }
 
 void check_plan_options(const PlanOptions& options) { check_options(options); }

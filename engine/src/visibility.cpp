@@ -108,7 +108,6 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
   vis.node_position.assign(n, 0);
   vis.node_subtree_end.assign(n, 0);
   vis.node_own_end.assign(n, 0);
-  vis.node_token_begin.assign(n, 0);
   vis.node_visible = visible;
   vis.pieces.reserve(n + nq);
   vis.token_slot.resize(std::size_t(total_visible));
@@ -130,7 +129,6 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
     vis.node_position[i] = first_position;
     vis.node_own_end[i] = position;
     vis.node_subtree_end[i] = subtree_end;
-    vis.node_token_begin[i] = offset;
     vis.node_piece_begin[i] = std::int32_t(vis.pieces.size());
     append_pieces(topo, vis, v, offset, vis.pieces);
     vis.node_piece_end[i] = std::int32_t(vis.pieces.size());
@@ -145,6 +143,7 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
 bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, const std::vector<std::int32_t>& grown) {
   struct Change {
     std::int32_t node, old_visible, new_visible;
+    std::int32_t begin;  // its first token in the flattened order, as it was
     std::size_t pieces;  // its recomputed pieces start here in `fresh`
   };
   std::vector<Change> changes;
@@ -163,66 +162,63 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
                                      : own_end > first                  ? upto(own_end - 1)
                                                                         : 0;
     if (new_visible == old_visible) continue;
+    if (old_visible == 0) return false;  // a node coming into sight gets its first pieces
+    const std::int32_t begin = vis.pieces[std::size_t(vis.node_piece_begin[i])].token_begin;
     const std::size_t at = fresh.size();
     vis.node_visible[i] = new_visible;  // append_pieces reads it; put back below
-    append_pieces(topo, vis, v, vis.node_token_begin[i], fresh);
+    append_pieces(topo, vis, v, begin, fresh);
     vis.node_visible[i] = old_visible;
-    if (old_visible == 0 || std::int32_t(fresh.size() - at) != vis.node_piece_end[i] - vis.node_piece_begin[i]) return false;
-    changes.push_back(Change{v, old_visible, new_visible, at});
+    if (std::int32_t(fresh.size() - at) != vis.node_piece_end[i] - vis.node_piece_begin[i]) return false;
+    changes.push_back(Change{v, old_visible, new_visible, begin, at});
     total += new_visible - old_visible;
   }
   if (changes.empty()) return true;
   check_total(total);
   // In flattened order (visible nodes have distinct first tokens).
-  std::sort(changes.begin(), changes.end(), [&](const Change& a, const Change& b) {
-    return vis.node_token_begin[std::size_t(a.node)] < vis.node_token_begin[std::size_t(b.node)];
-  });
+  std::sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) { return a.begin < b.begin; });
 
-  // Token slots: the unchanged stretches copied, the appended tokens written.
-  std::vector<std::int32_t> slots(static_cast<std::size_t>(total));
-  std::int32_t copied = 0, shift = 0;
+  // Token slots, in place from the back: each stretch between grown nodes
+  // moves right by the tokens appended before its end, and the appended
+  // tokens are written behind their node's (no allocation once capacity suffices).
+  const std::size_t old_total = vis.token_slot.size();
+  vis.token_slot.resize(std::size_t(total));
+  std::int32_t* slots = vis.token_slot.data();
+  std::int64_t shift = total - std::int64_t(old_total), end = std::int64_t(old_total);
+  for (auto c = changes.rbegin(); c != changes.rend(); ++c) {
+    const std::int64_t old_end = c->begin + c->old_visible;
+    std::copy_backward(slots + old_end, slots + end, slots + end + shift);
+    shift -= c->new_visible - c->old_visible;
+    // The node's slots now start at begin + shift; its new tokens follow its old ones.
+    std::int32_t* node_slots = slots + c->begin + shift;
+    std::copy_backward(slots + c->begin, slots + old_end, node_slots + c->old_visible);
+    vis.max_slot = std::max(vis.max_slot, write_slots(tree, std::size_t(c->node), c->old_visible, c->new_visible, node_slots));
+    end = c->begin;
+  }
+
+  // Pieces: between grown nodes shifted by the tokens appended before them,
+  // a grown node's own recomputed.
+  std::int32_t by = 0;
+  std::size_t next = 0;
+  auto shift_to = [&](std::size_t stop) {
+    for (; next < stop; ++next) {
+      vis.pieces[next].token_begin += by;
+      vis.pieces[next].token_end += by;
+    }
+  };
   for (const Change& c : changes) {
     const std::size_t i = std::size_t(c.node);
-    const std::int32_t old_end = vis.node_token_begin[i] + c.old_visible;
-    std::copy(vis.token_slot.begin() + copied, vis.token_slot.begin() + old_end, slots.begin() + copied + shift);
-    std::int32_t* node_slots = slots.data() + vis.node_token_begin[i] + shift;
-    vis.max_slot = std::max(vis.max_slot, write_slots(tree, i, c.old_visible, c.new_visible, node_slots));
-    copied = old_end;
-    shift += c.new_visible - c.old_visible;
+    shift_to(std::size_t(vis.node_piece_begin[i]));
+    for (std::int32_t p = vis.node_piece_begin[i]; p < vis.node_piece_end[i]; ++p) {
+      Piece piece = fresh[c.pieces + std::size_t(p - vis.node_piece_begin[i])];
+      piece.token_begin += by;
+      piece.token_end += by;
+      vis.pieces[std::size_t(p)] = piece;
+    }
+    next = std::size_t(vis.node_piece_end[i]);
+    by += c.new_visible - c.old_visible;
+    vis.node_visible[i] = c.new_visible;
   }
-  std::copy(vis.token_slot.begin() + copied, vis.token_slot.end(), slots.begin() + copied + shift);
-  vis.token_slot = std::move(slots);
-
-  // Pieces: the grown nodes' recomputed, then every piece and node shifted by
-  // the tokens appended before it (comparing first tokens as they were).
-  for (std::size_t c = 0; c < changes.size(); ++c) {
-    const std::size_t i = std::size_t(changes[c].node);
-    std::copy_n(fresh.begin() + std::ptrdiff_t(changes[c].pieces), vis.node_piece_end[i] - vis.node_piece_begin[i],
-                vis.pieces.begin() + vis.node_piece_begin[i]);
-  }
-  std::vector<std::int32_t> change_begin(changes.size());
-  for (std::size_t c = 0; c < changes.size(); ++c) change_begin[c] = vis.node_token_begin[std::size_t(changes[c].node)];
-  auto shifter = [&] {
-    return [&, next = std::size_t(0), by = std::int32_t(0)](std::int32_t old_begin) mutable {
-      while (next < changes.size() && change_begin[next] < old_begin) {
-        by += changes[next].new_visible - changes[next].old_visible;
-        ++next;
-      }
-      return by;
-    };
-  };
-  auto piece_shift = shifter();
-  for (Piece& piece : vis.pieces) {
-    const std::int32_t by = piece_shift(vis.node_token_begin[std::size_t(piece.node)]);
-    piece.token_begin += by;
-    piece.token_end += by;
-  }
-  for (const Change& c : changes) vis.node_visible[std::size_t(c.node)] = c.new_visible;
-  auto node_shift = shifter();
-  for (std::int32_t v : topo.preorder) {
-    const std::size_t i = std::size_t(v);
-    vis.node_token_begin[i] += node_shift(vis.node_token_begin[i]);
-  }
+  shift_to(vis.pieces.size());
   return true;
 }
 

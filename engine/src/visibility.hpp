@@ -36,13 +36,12 @@ struct Visibility {
   std::vector<std::int32_t> token_slot;      // [visible tokens] KV-pool row
   std::int64_t max_slot = -1;
   // Per node: its first query position (its own queries, then its subtree's,
-  // up to node_subtree_end), its visible tokens and where they start in the
-  // flattened order. What update_visibility() needs to redo one node.
+  // up to node_subtree_end), where its own queries end, its visible tokens.
+  // What update_visibility() needs to redo one node.
   std::vector<std::int32_t> node_position;
   std::vector<std::int32_t> node_subtree_end;
   std::vector<std::int32_t> node_own_end;
   std::vector<std::int32_t> node_visible;
-  std::vector<std::int32_t> node_token_begin;
 };
 
 Visibility compute_visibility(const Tree& tree, const Topology& topo);

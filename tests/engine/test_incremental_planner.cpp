@@ -1,7 +1,7 @@
 // The IncrementalPlanner: at every step of whole decode replays (few-shot,
 // speculative with accepted tokens, tree-of-thought with forks and pruning)
 // its plan is bitwise the from-scratch plan of the same tree at its block
-// size, for flatten and greedy; random appends on random forests agree and
+// size and launch order, for flatten and greedy; random appends on random forests agree and
 // cover exactly; bad changes are refused naming the node or token, and
 // nothing pending is lost.
 
@@ -36,8 +36,8 @@ struct ReplayCounts {
 
 // Replays `scenario` to its end, syncing a SequenceTree into an
 // IncrementalPlanner each step; every plan must equal the from-scratch plan
-// of the same tree with the planner's block size (and, where it chose the
-// block size, the auto plan itself).
+// of the same tree with the planner's held options (and, where it made the
+// cost model's choices, the plan of the options as given).
 ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, std::int64_t max_steps = 0) {
   PagedKvCache cache(16, 0);
   SequenceTree live(cache);
@@ -50,14 +50,12 @@ ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, 
     live.sync(planner, queries);
     const Plan& updated = planner.update();
     const Tree tree = live.to_tree(kHeads, queries);
-    PlanOptions fixed = options;
-    fixed.block_tokens = planner.block_tokens();
-    const std::string difference = test::plan_difference(updated, plan(tree, fixed));
+    const std::string difference = test::plan_difference(updated, plan(tree, planner.held_options()));
     if (!difference.empty()) {
       FAIL_CHECK(scenario.name(), " step ", step, ": ", difference);
       return counts;
     }
-    if (planner.last_update().block_chosen) {
+    if (planner.last_update().chosen) {
       ++counts.chosen;
       CHECK(test::plan_difference(updated, plan(tree, options)) == "");
     }
@@ -80,10 +78,8 @@ TEST_CASE("few-shot replays: every step is bitwise the from-scratch plan, by app
       const ReplayCounts c = replay_and_compare(*scenario, PlanOptions{s, block});
       CHECK(c.steps == 60);
       CHECK(c.appends_only == 59);  // the first step builds the tree; every later one appends a token per branch
-      if (block == kAutoBlockTokens) {
-        CHECK(c.chosen >= 1);
-        CHECK(c.chosen < 10);  // chosen again only past the drift
-      }
+      CHECK(c.chosen >= 1);
+      CHECK(c.chosen < 10);  // made again only past the drift
     }
   }
 }
@@ -132,14 +128,8 @@ TEST_CASE("random appends to listed, ranged and partly seen nodes agree with fro
       CAPTURE(seed);
       CAPTURE(to_string(s));
       IncrementalPlanner planner(start.heads, PlanOptions{s, 48});
-      for (std::size_t i = 0; i < start.node_count(); ++i) {
-        const TreeNode& n = start.nodes()[i];
-        std::vector<std::int64_t> slots;
-        for (std::int64_t t = 0; t < n.length; ++t) slots.push_back(start.slot(i, t));
-        planner.add_node(n.id, n.parent, slots);
-      }
-      planner.set_queries(start.queries());
-      planner.update();
+      planner.add_tree(start);  // its nodes listed and ranged
+      REQUIRE(test::plan_difference(planner.update(), plan(start, PlanOptions{s, 48})) == "");
       std::mt19937_64 rng(seed);
       for (int step = 0; step < 25; ++step) {
         // A few nodes grow by 1 to 3 tokens, as slot lists or ranges.

@@ -207,8 +207,15 @@ CostEstimate estimate_cost(const Plan& plan, const CostModel& model);
 // pass of each item.
 std::vector<std::int32_t> longest_first_order(const std::vector<std::int32_t>& item_block,
                                               const std::vector<double>& item_pass_ns);
-// The plan's launch order as the planner sets it: longest_first_order() of its
-// items where estimate_shape() predicts it reorder_gain times faster, else empty.
-std::vector<std::int32_t> plan_launch_order(const Plan& plan, const CostModel& model);
+
+// How a plan orders its items' launch (PlanOptions::launch_order).
+enum class LaunchOrder {
+  model,          // longest first where the cost model predicts it reorder_gain times faster, else item order
+  items,          // item order
+  longest_first,  // longest_first_order() always
+};
+// The plan's launch order as the planner sets it: empty for item order.
+std::vector<std::int32_t> plan_launch_order(const Plan& plan, const CostModel& model,
+                                            LaunchOrder order = LaunchOrder::model);
 
 }  // namespace treeattn

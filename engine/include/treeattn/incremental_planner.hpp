@@ -13,11 +13,12 @@
 //   * nodes added or removed, or other queries: the topology is rebuilt,
 //     the slots of the nodes added are checked, no other node's again.
 //
-// The plan is bitwise plan(tree(), options) with options.block_tokens set to
-// block_tokens(). With kAutoBlockTokens the cost model's choice of block
-// size is kept while the tree stays near the size it was chosen for
-// (IncrementalOptions::redecide_drift), and chosen again, with a
-// from-scratch plan, past it: those updates are bitwise plan(tree(), options).
+// The cost model's per-plan choices, the block size (kAutoBlockTokens) and
+// the launch order (LaunchOrder::model), are made by a from-scratch plan at
+// the first update and kept while the tree stays near the size they were made
+// for (IncrementalOptions::redecide_drift); the first update past it makes
+// them again. The plan is bitwise plan(tree(), held_options()): the options
+// with those choices filled in.
 //
 //   treeattn::IncrementalPlanner planner(heads, options);
 //   planner.add_node_range(0, treeattn::kNoParent, 0, 4000);  // step 1: the whole tree
@@ -43,10 +44,10 @@
 namespace treeattn {
 
 struct IncrementalOptions {
-  // With block_tokens = kAutoBlockTokens: the block size stays while the
-  // tree's visible tokens, queries and nodes each differ by at most this
-  // fraction from their counts when it was chosen; the first update past it
-  // chooses again. 0: choose at every update (a from-scratch plan each time).
+  // The cost model's choices (block size, launch order) stay while the tree's
+  // visible tokens, queries and nodes each differ by at most this fraction
+  // from their counts when they were made; the first update past it makes
+  // them again. 0: at every update (a from-scratch plan each time).
   double redecide_drift = 0.25;
   // Threads for choosing a block size (Planner's meaning: 0 one per hardware
   // thread); updates between choices run on the calling thread.
@@ -56,7 +57,7 @@ struct IncrementalOptions {
 // What the last update() did.
 struct PlanUpdate {
   bool reanalysed = false;       // nodes were added or removed, or the queries changed
-  bool block_chosen = false;     // the cost model chose the block size (a from-scratch plan)
+  bool chosen = false;           // the cost model's choices were made (a from-scratch plan)
   std::int64_t grown_nodes = 0;  // nodes with appended tokens
   std::int64_t appended_tokens = 0;
 };
@@ -70,6 +71,9 @@ class IncrementalPlanner {
   IncrementalPlanner(IncrementalPlanner&&) noexcept;
   IncrementalPlanner& operator=(IncrementalPlanner&&) noexcept;
 
+  // Every node of `tree`, after those there are, and its queries (a first
+  // step taken from a whole Tree). Its heads must be the planner's.
+  void add_tree(const Tree& tree);
   // New nodes, as Tree's (an id in use is refused).
   void add_node(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& slots);
   void add_node_range(std::int64_t id, std::int64_t parent, std::int64_t first_slot, std::int64_t count);
@@ -94,7 +98,10 @@ class IncrementalPlanner {
   const Tree& tree() const noexcept;
   // The block size the plan was made with (auto's choice, or the option's).
   std::int32_t block_tokens() const noexcept;
+  // The options as given, and with the cost model's choices filled in (what
+  // the plan is bitwise plan() of).
   const PlanOptions& options() const noexcept;
+  const PlanOptions& held_options() const noexcept;
   const PlanUpdate& last_update() const noexcept;
 
  private:

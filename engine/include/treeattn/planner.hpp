@@ -31,6 +31,9 @@ struct PlanOptions {
   // The device's cost model: picks every item's tile rows, and the `greedy`
   // strategy's groups and splits.
   CostModel cost = cost_model_for("h100");
+  // The items' launch order (no result depends on it); the cost model
+  // predicts every candidate plan in this order.
+  LaunchOrder launch_order = LaunchOrder::model;
 };
 
 Plan plan(const Tree& tree, const PlanOptions& options = {});

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -89,6 +90,20 @@ void CudaBackend::run(const Plan& plan, const AttentionArgs& a) {
     TREEATTN_CUDA_CHECK(cudaMemcpyAsync(a.lse.data, lse_.data(), a.lse.bytes(), cudaMemcpyDeviceToHost, stream_));
   }
   TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<double> CudaBackend::time_uploads(const Plan& plan, int repeats) {
+  DeviceScope scope(context_.device());
+  Workspace workspace(context_);
+  workspace.upload(plan, stream_);  // sized once, as a decode loop's workspace is
+  std::vector<double> us;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    workspace.upload(plan, stream_);
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return us;
 }
 
 std::vector<double> CudaBackend::time_layers(const Plan& plan, const AttentionArgs& a, int layers, int repeats) {

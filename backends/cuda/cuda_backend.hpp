@@ -21,6 +21,7 @@ class CudaBackend final : public Backend {
   const char* name() const noexcept override { return "cuda"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
+  std::vector<double> time_uploads(const Plan& plan, int repeats) override;
   double peak_gbps() override { return context_.info().peak_gbps; }
   CostModel cost_model() const override { return context_.cost_model(); }
 

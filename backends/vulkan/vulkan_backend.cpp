@@ -168,6 +168,21 @@ void VulkanBackend::run(const Plan& plan, const AttentionArgs& a) {
   if (a.lse.data) std::memcpy(a.lse.data, host + align16(a.o.bytes()), a.lse.bytes());
 }
 
+std::vector<double> VulkanBackend::time_uploads(const Plan& plan, int repeats) {
+  CommandSequence sequence(*context_.state().device);
+  Workspace& ws = workspace(DType::f16);
+  std::vector<double> us;
+  for (int r = 0; r < repeats; ++r) {
+    sequence.begin();
+    const auto t0 = std::chrono::steady_clock::now();
+    ws.upload(plan, sequence.handle());
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    sequence.end();
+    sequence.submit_and_wait();
+  }
+  return us;
+}
+
 std::vector<double> VulkanBackend::time_layers(const Plan& plan, const AttentionArgs& a, int layers, int repeats) {
   const Device& dev = *context_.state().device;
   if (!dev.caps().timestamps) {

@@ -25,6 +25,7 @@ class VulkanBackend final : public Backend {
   const char* name() const noexcept override { return "vulkan"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
+  std::vector<double> time_uploads(const Plan& plan, int repeats) override;
   // peak_gbps() stays unknown (0): Vulkan does not report the memory clock.
   CostModel cost_model() const override { return context_.cost_model(); }
 

@@ -23,6 +23,8 @@ BackendKind parse_backend(const std::string& name) {
   fail(ErrorCategory::InvalidArgument, "unknown backend '{}' (choose auto, cpu, vulkan or cuda)", name);
 }
 
+std::vector<double> Backend::time_uploads(const Plan&, int) { return {}; }
+
 std::vector<double> Backend::time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) {
   std::vector<double> us;
   for (int r = 0; r < repeats; ++r) {

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -55,6 +57,51 @@ Timing time_it(int repeat, F&& body) {
   std::sort(us.begin(), us.end());
   return {us.front(), us[us.size() / 2]};
 }
+
+// The decode step `plan_update_median_us` times on a static workload tree:
+// every query's node grows by one token (in a fresh slot, or a fresh page
+// when its last page is full), handed to an IncrementalPlanner.
+class GrowQueryNodes {
+ public:
+  explicit GrowQueryNodes(const Tree& tree) {
+    std::map<std::int64_t, std::size_t> index;
+    for (std::size_t i = 0; i < tree.node_count(); ++i) index[tree.nodes()[i].id] = i;
+    std::set<std::int64_t> seen;
+    for (const TreeQuery& q : tree.queries()) {
+      if (!seen.insert(q.node).second) continue;
+      const TreeNode& n = tree.nodes()[index.at(q.node)];
+      nodes_.push_back(Grown{n.id, n.page_size, n.length});
+    }
+    const std::int64_t slots = std::max<std::int64_t>(total_tokens(tree), treeattn::plan(tree).min_kv_slots);
+    for (std::size_t i = 0; i < tree.node_count(); ++i) {  // past every slot and page in use
+      const TreeNode& n = tree.nodes()[i];
+      for (std::int64_t p = 0; n.page_size > 0 && p < n.pages; ++p) next_page_ = std::max(next_page_, tree.page(i, p) + 1);
+      for (std::int64_t t = 0; n.page_size == 0 && t < n.length; ++t) next_slot_ = std::max(next_slot_, tree.slot(i, t) + 1);
+    }
+    next_slot_ = std::max(next_slot_, slots);
+  }
+
+  void operator()(IncrementalPlanner& planner) {
+    for (Grown& n : nodes_) {
+      if (n.page_size > 0) {
+        planner.append_pages(n.id, 1, n.length % n.page_size == 0 ? std::vector<std::int64_t>{next_page_++}
+                                                                  : std::vector<std::int64_t>{});
+      } else {
+        planner.append_range(n.id, next_slot_++, 1);
+      }
+      ++n.length;
+    }
+  }
+
+ private:
+  struct Grown {
+    std::int64_t id;
+    std::int32_t page_size;
+    std::int64_t length;
+  };
+  std::vector<Grown> nodes_;
+  std::int64_t next_slot_ = 0, next_page_ = 0;
+};
 
 void run_bench(const BenchOptions& o) {
   struct Timed {
@@ -111,8 +158,9 @@ void run_bench(const BenchOptions& o) {
   for (const Timed* timed : planners) {
     for (const std::string& assignments : o.costs) (void)cost_model(timed, assignments);
   }
-  fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>10} {:>9} {:>7}\n", "workload",
-             "model", "strategy", "block", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "run_us", "GB/s", "roof");
+  fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>10} {:>9} {:>7}\n", "workload",
+             "model", "strategy", "block", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "update_us",
+             "upload_us", "run_us", "GB/s", "roof");
   const std::size_t total =
       trees.size() * o.strategies.size() * o.block_tokens.size() * o.costs.size() * planners.size();
   std::size_t done = 0;
@@ -141,6 +189,18 @@ void run_bench(const BenchOptions& o) {
       options.cost = cost;
       Plan plan;
       const Timing plan_time = time_it(o.repeat, [&] { plan = planner.plan(tree, options); });
+      // The same tree kept by an IncrementalPlanner, then one decode step
+      // per repetition; its block size may be chosen again past the drift.
+      IncrementalOptions incremental;
+      incremental.threads = o.plan_threads;
+      IncrementalPlanner updater(h, options, incremental);
+      updater.add_tree(tree);
+      updater.update();
+      GrowQueryNodes grow(tree);
+      const Timing update_time = time_it(o.repeat, [&] {
+        grow(updater);
+        updater.update();
+      });
       const PlanStats st = compute_stats(plan);
       const CostEstimate est = estimate_cost(plan, cost);
       const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
@@ -161,24 +221,34 @@ void run_bench(const BenchOptions& o) {
                             {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
                             {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},
                             {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us},
+                            {"plan_update_min_us", update_time.min_us}, {"plan_update_median_us", update_time.median_us},
+                            {"plan_update_block_tokens", updater.block_tokens()},
                             {"plan_threads", planner.threads()}};
       // The block size the plan runs, and that auto chose it; greedy's is its longest block.
       const std::string block_cell = options.block_tokens == kAutoBlockTokens
                                          ? fmt::format("auto:{}", plan.block_tokens)
                                          : std::to_string(plan.block_tokens);
-      auto print_row = [&](const std::string& run_cell, const std::string& gbps_cell, const std::string& roof_cell) {
-        fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>10} {:>9} {:>7}\n",
+      auto print_row = [&](const std::string& upload_cell, const std::string& run_cell, const std::string& gbps_cell,
+                           const std::string& roof_cell) {
+        fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>9.1f} {:>9} {:>10} {:>9} {:>7}\n",
                    trees[w].name, jobs[w].model.name, strategy, block_cell, backend_name, tree.query_count(), st.tokens,
-                   double(unique) / 1e6, double(sequence) / double(unique), plan_time.median_us, run_cell, gbps_cell,
-                   roof_cell);
+                   double(unique) / 1e6, double(sequence) / double(unique), plan_time.median_us, update_time.median_us,
+                   upload_cell, run_cell, gbps_cell, roof_cell);
         std::fflush(stdout);
       };
       if (timed == nullptr) {
-        print_row("-", "-", "-");
+        print_row("-", "-", "-", "-");
         rows.push_back(row);
         continue;
       }
       Backend& backend = *timed->backend;
+      std::string upload_cell = "-";
+      std::vector<double> uploads = backend.time_uploads(plan, o.repeat);
+      if (!uploads.empty()) {
+        std::sort(uploads.begin(), uploads.end());
+        row["upload_median_us"] = uploads[uploads.size() / 2];
+        upload_cell = fmt::format("{:.1f}", uploads[uploads.size() / 2]);
+      }
       std::vector<double> us =
           backend.time_layers(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}}, o.layers, o.run_repeat);
       std::sort(us.begin(), us.end());
@@ -198,7 +268,7 @@ void run_bench(const BenchOptions& o) {
         row["roofline_fraction"] = gbps / timed->peak_gbps;
         roof_cell = fmt::format("{:.1f}%", 100.0 * gbps / timed->peak_gbps);
       }
-      print_row(fmt::format("{:.0f}", per_layer), fmt::format("{:.2f}", gbps), roof_cell);
+      print_row(upload_cell, fmt::format("{:.0f}", per_layer), fmt::format("{:.2f}", gbps), roof_cell);
       rows.push_back(std::move(row));
     }
   }

@@ -1,12 +1,15 @@
 // treeattn demo: replays a tree-decoding run step by step. A branch controller
 // (the workload's Scenario) grows, forks and prunes a sequence tree whose KV
-// lives in a paged cache; every step plans the live tree once and runs
-// attention for every layer of the model through the engine, on synthetic
-// Q/K/V. Ends with a summary; can draw the plan at one step and dump one step's
-// inputs and outputs for `treeattn run`.
+// lives in a paged cache; every step hands the tree's changes to an
+// IncrementalPlanner and runs attention for every layer of the model on
+// synthetic Q/K/V (on CUDA through the device path, the next step planned
+// while the GPU runs this one). Reports per step the planning, upload and
+// attention times; can draw the plan at one step and dump one step's inputs
+// and outputs for `treeattn run`.
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -16,6 +19,7 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
+#include "demo_runner.hpp"
 #include "plan_svg.hpp"
 #include "treeattn/tools.hpp"
 #include "treeattn/treeattn.hpp"
@@ -75,6 +79,23 @@ class ProgressBar {
   std::chrono::steady_clock::time_point shown_{};
 };
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One decode step's host and device times (microseconds).
+struct StepRecord {
+  std::int64_t nodes = 0, queries = 0, tokens = 0;
+  double plan_update_us = 0.0;  // the IncrementalPlanner's update (the plan the step runs)
+  double plan_us = 0.0;         // a from-scratch plan of the same tree, for comparison
+  double upload_us = 0.0;       // the plan's upload, on the host
+  double host_us = 0.0;         // the step's host part: controller, KV rows, planning, upload, queueing
+  double attention_us = 0.0;    // every layer's attention (GPU time on the device path)
+  bool reanalysed = false, chosen = false;
+};
+
 void run_demo(const DemoOptions& o) {
   const ModelShape& model = find_model(o.model);
   const HeadConfig& heads = model.heads;
@@ -88,14 +109,17 @@ void run_demo(const DemoOptions& o) {
   }
   if (o.dump_step > 0 && o.dump_dir.empty()) throw Error(ErrorCategory::InvalidArgument, "--dump-step needs --dump-dir");
 
-  // A dry run of the controller sizes the KV cache: the pool holds the peak.
-  std::int64_t peak_pages = 0;
+  // A dry run of the controller sizes the KV cache (the pool holds the peak) and Q.
+  std::int64_t peak_pages = 0, peak_queries = 1;
   {
     NamedScenario dry = std::move(make_scenarios(o.kind, o.workloads).front());
     PagedKvCache counter(o.page_size, 0);
     SequenceTree tree(counter);
     std::vector<TreeQuery> queries;
-    for (std::int64_t s = 0; s < steps; ++s) dry.scenario->advance(tree, queries);
+    for (std::int64_t s = 0; s < steps; ++s) {
+      dry.scenario->advance(tree, queries);
+      peak_queries = std::max(peak_queries, std::int64_t(queries.size()));
+    }
     peak_pages = counter.peak_pages_in_use();
   }
   PagedKvCache cache(o.page_size, peak_pages);
@@ -105,27 +129,43 @@ void run_demo(const DemoOptions& o) {
   BackendOptions backend_options = o.backend_flags.options;
   backend_options.verbose = o.verbose;
   std::unique_ptr<Backend> backend = make_backend(parse_backend(o.backend), backend_options);
-  fmt::print(stderr, "demo: {} on {} ({} layers, heads {}/{}/{}), backend {}, strategy {}, KV cache {} pages of {} tokens\n",
+  std::unique_ptr<StepRunner> runner = make_step_runner(*backend, backend_options, heads, k, v, peak_queries);
+  fmt::print(stderr, "demo: {} on {} ({} layers, heads {}/{}/{}), backend {} ({}), strategy {}, KV cache {} pages of {} tokens\n",
              named.name, model.name, layers, heads.heads_q, heads.heads_kv, heads.head_dim, backend->name(),
-             o.plan.strategy, peak_pages, o.page_size);
+             runner->name(), o.plan.strategy, peak_pages, o.page_size);
 
   std::map<std::int64_t, std::int64_t> written;  // node -> tokens whose K/V rows are filled
   std::vector<TreeQuery> queries;
   const PlanOptions options = o.plan.options(cache.slots(), backend->cost_model());
-  Planner planner(o.plan.plan_threads);  // one for the whole replay, as a serving loop keeps one
+  // The plan each step runs comes from an IncrementalPlanner fed the tree's
+  // changes; a from-scratch Planner plans the same tree beside it, timed for comparison.
+  IncrementalOptions incremental_options;
+  incremental_options.threads = o.plan.plan_threads;
+  IncrementalPlanner incremental(heads, options, incremental_options);
+  Planner planner(o.plan.plan_threads);
   ProgressBar progress(steps);
-  std::int64_t generated = 0, unique_bytes = 0, sequence_bytes = 0, max_nodes = 0, max_queries = 0;
-  double plan_us = 0.0, run_us = 0.0;
+  std::vector<StepRecord> records;
+  std::size_t timed = 0;  // records whose attention time is in
+  std::int64_t generated = 0, unique_bytes = 0, sequence_bytes = 0;
+  std::vector<std::int64_t> new_slots;
+  auto collect = [&](bool wait) {
+    for (double us : runner->finished(wait)) records[timed++].attention_us = us;
+  };
   for (std::int64_t step = 1; step <= steps; ++step) {
+    const auto step_start = std::chrono::steady_clock::now();
     generated += scenario.advance(live, queries);
-    const Tree tree = live.to_tree(heads, queries);
+    live.sync(incremental, queries);
+    const Tree& tree = incremental.tree();
 
     // New tokens get their K/V rows; pruned nodes simply stop being referenced.
     std::map<std::int64_t, std::int64_t> now;
+    new_slots.clear();
     for (const TreeNode& node : tree.nodes()) {
       const std::int64_t from = written.count(node.id) ? written[node.id] : 0;
       for (std::int64_t t = from; t < node.length; ++t) {
-        const std::size_t row = std::size_t(live.slot(node.id, t)) * std::size_t(heads.heads_kv * heads.head_dim);
+        const std::int64_t slot = live.slot(node.id, t);
+        new_slots.push_back(slot);
+        const std::size_t row = std::size_t(slot) * std::size_t(heads.heads_kv * heads.head_dim);
         for (std::size_t e = 0; e < std::size_t(heads.heads_kv * heads.head_dim); ++e) {
           store_from_float(k.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(node.id), std::uint64_t(t), e, 1));
           store_from_float(v.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(node.id), std::uint64_t(t), e, 2));
@@ -134,25 +174,31 @@ void run_demo(const DemoOptions& o) {
       now[node.id] = node.length;
     }
     written = std::move(now);
+    runner->kv_written(new_slots);
 
+    StepRecord record;
     const auto t0 = std::chrono::steady_clock::now();
-    const Plan plan = planner.plan(tree, options);
+    const Plan& plan = incremental.update();
     const auto t1 = std::chrono::steady_clock::now();
+    record.plan_update_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    record.reanalysed = incremental.last_update().reanalysed;
+    record.chosen = incremental.last_update().chosen;
     const std::int64_t nq = plan.num_queries;
-    HostArray q = random_array(DType::f16, {nq, heads.heads_q, heads.head_dim}, std::uint64_t(step));
-    HostArray out(DType::f32, {nq, heads.heads_q, heads.head_dim}), lse(DType::f32, {nq, heads.heads_q});
-    for (int layer = 0; layer < layers; ++layer) {
-      backend->run(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), lse.view()});
-    }
-    const auto t2 = std::chrono::steady_clock::now();
-    plan_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
-    run_us += std::chrono::duration<double, std::micro>(t2 - t1).count();
+    const HostArray q = random_array(DType::f16, {nq, heads.heads_q, heads.head_dim}, std::uint64_t(step));
+    record.upload_us = runner->run(plan, q, layers);
+    record.host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start).count();
+    records.push_back(record);
 
+    // Beside the step (the GPU may still be running it): the from-scratch plan, statistics, files.
+    const auto s0 = std::chrono::steady_clock::now();
+    const Plan scratch = planner.plan(tree, options);
+    records.back().plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s0).count();
     const PlanStats st = compute_stats(plan);
     unique_bytes += st.kv_bytes(st.tokens, 2) * layers;
     sequence_bytes += st.kv_bytes(st.sequence_read_tokens, 2) * layers;
-    max_nodes = std::max<std::int64_t>(max_nodes, std::int64_t(tree.node_count()));
-    max_queries = std::max(max_queries, nq);
+    records.back().nodes = std::int64_t(tree.node_count());
+    records.back().queries = nq;
+    records.back().tokens = live.tokens();
 
     if (step == svg_step && !o.svg.empty()) {
       PendingOutputs outputs;
@@ -160,37 +206,96 @@ void run_demo(const DemoOptions& o) {
       outputs.commit();
     }
     if (step == o.dump_step) {
+      HostArray out, lse;
+      runner->outputs(out, lse);
       PendingOutputs outputs;
       outputs.write_text(o.dump_dir + "/tree.json", tree_to_json(tree));
-      outputs.write_npy(o.dump_dir + "/q.npy", q.view());
+      outputs.write_npy(o.dump_dir + "/q.npy", const_cast<HostArray&>(q).view());
       outputs.write_npy(o.dump_dir + "/k.npy", k.view());
       outputs.write_npy(o.dump_dir + "/v.npy", v.view());
       outputs.write_npy(o.dump_dir + "/o.npy", out.view());
       outputs.write_npy(o.dump_dir + "/lse.npy", lse.view());
       outputs.commit();
     }
-    progress.update(step, fmt::format("{} nodes, {} queries, {} tokens, {:.1f} ms/step", tree.node_count(), nq,
-                                      live.tokens(), (plan_us + run_us) / 1e3 / double(step)));
+    collect(false);
+    progress.update(step, fmt::format("{} nodes, {} queries, {} tokens, plan update {:.0f} us", tree.node_count(), nq,
+                                      live.tokens(), record.plan_update_us));
   }
+  collect(true);
 
-  const double per_step_ms = (plan_us + run_us) / 1e3 / double(steps);
-  fmt::print("demo: {} on {}, backend {}, strategy {}\n", named.name, model.name, backend->name(), o.plan.strategy);
+  auto column = [&](double StepRecord::*field) {
+    std::vector<double> values;
+    for (const StepRecord& r : records) values.push_back(r.*field);
+    return values;
+  };
+  auto mean = [](const std::vector<double>& values) {
+    double sum = 0.0;
+    for (double x : values) sum += x;
+    return values.empty() ? 0.0 : sum / double(values.size());
+  };
+  const std::vector<double> update_us = column(&StepRecord::plan_update_us), plan_us = column(&StepRecord::plan_us),
+                            upload_us = column(&StepRecord::upload_us), host_us = column(&StepRecord::host_us),
+                            attention_us = column(&StepRecord::attention_us);
+  std::int64_t max_nodes = 0, max_queries = 0, appended_only = 0, chosen = 0;
+  for (const StepRecord& r : records) {
+    max_nodes = std::max(max_nodes, r.nodes);
+    max_queries = std::max(max_queries, r.queries);
+    appended_only += r.reanalysed ? 0 : 1;
+    chosen += r.chosen ? 1 : 0;
+  }
+  fmt::print("demo: {} on {}, backend {} ({}), strategy {}\n", named.name, model.name, backend->name(), runner->name(),
+             o.plan.strategy);
   fmt::print("  steps {}, tokens generated {}, live nodes at most {}, queries per step at most {}\n", steps, generated,
              max_nodes, max_queries);
-  fmt::print("  attention per step {:.2f} ms for {} layer{} (planning once: {:.3f} ms of it)\n", per_step_ms, layers,
-             layers == 1 ? "" : "s", plan_us / 1e3 / double(steps));
+  fmt::print("  attention per step {:.3f} ms for {} layer{} (median; {})\n", median(attention_us) / 1e3, layers,
+             layers == 1 ? "" : "s", runner->overlaps() ? "GPU time" : "wall time of the backend's calls");
+  fmt::print("  planning per step (median): {:.1f} us updated incrementally ({} of {} steps by appends alone, the cost "
+             "model's choices made {} time{}), {:.1f} us from scratch\n",
+             median(update_us), appended_only, steps, chosen, chosen == 1 ? "" : "s", median(plan_us));
+  if (runner->overlaps()) {
+    fmt::print("  host per step (median): {:.1f} us, the plan's upload {:.1f} us of it, while the GPU runs the step "
+               "before: {}\n",
+               median(host_us), median(upload_us),
+               median(host_us) < median(attention_us) ? "hidden behind it" : "longer than it, so it sets the pace");
+  }
   fmt::print("  KV read: {} unique tree KV vs {} for sequence-based decoding: {} saved ({:.2f}x less)\n",
              format_bytes(double(unique_bytes)), format_bytes(double(sequence_bytes)),
              format_bytes(double(sequence_bytes - unique_bytes)), double(sequence_bytes) / double(std::max<std::int64_t>(unique_bytes, 1)));
   fmt::print("  KV cache: {} pages of {} tokens in use at peak, {} at the end\n", cache.peak_pages_in_use(),
              o.page_size, cache.pages_in_use());
   if (!o.json.empty()) {
-    const nlohmann::json summary = {{"workload", named.name}, {"model", model.name}, {"backend", backend->name()},
-                                    {"strategy", o.plan.strategy}, {"layers", layers}, {"steps", steps},
-                                    {"tokens_generated", generated}, {"attention_ms_per_step", per_step_ms},
-                                    {"plan_ms_per_step", plan_us / 1e3 / double(steps)},
-                                    {"unique_kv_bytes", unique_bytes}, {"sequence_kv_bytes", sequence_bytes},
-                                    {"peak_pages", cache.peak_pages_in_use()}, {"page_size", o.page_size}};
+    nlohmann::json per_step = nlohmann::json::array();
+    for (std::size_t i = 0; i < records.size(); ++i) {
+      const StepRecord& r = records[i];
+      per_step.push_back({{"step", i + 1}, {"nodes", r.nodes}, {"queries", r.queries}, {"tokens", r.tokens},
+                          {"plan_update_us", r.plan_update_us}, {"plan_us", r.plan_us}, {"upload_us", r.upload_us},
+                          {"host_us", r.host_us}, {"attention_us", r.attention_us}, {"reanalysed", r.reanalysed},
+                          {"chosen", r.chosen}});
+    }
+    const nlohmann::json summary = {{"workload", named.name},
+                                    {"model", model.name},
+                                    {"backend", backend->name()},
+                                    {"runner", runner->name()},
+                                    {"strategy", o.plan.strategy},
+                                    {"block_tokens_option", o.plan.block_tokens},
+                                    {"layers", layers},
+                                    {"steps", steps},
+                                    {"tokens_generated", generated},
+                                    {"attention_ms_per_step", mean(attention_us) / 1e3},
+                                    {"plan_ms_per_step", mean(update_us) / 1e3},
+                                    {"plan_update_median_us", median(update_us)},
+                                    {"plan_median_us", median(plan_us)},
+                                    {"upload_median_us", median(upload_us)},
+                                    {"host_step_median_us", median(host_us)},
+                                    {"attention_median_us", median(attention_us)},
+                                    {"attention_overlaps_host", runner->overlaps()},
+                                    {"steps_by_appends", appended_only},
+                                    {"choices_made", chosen},
+                                    {"unique_kv_bytes", unique_bytes},
+                                    {"sequence_kv_bytes", sequence_bytes},
+                                    {"peak_pages", cache.peak_pages_in_use()},
+                                    {"page_size", o.page_size},
+                                    {"per_step", per_step}};
     PendingOutputs outputs;
     outputs.write_text(o.json, summary.dump(2) + "\n");
     outputs.commit();

@@ -57,6 +57,12 @@ class Backend {
   // memory allows, replays the calls as one graph and times it on the GPU.
   virtual std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats);
 
+  // For benchmarks: `repeats` host timings, in microseconds, of uploading a
+  // decode step's plan to a device workspace (filling its staging memory and
+  // queueing the copies: what the host spends per step beside planning).
+  // Empty for a backend that has no device (the CPU's).
+  virtual std::vector<double> time_uploads(const Plan& plan, int repeats);
+
   // Roofline bandwidth in GB/s that benchmarks compare against (0: unknown).
   virtual double peak_gbps() { return 0.0; }
 

@@ -1,0 +1,209 @@
+// The demo's CUDA decode loop on the device path: the KV cache lives on the
+// GPU (new tokens' rows copied as they are written), each step's plan goes up
+// through a Workspace's double-buffered staging, and the layers are queued
+// on one stream without waiting, so the host plans the next step meanwhile.
+// Host buffers the copies read are pinned and reused only after their copy.
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+
+#include <fmt/format.h>
+
+#include "demo_runner.hpp"
+#include "treeattn/cuda.hpp"
+
+namespace treeattn::cli {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error(ErrorCategory::Backend, fmt::format("demo: {}: {}", what, cudaGetErrorString(err)));
+}
+
+// Pinned host memory the stream copies from, and when its last copy is done.
+class Staging {
+ public:
+  Staging() { check(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "cudaEventCreate"); }
+  ~Staging() {
+    if (pending_) cudaEventSynchronize(copied_);
+    cudaEventDestroy(copied_);
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  // `bytes` of it, free to write: its last copy has completed.
+  unsigned char* take(std::size_t bytes) {
+    if (pending_) check(cudaEventSynchronize(copied_), "cudaEventSynchronize");
+    pending_ = false;
+    if (bytes > capacity_) {
+      if (data_ != nullptr) check(cudaFreeHost(data_), "cudaFreeHost");
+      capacity_ = std::max(bytes, 2 * capacity_);
+      check(cudaMallocHost(&data_, capacity_), "cudaMallocHost");
+    }
+    return static_cast<unsigned char*>(data_);
+  }
+  // The copies from it are queued on `stream`.
+  void queued(cudaStream_t stream) {
+    check(cudaEventRecord(copied_, stream), "cudaEventRecord");
+    pending_ = true;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+  cudaEvent_t copied_ = nullptr;
+  bool pending_ = false;
+};
+
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(std::size_t bytes) { check(cudaMalloc(&data_, std::max<std::size_t>(bytes, 16)), "cudaMalloc"); }
+  ~DeviceMemory() { cudaFree(data_); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  unsigned char* get() const { return static_cast<unsigned char*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+};
+
+class CudaRunner final : public StepRunner {
+ public:
+  CudaRunner(const BackendOptions& options, const HeadConfig& heads, HostArray& k, HostArray& v, std::int64_t max_queries)
+      : context_(options.device < 0 ? 0 : options.device),
+        device_(select(context_.device())),
+        workspace_(context_),
+        k_host_(k),
+        v_host_(v),
+        k_(k.bytes.size()),
+        v_(v.bytes.size()),
+        q_(std::size_t(max_queries * heads.heads_q * heads.head_dim) * 2),  // f16
+        o_(std::size_t(max_queries * heads.heads_q * heads.head_dim) * 4),  // f32
+        lse_(std::size_t(max_queries * heads.heads_q) * 4) {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaMemcpy(k_.get(), k.bytes.data(), k.bytes.size(), cudaMemcpyHostToDevice), "K upload");
+    check(cudaMemcpy(v_.get(), v.bytes.data(), v.bytes.size(), cudaMemcpyHostToDevice), "V upload");
+  }
+  ~CudaRunner() override {
+    cudaStreamSynchronize(stream_);
+    for (const Pending& p : pending_) {
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.stop);
+    }
+    cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const noexcept override { return "CUDA device path"; }
+  bool overlaps() const noexcept override { return true; }
+
+  void kv_written(const std::vector<std::int64_t>& slots) override {
+    if (slots.empty()) return;
+    std::vector<std::int64_t> sorted = slots;
+    std::sort(sorted.begin(), sorted.end());
+    const std::size_t row = k_host_.bytes.size() / std::size_t(k_host_.shape[0]);
+    Staging& staging = kv_staging_[next_kv_];
+    next_kv_ = 1 - next_kv_;
+    unsigned char* host = staging.take(2 * row * sorted.size());
+    // Consecutive slots (a page's tokens) go in one copy per pool.
+    for (std::size_t a = 0; a < sorted.size();) {
+      std::size_t b = a + 1;
+      while (b < sorted.size() && sorted[b] == sorted[b - 1] + 1) ++b;
+      const std::size_t first = std::size_t(sorted[a]), bytes = row * (b - a);
+      unsigned char* k_rows = host + 2 * row * a;
+      unsigned char* v_rows = k_rows + bytes;
+      std::memcpy(k_rows, k_host_.bytes.data() + first * row, bytes);
+      std::memcpy(v_rows, v_host_.bytes.data() + first * row, bytes);
+      check(cudaMemcpyAsync(k_.get() + first * row, k_rows, bytes, cudaMemcpyHostToDevice, stream_), "K rows");
+      check(cudaMemcpyAsync(v_.get() + first * row, v_rows, bytes, cudaMemcpyHostToDevice, stream_), "V rows");
+      a = b;
+    }
+    staging.queued(stream_);
+  }
+
+  double run(const Plan& plan, const HostArray& q, int layers) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    workspace_.upload(plan, stream_);
+    const double upload_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+
+    Staging& staging = q_staging_[next_q_];
+    next_q_ = 1 - next_q_;
+    unsigned char* host = staging.take(q.bytes.size());
+    std::memcpy(host, q.bytes.data(), q.bytes.size());
+    check(cudaMemcpyAsync(q_.get(), host, q.bytes.size(), cudaMemcpyHostToDevice, stream_), "Q");
+    staging.queued(stream_);
+
+    const HeadConfig& h = plan.heads;
+    const std::int64_t nq = plan.num_queries;
+    last_ = AttentionArgs{TensorRef{q_.get(), q.dtype, q.shape},
+                          TensorRef{k_.get(), k_host_.dtype, k_host_.shape},
+                          TensorRef{v_.get(), v_host_.dtype, v_host_.shape},
+                          TensorRef{o_.get(), DType::f32, {nq, h.heads_q, h.head_dim}},
+                          TensorRef{lse_.get(), DType::f32, {nq, h.heads_q}}};
+    Pending p;
+    check(cudaEventCreate(&p.start), "cudaEventCreate");
+    check(cudaEventCreate(&p.stop), "cudaEventCreate");
+    check(cudaEventRecord(p.start, stream_), "cudaEventRecord");
+    for (int layer = 0; layer < layers; ++layer) workspace_.enqueue(last_, stream_);
+    check(cudaEventRecord(p.stop, stream_), "cudaEventRecord");
+    pending_.push_back(p);
+    return upload_us;
+  }
+
+  std::vector<double> finished(bool wait) override {
+    std::vector<double> us;
+    while (!pending_.empty()) {
+      Pending& p = pending_.front();
+      if (wait) check(cudaEventSynchronize(p.stop), "cudaEventSynchronize");
+      else if (cudaEventQuery(p.stop) == cudaErrorNotReady) break;
+      float ms = 0.0f;
+      check(cudaEventElapsedTime(&ms, p.start, p.stop), "cudaEventElapsedTime");
+      us.push_back(double(ms) * 1e3);
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.stop);
+      pending_.pop_front();
+    }
+    return us;
+  }
+
+  void outputs(HostArray& o, HostArray& lse) override {
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    o = HostArray(DType::f32, last_.o.shape);
+    lse = HostArray(DType::f32, last_.lse.shape);
+    check(cudaMemcpy(o.bytes.data(), o_.get(), o.bytes.size(), cudaMemcpyDeviceToHost), "O");
+    check(cudaMemcpy(lse.bytes.data(), lse_.get(), lse.bytes.size(), cudaMemcpyDeviceToHost), "LSE");
+  }
+
+ private:
+  // Makes the context's device current for the allocations that follow.
+  static int select(int device) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    return device;
+  }
+
+  struct Pending {
+    cudaEvent_t start = nullptr, stop = nullptr;
+  };
+  cuda::Context context_;
+  int device_;
+  cuda::Workspace workspace_;
+  HostArray &k_host_, &v_host_;
+  DeviceMemory k_, v_, q_, o_, lse_;
+  cudaStream_t stream_ = nullptr;
+  Staging kv_staging_[2], q_staging_[2];
+  int next_kv_ = 0, next_q_ = 0;
+  AttentionArgs last_;
+  std::deque<Pending> pending_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_cuda_step_runner(const BackendOptions& options, const HeadConfig& heads, HostArray& k,
+                                                  HostArray& v, std::int64_t max_queries) {
+  return std::make_unique<CudaRunner>(options, heads, k, v, max_queries);
+}
+
+}  // namespace treeattn::cli

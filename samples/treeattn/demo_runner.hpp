@@ -1,0 +1,40 @@
+#pragma once
+// How `treeattn demo` runs a decode step's layers. A device runner keeps the
+// KV cache on the GPU, uploads each step's plan and returns once the layers
+// are queued, so the demo plans step N+1 on the host while step N runs; a
+// host runner calls Backend::run for each layer and returns when they are done.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "treeattn/treeattn.hpp"
+
+namespace treeattn::cli {
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual const char* name() const noexcept = 0;
+  // Whether run() returns before the layers are done (planning then overlaps them).
+  virtual bool overlaps() const noexcept = 0;
+  // The K and V rows of `slots` were written on the host (new tokens).
+  virtual void kv_written(const std::vector<std::int64_t>& slots) = 0;
+  // Runs `layers` attention calls of `plan` on Q; returns the host
+  // microseconds its upload took (0 with nothing to upload).
+  virtual double run(const Plan& plan, const HostArray& q, int layers) = 0;
+  // The attention time of each step run since the last call, in order (GPU
+  // time on a device, wall time on the host); `wait` waits for the last one,
+  // else only finished steps are reported.
+  virtual std::vector<double> finished(bool wait) = 0;
+  // Layer 0's O and LSE of the last step (waits for it).
+  virtual void outputs(HostArray& o, HostArray& lse) = 0;
+};
+
+// The CUDA device runner where the backend is CUDA, else layers through `backend`.
+// `k` and `v` are the host's KV pool; Q has at most `max_queries` rows.
+std::unique_ptr<StepRunner> make_step_runner(Backend& backend, const BackendOptions& options, const HeadConfig& heads,
+                                             HostArray& k, HostArray& v, std::int64_t max_queries);
+
+}  // namespace treeattn::cli

@@ -292,19 +292,16 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   std::copy(plan.merge_begin.begin(), plan.merge_begin.end(), merge_begin);
   std::fill(merge_begin + plan.merge_begin.size(), merge_begin + s.limits.queries + 1, plan.merge_begin.back());
 
-  // Each item's token map as one record per 64-token tile.
-  const ItemTokenMap map = item_token_map(plan, kTileTokens);
+  // Each item's token map as one record per 64-token tile, written in place;
+  // past the item's end (only in its last tile) the last real slot again
+  // (TileMap says why).
   auto* tile_map = reinterpret_cast<TileMap*>(host + layout.offset[kTileMap]);
-  const std::size_t tiles = map.slot.size() / kTileTokens;
-  for (std::size_t t = 0; t < tiles; ++t) {
-    std::copy_n(map.slot.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].slot);
-    // Past the item's end (slot -1, only in its last tile, after a real one):
-    // the last real slot again (TileMap says why).
-    for (int k = 1; k < kTileTokens; ++k) {
-      if (tile_map[t].slot[k] < 0) tile_map[t].slot[k] = tile_map[t].slot[k - 1];
-    }
-    std::copy_n(map.visible.begin() + std::ptrdiff_t(t * kTileTokens), kTileTokens, tile_map[t].visible);
-  }
+  static_assert(sizeof(TileMap) % sizeof(std::uint64_t) == 0, "records are whole words apart");
+  const std::vector<std::int32_t> item_tile =
+      write_item_tiles(plan, kTileTokens,
+                       TileRecords{tile_map[0].slot, nullptr, tile_map[0].visible, sizeof(TileMap) / sizeof(std::int32_t), 0,
+                                   sizeof(TileMap) / sizeof(std::uint64_t), true});
+  const std::size_t tiles = std::size_t(item_tile.back());
   // Each item's passes: ceil(query rows / tile rows) of them, item-major in
   // the plan's launch order.
   auto* passes = reinterpret_cast<PassInfo*>(host + layout.offset[kPasses]);
@@ -316,8 +313,7 @@ void Workspace::upload(const Plan& plan, Stream stream) {
     const std::int32_t rows = (plan.item_query_begin[item + 1] - query_begin) * group;
     const std::int32_t tile_rows = plan.item_tile_rows[item];
     for (std::int32_t row = 0; row < rows; row += tile_rows) {
-      passes[pass++] = PassInfo{query_begin, map.begin[item] / kTileTokens, map.begin[item + 1] / kTileTokens, row,
-                                std::min(rows, row + tile_rows), {}};
+      passes[pass++] = PassInfo{query_begin, item_tile[item], item_tile[item + 1], row, std::min(rows, row + tile_rows), {}};
     }
   }
 
@@ -332,11 +328,27 @@ void Workspace::upload(const Plan& plan, Stream stream) {
                                      tiles * sizeof(TileMap),
                                      std::max(pass, s.passes_filled) * sizeof(PassInfo)};
   s.passes_filled = pass;
+  // Arrays a short gap apart go in one copy, gap included (each copy costs the
+  // driver microseconds; a gap is bytes no kernel reads).
+  constexpr std::size_t kJoinGap = 64 << 10;
+  std::size_t begin = 0, end = 0;
+  auto flush = [&] {
+    if (end > begin) {
+      TREEATTN_CUDA_CHECK(cudaMemcpyAsync(s.arrays.as<unsigned char>() + begin, host + begin, end - begin,
+                                          cudaMemcpyHostToDevice, stream));
+    }
+  };
   for (int a = 0; a < kArrays; ++a) {
     if (used[a] == 0) continue;
-    TREEATTN_CUDA_CHECK(cudaMemcpyAsync(s.arrays.as<unsigned char>() + layout.offset[a], host + layout.offset[a],
-                                        used[a], cudaMemcpyHostToDevice, stream));
+    if (end > begin && layout.offset[a] - end > kJoinGap) {
+      flush();
+      begin = layout.offset[a];
+    } else if (end == begin) {
+      begin = layout.offset[a];
+    }
+    end = layout.offset[a] + used[a];
   }
+  flush();
   TREEATTN_CUDA_CHECK(cudaEventRecord(s.copied[b], stream));
   s.copy_pending[b] = true;
   s.next = 1 - b;

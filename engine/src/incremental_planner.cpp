@@ -318,14 +318,18 @@ const Plan& IncrementalPlanner::update() {
     if (s.memo) s.memo->appended(s.tree, *s.topo, *s.vis, s.grown);
   }
 
-  const bool chooses = s.options.block_tokens == kAutoBlockTokens || s.options.launch_order == LaunchOrder::model;
+  const bool chooses = s.options.block_tokens == kAutoBlockTokens || s.options.launch_order == LaunchOrder::model ||
+                       (s.options.strategy == Strategy::greedy && s.options.greedy_candidate == GreedyCandidate::model);
   if (!s.held || (chooses && s.drifted())) {
-    std::int32_t block = 0;
-    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, s.options, s.pool.get(), nullptr, &block, nullptr);
+    PlanChoices chosen;
+    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, s.options, s.pool.get(), nullptr, &chosen, nullptr);
     s.held = s.options;
-    s.held->block_tokens = block;
+    s.held->block_tokens = chosen.block_tokens;
     if (s.options.launch_order == LaunchOrder::model) {
       s.held->launch_order = s.plan.launch_order.empty() ? LaunchOrder::items : LaunchOrder::longest_first;
+    }
+    if (s.options.strategy == Strategy::greedy && s.options.greedy_candidate == GreedyCandidate::model) {
+      s.held->greedy_candidate = chosen.greedy_candidate;
     }
     s.chosen_at = {std::int64_t(s.vis->token_slot.size()), std::int64_t(s.tree.query_count()),
                    std::int64_t(s.tree.node_count())};

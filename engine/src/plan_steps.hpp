@@ -62,13 +62,19 @@ class GreedyMemo {
   CostEstimate estimate_;
 };
 
+// The cost model's choices a plan was made with.
+struct PlanChoices {
+  std::int32_t block_tokens = 0;  // auto's choice, or options.block_tokens
+  GreedyCandidate greedy_candidate = GreedyCandidate::model;  // greedy's layout (greedy only)
+};
+
 // plan() after analyze() and compute_visibility(): `vis` is the visibility
 // of `topo`. With `memo` (greedy at a fixed block size), greedy decides
-// through it. `chosen_block`, when given, receives the block size the plan
-// was made with (auto's choice, or options.block_tokens). `reuse`, when
-// given at a fixed block size, is a plan whose array memory the new one takes.
+// through it. `chosen`, when given, receives the choices the plan was made
+// with. `reuse`, when given at a fixed block size, is a plan whose array
+// memory the new one takes.
 Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options, ThreadPool* pool,
-                   GreedyMemo* memo, std::int32_t* chosen_block, Plan* reuse);
+                   GreedyMemo* memo, PlanChoices* chosen, Plan* reuse);
 
 // Throws InvalidArgument for options plan() refuses.
 void check_plan_options(const PlanOptions& options);

@@ -193,41 +193,8 @@ struct GreedyDecision {
   std::int32_t one_item_block = 0;
 };
 
-// The greedy strategy. Its groups are decided edge by edge, each edge seeing
-// only its own partials: a tree of many short levels gains from concatenating
-// all the way down only once most edges do, so a second pass weighs partials
-// 4x, and the model keeps the cheaper layout (compared before either is built). DeFT-Flatten's single run is a
-// whole-tree layout the local decisions can also miss (tiny groups under shared
-// ancestors, read once with masks): flatten's is kept unless the model
-// predicts a clear gain (switch_gain covers its error).
-// `best_us`: the fastest candidate so far (auto), whose rivals need not be timed exactly.
-GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-                             GreedyMemo& memo, double best_us = kNoBound) {
-  std::optional<GreedyChoice> best;
-  constexpr double kWeights[] = {1.0, 4.0};
-  for (double partial_weight : kWeights) {
-    if (best && best->groups.probe_agrees) break;  // the second weight decides every edge alike
-    PlanOptions decide = options;
-    decide.cost.partial_ns *= partial_weight;
-    GreedyChoice choice{topo, {}, {}};
-    choice.groups = choose_greedy_groups(choice.order, decide, tree.heads, memo.edges,  // reorders the children
-                                         best ? 0.0 : kWeights[1] / kWeights[0]);
-    if (best && choice.groups.joined == best->groups.joined) continue;  // the same layout again
-    choice.layout = layout_greedy(choice.order, choice.groups, options, tree.heads);
-    if (!best || choice.layout.time_us < best->layout.time_us) best = std::move(choice);
-  }
-  const CostEstimate& own = memo.own(tree, *best, options);
-  const double greedy_us = own.time_us;
-  PlanOptions flat = options;
-  flat.strategy = Strategy::flatten;
-  // Flatten's time matters below greedy_us * switch_gain (it is then kept)
-  // and, unless greedy's own layout beats best_us, below best_us too: a bound
-  // above that still makes the decision below, and the candidate lose.
-  const double switch_us = greedy_us * options.cost.switch_gain;
-  const CostEstimate flatten =
-      predict(tree, topo, vis, flat, nullptr, greedy_us < best_us ? switch_us : std::min(switch_us, best_us));
-  if (flatten.time_us < switch_us) return {std::nullopt, flatten.time_us, flatten.partial_rows > 0, 0};
-  return {std::move(best), greedy_us, own.partial_rows > 0, 0};
+GreedyCandidate candidate_of(const GreedyDecision& d) {
+  return d.own ? GreedyCandidate::own : d.one_item_block > 0 ? GreedyCandidate::one_item_per_query : GreedyCandidate::flatten;
 }
 
 // The KV tokens each query sees, in query order: its sequence run's length.
@@ -250,10 +217,18 @@ std::vector<std::int64_t> query_path_tokens(const Topology& topo, const Visibili
 // large part of the step (the one-KV-head peer shapes; docs/greedy.md).
 void consider_one_item_per_query(const Tree& tree, const Topology& topo, const Visibility& vis,
                                  const PlanOptions& options, GreedyDecision& decision) {
-  if (!decision.partials || options.cost.switch_gain == 0.0) return;  // 0: greedy's own layout, always
+  const bool given = options.greedy_candidate == GreedyCandidate::one_item_per_query;
+  if (!given && (options.greedy_candidate != GreedyCandidate::model || !decision.partials ||
+                 options.cost.switch_gain == 0.0)) {
+    return;  // switch_gain 0: greedy's own layout, always
+  }
   const std::vector<std::int64_t> paths = query_path_tokens(topo, vis);
+  const std::int64_t longest = paths.empty() ? 0 : *std::max_element(paths.begin(), paths.end());
+  if (given) {  // its block as long as the longest path, or flatten's layout where none holds it
+    decision.one_item_block = longest > 0 && longest <= kMaxBlockTokens ? std::int32_t(longest) : 0;
+    return;
+  }
   if (paths.empty()) return;
-  const std::int64_t longest = *std::max_element(paths.begin(), paths.end());
   if (longest > kMaxBlockTokens) return;
   const double to_beat_us = decision.time_us + options.cost.merge_ns * 1e-3;
   // Its CTAs are known without building it (each query's passes, on every KV
@@ -273,11 +248,68 @@ void consider_one_item_per_query(const Tree& tree, const Topology& topo, const V
   }
 }
 
+// The greedy strategy. Its groups are decided edge by edge, each edge seeing
+// only its own partials: a tree of many short levels gains from concatenating
+// all the way down only once most edges do, so a second pass weighs partials
+// 4x, and the model keeps the cheaper layout (compared before either is built). DeFT-Flatten's single run is a
+// whole-tree layout the local decisions can also miss (tiny groups under shared
+// ancestors, read once with masks): flatten's is kept unless the model
+// predicts a clear gain (switch_gain covers its error).
+// `best_us`: the fastest candidate so far (auto), whose rivals need not be timed exactly.
+// With a given candidate the model times only what a block-size search
+// compares (`timed`); a plan at a fixed block size is built untimed.
+GreedyDecision decide_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
+                             GreedyMemo& memo, double best_us = kNoBound, bool timed = true) {
+  PlanOptions flat = options;
+  flat.strategy = Strategy::flatten;
+  if (options.greedy_candidate == GreedyCandidate::flatten) {
+    return {std::nullopt, timed ? predict(tree, topo, vis, flat, nullptr, best_us).time_us : 0.0, true, 0};
+  }
+  if (options.greedy_candidate == GreedyCandidate::one_item_per_query) {
+    GreedyDecision one{std::nullopt, 0.0, false, 0};
+    consider_one_item_per_query(tree, topo, vis, options, one);
+    PlanOptions layout = one.one_item_block > 0 ? options : flat;
+    layout.strategy = one.one_item_block > 0 ? Strategy::sequence : Strategy::flatten;
+    if (one.one_item_block > 0) layout.block_tokens = one.one_item_block;
+    if (timed) one.time_us = predict(tree, topo, vis, layout, nullptr, best_us).time_us;
+    return one;
+  }
+  std::optional<GreedyChoice> best;
+  constexpr double kWeights[] = {1.0, 4.0};
+  for (double partial_weight : kWeights) {
+    if (best && best->groups.probe_agrees) break;  // the second weight decides every edge alike
+    PlanOptions decide = options;
+    decide.cost.partial_ns *= partial_weight;
+    GreedyChoice choice{topo, {}, {}};
+    choice.groups = choose_greedy_groups(choice.order, decide, tree.heads, memo.edges,  // reorders the children
+                                         best ? 0.0 : kWeights[1] / kWeights[0]);
+    if (best && choice.groups.joined == best->groups.joined) continue;  // the same layout again
+    choice.layout = layout_greedy(choice.order, choice.groups, options, tree.heads);
+    if (!best || choice.layout.time_us < best->layout.time_us) best = std::move(choice);
+  }
+  if (options.greedy_candidate == GreedyCandidate::own) {
+    const double own_us = timed ? memo.own(tree, *best, options).time_us : 0.0;
+    return {std::move(best), own_us, true, 0};
+  }
+  const CostEstimate& own = memo.own(tree, *best, options);
+  const double greedy_us = own.time_us;
+  // Flatten's time matters below greedy_us * switch_gain (it is then kept)
+  // and, unless greedy's own layout beats best_us, below best_us too: a bound
+  // above that still makes the decision below, and the candidate lose.
+  const double switch_us = greedy_us * options.cost.switch_gain;
+  const CostEstimate flatten =
+      predict(tree, topo, vis, flat, nullptr, greedy_us < best_us ? switch_us : std::min(switch_us, best_us));
+  if (flatten.time_us < switch_us) return {std::nullopt, flatten.time_us, flatten.partial_rows > 0, 0};
+  return {std::move(best), greedy_us, own.partial_rows > 0, 0};
+}
+
 // Greedy's plan: the decision's layout, unless one item per query (last
 // candidate, whatever the block size) beats it.
 Plan build_greedy(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-                  GreedyDecision decision, VisibilityCache& reordered, Plan* reuse = nullptr) {
+                  GreedyDecision decision, VisibilityCache& reordered, Plan* reuse = nullptr,
+                  PlanChoices* chosen = nullptr) {
   consider_one_item_per_query(tree, topo, vis, options, decision);
+  if (chosen != nullptr) chosen->greedy_candidate = candidate_of(decision);
   if (decision.own) {
     return assemble(tree, decision.own->order, reordered.get(tree, decision.own->order), options, &*decision.own, reuse);
   }
@@ -332,7 +364,7 @@ class CandidateSearch {
 // worker skips as slower than its own best is slower than the overall best
 // too, so the choice is the one a single thread makes.
 Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-                          ThreadPool* pool, std::int32_t* chosen_block) {
+                          ThreadPool* pool, PlanChoices* chosen) {
   const std::vector<std::int32_t> sizes = auto_block_candidates(options.cost);
   std::vector<CandidateSearch> searches(pool != nullptr ? std::size_t(pool->size()) : 1);
   if (searches.size() == 1) {
@@ -347,10 +379,11 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibili
     auto& b = search.best();
     if (b && (best == nullptr || CandidateSearch::better(b->decision.time_us, b->index, *best))) best = &*b;
   }
-  if (chosen_block != nullptr) *chosen_block = best->options.block_tokens;
+  if (chosen != nullptr) chosen->block_tokens = best->options.block_tokens;
   if (options.strategy == Strategy::greedy) {
     VisibilityCache reordered;
-    return build_greedy(tree, topo, vis, best->options, std::move(best->decision), reordered);  // the searches end here
+    return build_greedy(tree, topo, vis, best->options, std::move(best->decision), reordered, nullptr,
+                        chosen);  // the searches end here
   }
   return assemble(tree, topo, vis, best->options, nullptr);
 }
@@ -397,16 +430,14 @@ void GreedyMemo::appended(const Tree& tree, const Topology& topo, const Visibili
 }
 
 Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options, ThreadPool* pool,
-                   GreedyMemo* memo, std::int32_t* chosen_block, Plan* reuse) {
-  if (options.block_tokens == kAutoBlockTokens) {
-    return plan_auto_block_size(tree, topo, vis, options, pool, chosen_block);
-  }
-  if (chosen_block != nullptr) *chosen_block = options.block_tokens;
+                   GreedyMemo* memo, PlanChoices* chosen, Plan* reuse) {
+  if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, vis, options, pool, chosen);
+  if (chosen != nullptr) chosen->block_tokens = options.block_tokens;
   if (options.strategy == Strategy::greedy) {
     std::optional<GreedyMemo> local;
     GreedyMemo& m = memo != nullptr ? *memo : local.emplace(topo, vis);
-    GreedyDecision decision = decide_greedy(tree, topo, vis, options, m);
-    return build_greedy(tree, topo, vis, options, std::move(decision), m.reordered, reuse);
+    GreedyDecision decision = decide_greedy(tree, topo, vis, options, m, kNoBound, /*timed=*/false);
+    return build_greedy(tree, topo, vis, options, std::move(decision), m.reordered, reuse, chosen);
   }
   return assemble(tree, topo, vis, options, nullptr, reuse);
 }

@@ -91,7 +91,7 @@ struct StepRecord {
   double plan_update_us = 0.0;  // the IncrementalPlanner's update (the plan the step runs)
   double plan_us = 0.0;         // a from-scratch plan of the same tree, for comparison
   double upload_us = 0.0;       // the plan's upload, on the host
-  double host_us = 0.0;         // the step's host part: controller, KV rows, planning, upload, queueing
+  double host_us = 0.0;         // treeattn's host part: the changes handed over, the update, upload and queueing
   double attention_us = 0.0;    // every layer's attention (GPU time on the device path)
   bool reanalysed = false, chosen = false;
 };
@@ -151,10 +151,15 @@ void run_demo(const DemoOptions& o) {
   auto collect = [&](bool wait) {
     for (double us : runner->finished(wait)) records[timed++].attention_us = us;
   };
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count();
+  };
   for (std::int64_t step = 1; step <= steps; ++step) {
-    const auto step_start = std::chrono::steady_clock::now();
+    StepRecord record;
     generated += scenario.advance(live, queries);
+    const auto sync_start = std::chrono::steady_clock::now();
     live.sync(incremental, queries);
+    record.host_us = since(sync_start);
     const Tree& tree = incremental.tree();
 
     // New tokens get their K/V rows; pruned nodes simply stop being referenced.
@@ -176,17 +181,16 @@ void run_demo(const DemoOptions& o) {
     written = std::move(now);
     runner->kv_written(new_slots);
 
-    StepRecord record;
     const auto t0 = std::chrono::steady_clock::now();
     const Plan& plan = incremental.update();
-    const auto t1 = std::chrono::steady_clock::now();
-    record.plan_update_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    record.plan_update_us = since(t0);
     record.reanalysed = incremental.last_update().reanalysed;
     record.chosen = incremental.last_update().chosen;
     const std::int64_t nq = plan.num_queries;
     const HostArray q = random_array(DType::f16, {nq, heads.heads_q, heads.head_dim}, std::uint64_t(step));
+    const auto t1 = std::chrono::steady_clock::now();
     record.upload_us = runner->run(plan, q, layers);
-    record.host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start).count();
+    record.host_us += record.plan_update_us + since(t1);
     records.push_back(record);
 
     // Beside the step (the GPU may still be running it): the from-scratch plan, statistics, files.
@@ -253,10 +257,10 @@ void run_demo(const DemoOptions& o) {
              "model's choices made {} time{}), {:.1f} us from scratch\n",
              median(update_us), appended_only, steps, chosen, chosen == 1 ? "" : "s", median(plan_us));
   if (runner->overlaps()) {
-    fmt::print("  host per step (median): {:.1f} us, the plan's upload {:.1f} us of it, while the GPU runs the step "
-               "before: {}\n",
+    fmt::print("  treeattn on the host per step (median; the changes handed over, the update, the upload, the "
+               "launches): {:.1f} us, the upload {:.1f} us of it, while the GPU runs the step before: {}\n",
                median(host_us), median(upload_us),
-               median(host_us) < median(attention_us) ? "hidden behind it" : "longer than it, so it sets the pace");
+               median(host_us) < median(attention_us) ? "hidden behind it" : "longer than it");
   }
   fmt::print("  KV read: {} unique tree KV vs {} for sequence-based decoding: {} saved ({:.2f}x less)\n",
              format_bytes(double(unique_bytes)), format_bytes(double(sequence_bytes)),

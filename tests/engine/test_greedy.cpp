@@ -283,3 +283,35 @@ TEST_CASE("no placement beats the step's lower bound, and the bound is tight whe
   CHECK(step_lower_bound_ns(m, {100}) == doctest::Approx(simulate_step_ns(m, {100})));  // alone: its best pace
   CHECK(step_lower_bound_ns(m, std::vector<double>(24, 100)) == doctest::Approx(200));  // full waves: the SMs' throughput
 }
+
+TEST_CASE("a given candidate is greedy's layout; the model's choice is one of the three, bit for bit") {
+  const HeadConfig heads{32, 8, 128, 0.0f};
+  std::vector<Tree> trees = {few_shot_tree(heads, 2000, 20, 40), level_tree(heads, {1, 4, 16}, {512, 64, 16})};
+  RandomForestOptions r;
+  r.heads = heads;
+  r.nodes = 60;
+  r.queries = 30;
+  trees.push_back(random_forest(r));
+  for (const Tree& tree : trees) {
+    for (std::int32_t block : {64, 256}) {
+      CAPTURE(block);
+      PlanOptions options{Strategy::greedy, block};
+      std::vector<Plan> given;
+      for (GreedyCandidate c : {GreedyCandidate::own, GreedyCandidate::flatten, GreedyCandidate::one_item_per_query}) {
+        options.greedy_candidate = c;
+        given.push_back(plan(tree, options));
+        CHECK(test::coverage_error(tree, given.back()) == "");
+      }
+      // Flatten's layout as the flatten strategy builds it.
+      Plan flat = plan(tree, PlanOptions{Strategy::flatten, block});
+      flat.strategy = Strategy::greedy;
+      CHECK(test::plan_difference(given[1], flat) == "");
+      // One item per query: no partials, every query written by one item.
+      CHECK(given[2].num_partials == 0);
+      CHECK(given[2].num_items() == std::int32_t(tree.query_count()));
+      options.greedy_candidate = GreedyCandidate::model;
+      const Plan chosen = plan(tree, options);
+      CHECK(std::any_of(given.begin(), given.end(), [&](const Plan& p) { return test::plan_difference(chosen, p).empty(); }));
+    }
+  }
+}

@@ -7,14 +7,16 @@
 //
 //   * appends only (the common decode step): the appended slots are checked,
 //     the grown nodes' visibility redone and every later token shifted, greedy
-//     re-prices only the edges whose token counts changed; nothing else in the
+//     re-prices only the edges whose token counts changed (its layout given,
+//     it times no candidate plans); nothing else in the
 //     tree is looked at again. Linear in the pieces (about one per node and
 //     query) plus one copy of the token slots, not in the tree's tokens.
 //   * nodes added or removed, or other queries: the topology is rebuilt,
 //     the slots of the nodes added are checked, no other node's again.
 //
-// The cost model's per-plan choices, the block size (kAutoBlockTokens) and
-// the launch order (LaunchOrder::model), are made by a from-scratch plan at
+// The cost model's per-plan choices, the block size (kAutoBlockTokens), the
+// launch order (LaunchOrder::model) and greedy's layout
+// (GreedyCandidate::model), are made by a from-scratch plan at
 // the first update and kept while the tree stays near the size they were made
 // for (IncrementalOptions::redecide_drift); the first update past it makes
 // them again. The plan is bitwise plan(tree(), held_options()): the options

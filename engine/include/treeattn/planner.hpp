@@ -20,6 +20,14 @@ namespace treeattn {
 // CTAs in flight).
 inline constexpr std::int32_t kAutoBlockTokens = 0;
 
+// The layouts the `greedy` strategy chooses among (docs/greedy.md).
+enum class GreedyCandidate {
+  model,               // the cost model chooses per plan among the three below
+  own,                 // its cost-model groups, packed and split
+  flatten,             // DeFT-Flatten's layout
+  one_item_per_query,  // every query one item over its whole path, where every path fits a block (else flatten's)
+};
+
 struct PlanOptions {
   Strategy strategy = Strategy::flatten;
   std::int32_t block_tokens = kAutoBlockTokens;  // max KV tokens per block, 1..65536, or kAutoBlockTokens
@@ -34,6 +42,8 @@ struct PlanOptions {
   // The items' launch order (no result depends on it); the cost model
   // predicts every candidate plan in this order.
   LaunchOrder launch_order = LaunchOrder::model;
+  // `greedy` only: its layout, chosen by the model or given.
+  GreedyCandidate greedy_candidate = GreedyCandidate::model;
 };
 
 Plan plan(const Tree& tree, const PlanOptions& options = {});

@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <memory>
-#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -57,51 +55,6 @@ Timing time_it(int repeat, F&& body) {
   std::sort(us.begin(), us.end());
   return {us.front(), us[us.size() / 2]};
 }
-
-// The decode step `plan_update_median_us` times on a static workload tree:
-// every query's node grows by one token (in a fresh slot, or a fresh page
-// when its last page is full), handed to an IncrementalPlanner.
-class GrowQueryNodes {
- public:
-  explicit GrowQueryNodes(const Tree& tree) {
-    std::map<std::int64_t, std::size_t> index;
-    for (std::size_t i = 0; i < tree.node_count(); ++i) index[tree.nodes()[i].id] = i;
-    std::set<std::int64_t> seen;
-    for (const TreeQuery& q : tree.queries()) {
-      if (!seen.insert(q.node).second) continue;
-      const TreeNode& n = tree.nodes()[index.at(q.node)];
-      nodes_.push_back(Grown{n.id, n.page_size, n.length});
-    }
-    const std::int64_t slots = std::max<std::int64_t>(total_tokens(tree), treeattn::plan(tree).min_kv_slots);
-    for (std::size_t i = 0; i < tree.node_count(); ++i) {  // past every slot and page in use
-      const TreeNode& n = tree.nodes()[i];
-      for (std::int64_t p = 0; n.page_size > 0 && p < n.pages; ++p) next_page_ = std::max(next_page_, tree.page(i, p) + 1);
-      for (std::int64_t t = 0; n.page_size == 0 && t < n.length; ++t) next_slot_ = std::max(next_slot_, tree.slot(i, t) + 1);
-    }
-    next_slot_ = std::max(next_slot_, slots);
-  }
-
-  void operator()(IncrementalPlanner& planner) {
-    for (Grown& n : nodes_) {
-      if (n.page_size > 0) {
-        planner.append_pages(n.id, 1, n.length % n.page_size == 0 ? std::vector<std::int64_t>{next_page_++}
-                                                                  : std::vector<std::int64_t>{});
-      } else {
-        planner.append_range(n.id, next_slot_++, 1);
-      }
-      ++n.length;
-    }
-  }
-
- private:
-  struct Grown {
-    std::int64_t id;
-    std::int32_t page_size;
-    std::int64_t length;
-  };
-  std::vector<Grown> nodes_;
-  std::int64_t next_slot_ = 0, next_page_ = 0;
-};
 
 void run_bench(const BenchOptions& o) {
   struct Timed {
@@ -189,18 +142,25 @@ void run_bench(const BenchOptions& o) {
       options.cost = cost;
       Plan plan;
       const Timing plan_time = time_it(o.repeat, [&] { plan = planner.plan(tree, options); });
-      // The same tree kept by an IncrementalPlanner, then one decode step
-      // per repetition; its block size may be chosen again past the drift.
+      // The same tree kept by an IncrementalPlanner, then the workload's next
+      // decode steps, one per repetition: the changes handed over and the
+      // update timed (a step past the drift makes the model's choices again).
       IncrementalOptions incremental;
       incremental.threads = o.plan_threads;
       IncrementalPlanner updater(h, options, incremental);
-      updater.add_tree(tree);
+      trees[w].next->start(updater, tree);
       updater.update();
-      GrowQueryNodes grow(tree);
-      const Timing update_time = time_it(o.repeat, [&] {
-        grow(updater);
+      std::vector<double> update_us;
+      std::int64_t choices = 0;
+      for (int r = 0; r < o.repeat && trees[w].next->next(); ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        trees[w].next->hand_over(updater);
         updater.update();
-      });
+        update_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        choices += updater.last_update().chosen ? 1 : 0;
+      }
+      std::sort(update_us.begin(), update_us.end());
+      const Timing update_time = update_us.empty() ? Timing{0.0, 0.0} : Timing{update_us.front(), update_us[update_us.size() / 2]};
       const PlanStats st = compute_stats(plan);
       const CostEstimate est = estimate_cost(plan, cost);
       const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
@@ -223,6 +183,7 @@ void run_bench(const BenchOptions& o) {
                             {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us},
                             {"plan_update_min_us", update_time.min_us}, {"plan_update_median_us", update_time.median_us},
                             {"plan_update_block_tokens", updater.block_tokens()},
+                            {"plan_update_steps", update_us.size()}, {"plan_update_choices", choices},
                             {"plan_threads", planner.threads()}};
       // The block size the plan runs, and that auto chose it; greedy's is its longest block.
       const std::string block_cell = options.block_tokens == kAutoBlockTokens

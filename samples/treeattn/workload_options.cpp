@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <set>
 #include <filesystem>
 
 #ifdef _WIN32
@@ -132,18 +133,102 @@ std::vector<NamedScenario> make_scenarios(const std::string& kind, const Workloa
   return out;
 }
 
+namespace {
+
+// The replay continued from its snapshot, on its own paged cache; each start
+// replays again from a new scenario.
+class ReplaySteps final : public NextSteps {
+ public:
+  ReplaySteps(std::function<std::unique_ptr<Scenario>()> make, std::int64_t steps)
+      : make_(std::move(make)), steps_(steps) {}
+  void start(IncrementalPlanner& planner, const Tree&) override {
+    scenario_ = make_();
+    live_.reset();  // returns its pages to the cache it came from
+    cache_ = std::make_unique<PagedKvCache>(16, 0);  // counted, never backed by memory
+    live_ = std::make_unique<SequenceTree>(*cache_);
+    for (done_ = 0; done_ < steps_; ++done_) scenario_->advance(*live_, queries_);
+    live_->sync(planner, queries_);
+  }
+  bool next() override {
+    if (done_ == scenario_->steps()) return false;
+    scenario_->advance(*live_, queries_);
+    ++done_;
+    return true;
+  }
+  void hand_over(IncrementalPlanner& planner) override { live_->sync(planner, queries_); }
+
+ private:
+  std::function<std::unique_ptr<Scenario>()> make_;
+  std::int64_t steps_, done_ = 0;
+  std::unique_ptr<Scenario> scenario_;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<SequenceTree> live_;  // destroyed before the cache it returns pages to
+  std::vector<TreeQuery> queries_;
+};
+
+// Every query's node grows by one token, in a fresh slot (or a fresh page
+// when its last page is full).
+class GrowQueryNodes final : public NextSteps {
+ public:
+  explicit GrowQueryNodes(const Tree& tree) {
+    std::set<std::int64_t> seen;
+    for (const TreeQuery& q : tree.queries()) seen.insert(q.node);
+    for (std::size_t i = 0; i < tree.node_count(); ++i) {
+      const TreeNode& n = tree.nodes()[i];
+      if (seen.count(n.id) != 0) nodes_.push_back(Grown{n.id, n.page_size, n.length, n.length});
+      for (std::int64_t p = 0; n.page_size > 0 && p < n.pages; ++p) next_page_ = std::max(next_page_, tree.page(i, p) + 1);
+      for (std::int64_t t = 0; n.page_size == 0 && t < n.length; ++t) next_slot_ = std::max(next_slot_, tree.slot(i, t) + 1);
+    }
+  }
+  void start(IncrementalPlanner& planner, const Tree& snapshot) override {
+    planner.add_tree(snapshot);
+    for (Grown& n : nodes_) n.length = n.start_length;
+  }
+  bool next() override { return true; }
+  void hand_over(IncrementalPlanner& planner) override {
+    for (Grown& n : nodes_) {
+      if (n.page_size > 0) {
+        planner.append_pages(n.id, 1, n.length % n.page_size == 0 ? std::vector<std::int64_t>{next_page_++}
+                                                                  : std::vector<std::int64_t>{});
+      } else {
+        planner.append_range(n.id, next_slot_++, 1);
+      }
+      ++n.length;
+    }
+  }
+
+ private:
+  struct Grown {
+    std::int64_t id;
+    std::int32_t page_size;
+    std::int64_t length, start_length;
+  };
+  std::vector<Grown> nodes_;
+  std::int64_t next_slot_ = 0, next_page_ = 0;
+};
+
+}  // namespace
+
 std::vector<NamedTree> make_trees(const std::string& kind, const WorkloadOptions& o, const HeadConfig& heads) {
   std::vector<NamedTree> out;
   if (kind == "fewshot") {
-    for (int b : o.branches) out.push_back({fmt::format("fewshot b={}", b), few_shot_tree(heads, o.prompt, b, o.generated)});
+    for (int b : o.branches) out.push_back({fmt::format("fewshot b={}", b), few_shot_tree(heads, o.prompt, b, o.generated), nullptr});
   } else if (kind == "speculative" || kind == "reasoning") {
-    for (NamedScenario& s : make_scenarios(kind, o)) {
+    std::vector<NamedScenario> scenarios = make_scenarios(kind, o);
+    for (std::size_t i = 0; i < scenarios.size(); ++i) {
+      NamedScenario& s = scenarios[i];
       std::int64_t steps = std::min(o.spec_step, s.scenario->steps());
       if (kind == "reasoning") {
         steps = o.reasoning_step > 0 ? o.reasoning_step
                                      : std::max<std::int64_t>(1, std::int64_t(o.reasoning_at * double(s.scenario->steps())));
       }
-      out.push_back({fmt::format("{} @{}", s.name, steps), replay(*s.scenario, steps, heads)});
+      if (steps < 1 || steps > s.scenario->steps()) {
+        throw Error(ErrorCategory::InvalidArgument,
+                    fmt::format("{}: step {} is outside [1, {}]", s.name, steps, s.scenario->steps()));
+      }
+      auto make = [o, kind, i] { return std::move(make_scenarios(kind, o)[i].scenario); };
+      out.push_back({fmt::format("{} @{}", s.name, steps), replay(*s.scenario, steps, heads),
+                     std::make_unique<ReplaySteps>(make, steps)});
     }
   } else if (kind == "levels") {
     for (const std::string& shape : o.levels) {
@@ -155,15 +240,19 @@ std::vector<NamedTree> make_trees(const std::string& kind, const WorkloadOptions
       const auto context = parse_list(shape.substr(colon + 1), "--levels contexts");
       std::string name = "levels";
       for (std::size_t k = 0; k < nodes.size(); ++k) name += fmt::format("{}{}x{}", k ? "/" : " ", nodes[k], k < context.size() ? context[k] : 0);
-      out.push_back({name, level_tree(heads, nodes, context)});
+      out.push_back({name, level_tree(heads, nodes, context), nullptr});
     }
   } else if (kind == "random") {
     RandomForestOptions r = o.random;
     r.heads = heads;
-    out.push_back({fmt::format("random n={} q={}", r.nodes, r.queries), random_forest(r)});
+    out.push_back({fmt::format("random n={} q={}", r.nodes, r.queries), random_forest(r), nullptr});
   } else {
     throw Error(ErrorCategory::InvalidArgument,
                 fmt::format("unknown workload '{}' (choose fewshot, speculative, reasoning, levels or random)", kind));
+  }
+  // The generated kinds' next step: a few-shot decode step on the tree (held in `out`, which no longer grows).
+  for (NamedTree& t : out) {
+    if (!t.next) t.next = std::make_unique<GrowQueryNodes>(t.tree);
   }
   return out;
 }

@@ -3,6 +3,7 @@
 // `demo`: each becomes a replayable Scenario (for demo) or a tree snapshot (for
 // bench) under a short name that tables and JSON use.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,9 +55,26 @@ struct NamedScenario {
 // Replayable scenarios of a kind: fewshot, speculative or reasoning.
 std::vector<NamedScenario> make_scenarios(const std::string& kind, const WorkloadOptions& o);
 
+// A snapshot's next decode steps, handed to an IncrementalPlanner: what
+// `bench` times as plan_update_median_us. Replayed workloads continue their
+// replay (speculative: a fresh token tree on a prefix grown by the accepted
+// tokens; reasoning: leaves that grow, fork and are pruned); the generated
+// ones grow every query's node by one token, a few-shot decode step.
+class NextSteps {
+ public:
+  virtual ~NextSteps() = default;
+  // Gives a new `planner` the snapshot's tree, its first step (each start begins again there).
+  virtual void start(IncrementalPlanner& planner, const Tree& snapshot) = 0;
+  // Runs the workload's next decode step; false when it has no more.
+  virtual bool next() = 0;
+  // Gives `planner` that step's changes (what a serving loop's planning includes).
+  virtual void hand_over(IncrementalPlanner& planner) = 0;
+};
+
 struct NamedTree {
   std::string name;
   Tree tree;
+  std::unique_ptr<NextSteps> next;
 };
 
 // Snapshots of a kind (the three above, plus levels and random), with `heads`.

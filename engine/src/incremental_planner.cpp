@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <unordered_map>
 
 #include "fail.hpp"
+#include "id_map.hpp"
 #include "plan_steps.hpp"
 #include "thread_pool.hpp"
 #include "topology.hpp"
@@ -18,7 +18,7 @@ struct IncrementalPlanner::State {
   IncrementalOptions incremental;
   std::unique_ptr<ThreadPool> pool;  // for choosing block sizes, when threads != 1
   Tree tree;
-  std::unordered_map<std::int64_t, std::int32_t> index;  // live node id -> index in tree
+  IdMap index;  // live node id -> index in tree
 
   // Pending changes.
   bool reanalyse = true;                 // nodes added or removed, queries changed
@@ -100,21 +100,19 @@ const PlanOptions& IncrementalPlanner::options() const noexcept { return state_-
 const PlanUpdate& IncrementalPlanner::last_update() const noexcept { return state_->last; }
 
 std::int32_t IncrementalPlanner::index_of(std::int64_t id, const char* change) const {
-  const auto it = state_->index.find(id);
-  if (it == state_->index.end()) fail(ErrorCategory::InvalidTree, "{}: node {} is not in the tree", change, id);
-  if (state_->removed[std::size_t(it->second)]) {
-    fail(ErrorCategory::InvalidTree, "{}: node {} is being removed", change, id);
-  }
-  return it->second;
+  const std::int32_t index = state_->index.find(id);
+  if (index < 0) fail(ErrorCategory::InvalidTree, "{}: node {} is not in the tree", change, id);
+  if (state_->removed[std::size_t(index)]) fail(ErrorCategory::InvalidTree, "{}: node {} is being removed", change, id);
+  return index;
 }
 
 void IncrementalPlanner::check_new(std::int64_t id) const {
-  if (state_->index.count(id) != 0) fail(ErrorCategory::InvalidTree, "add_node: node id {} is in the tree already", id);
+  if (state_->index.find(id) >= 0) fail(ErrorCategory::InvalidTree, "add_node: node id {} is in the tree already", id);
 }
 
 void IncrementalPlanner::added(std::int64_t id) {
   State& s = *state_;
-  s.index.emplace(id, std::int32_t(s.tree.node_count() - 1));
+  s.index.insert(id, std::int32_t(s.tree.node_count() - 1));
   s.grown_from.push_back(-1);
   s.removed.push_back(0);
   s.reanalyse = true;
@@ -238,10 +236,10 @@ void IncrementalPlanner::apply_removals() {
   std::vector<std::int32_t> child_begin(n + 1, 0), children;
   std::vector<std::int32_t> parent(n, -1);
   for (std::size_t i = 0; i < n; ++i) {
-    const auto it = nodes[i].parent == kNoParent ? s.index.end() : s.index.find(nodes[i].parent);
-    if (it != s.index.end()) {
-      parent[i] = it->second;
-      ++child_begin[std::size_t(it->second) + 1];
+    const std::int32_t p = nodes[i].parent == kNoParent ? -1 : s.index.find(nodes[i].parent);
+    if (p >= 0) {
+      parent[i] = p;
+      ++child_begin[std::size_t(p) + 1];
     }
   }
   for (std::size_t i = 0; i < n; ++i) child_begin[i + 1] += child_begin[i];
@@ -280,8 +278,8 @@ void IncrementalPlanner::apply_removals() {
     if (new_index[std::size_t(g)] >= 0) grown.push_back(new_index[std::size_t(g)]);
   }
   s.tree.remove_nodes(s.removed);
-  s.index.clear();
-  for (std::size_t i = 0; i < s.tree.node_count(); ++i) s.index.emplace(s.tree.nodes()[i].id, std::int32_t(i));
+  s.index.reset(s.tree.node_count());
+  for (std::size_t i = 0; i < s.tree.node_count(); ++i) s.index.insert(s.tree.nodes()[i].id, std::int32_t(i));
   s.checked_nodes = checked;
   s.grown = std::move(grown);
   s.grown_from = std::move(grown_from);

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <limits>
 #include <string>
-#include <unordered_map>
 
 #include "fail.hpp"
+#include "id_map.hpp"
 
 namespace treeattn {
 namespace {
@@ -35,50 +35,17 @@ void check_heads(const HeadConfig& h) {
   }
 }
 
-// Maps node ids to indices: a flat table when the ids are small non-negative
-// integers (the common case, and linear time), a hash map otherwise.
-class IdIndex {
- public:
-  explicit IdIndex(const Tree& tree) {
-    const auto& nodes = tree.nodes();
-    const std::int64_t n = std::int64_t(nodes.size());
-    dense_ = std::all_of(nodes.begin(), nodes.end(),
-                         [n](const TreeNode& node) { return node.id >= 0 && node.id < 2 * n + 16; });
-    if (dense_) table_.assign(std::size_t(2 * n + 16), -1);
-    else map_.reserve(nodes.size());
-    for (std::int32_t i = 0; i < std::int32_t(nodes.size()); ++i) {
-      const std::int64_t id = nodes[std::size_t(i)].id;
-      const std::int32_t previous = insert(id, i);
-      if (previous >= 0) {
-        fail(ErrorCategory::InvalidTree, "duplicate node id {} (nodes[{}] and nodes[{}])", id,
-             previous, i);
-      }
-    }
+// Maps node ids to indices (one flat table); throws on a duplicate id.
+IdMap index_ids(const Tree& tree) {
+  IdMap ids;
+  ids.reset(tree.node_count());
+  for (std::int32_t i = 0; i < std::int32_t(tree.node_count()); ++i) {
+    const std::int64_t id = tree.nodes()[std::size_t(i)].id;
+    const std::int32_t previous = ids.insert(id, i);
+    if (previous >= 0) fail(ErrorCategory::InvalidTree, "duplicate node id {} (nodes[{}] and nodes[{}])", id, previous, i);
   }
-
-  std::int32_t find(std::int64_t id) const {
-    if (dense_) return id >= 0 && id < std::int64_t(table_.size()) ? table_[std::size_t(id)] : -1;
-    auto it = map_.find(id);
-    return it == map_.end() ? -1 : it->second;
-  }
-
- private:
-  // Returns the index already holding `id`, or -1 after inserting it.
-  std::int32_t insert(std::int64_t id, std::int32_t index) {
-    if (dense_) {
-      std::int32_t& slot = table_[std::size_t(id)];
-      if (slot >= 0) return slot;
-      slot = index;
-      return -1;
-    }
-    auto [it, inserted] = map_.emplace(id, index);
-    return inserted ? -1 : it->second;
-  }
-
-  bool dense_ = false;
-  std::vector<std::int32_t> table_;
-  std::unordered_map<std::int64_t, std::int32_t> map_;
-};
+  return ids;
+}
 
 }  // namespace
 
@@ -192,7 +159,7 @@ Topology analyze(const Tree& tree, std::int64_t kv_slots, std::size_t checked_no
     fail(ErrorCategory::InvalidTree, "{} queries exceed the limit of {}", tree.query_count(), kMaxCount);
   }
   const std::int32_t n = std::int32_t(nodes.size());
-  IdIndex ids(tree);
+  const IdMap ids = index_ids(tree);
 
   Topology topo;
   topo.parent.resize(std::size_t(n));

@@ -1,0 +1,61 @@
+#pragma once
+// Internal: node id -> node index, for ids the caller chooses (any int64).
+// One flat open-addressed table (no allocation per id, unlike a node-based
+// hash map), sized for the ids it is built for; lookups of absent ids are cheap.
+
+#include <cstdint>
+#include <vector>
+
+namespace treeattn {
+
+class IdMap {
+ public:
+  // Room for `count` ids without growing.
+  void reset(std::size_t count) {
+    std::size_t capacity = 16;
+    while (capacity < 2 * count) capacity *= 2;
+    slots_.assign(capacity, Slot{0, kEmpty});
+    size_ = 0;
+  }
+  // Returns the index already held for `id`, or -1 after storing `index`.
+  std::int32_t insert(std::int64_t id, std::int32_t index) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    Slot& s = slots_[probe(id)];
+    if (s.index != kEmpty) return s.index;
+    s = Slot{id, index};
+    ++size_;
+    return -1;
+  }
+  std::int32_t find(std::int64_t id) const {
+    if (slots_.empty()) return -1;
+    const Slot& s = slots_[probe(id)];
+    return s.index == kEmpty ? -1 : s.index;
+  }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  static constexpr std::int32_t kEmpty = -1;
+  struct Slot {
+    std::int64_t id;
+    std::int32_t index;
+  };
+  // The slot holding `id`, or the empty one where it would go (linear probing).
+  std::size_t probe(std::int64_t id) const {
+    const std::size_t mask = slots_.size() - 1;
+    std::size_t i = std::size_t((std::uint64_t(id) * 0x9e3779b97f4a7c15ull) >> 32) & mask;
+    while (slots_[i].index != kEmpty && slots_[i].id != id) i = (i + 1) & mask;
+    return i;
+  }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    reset(old.empty() ? 8 : old.size());
+    for (const Slot& s : old) {
+      if (s.index != kEmpty) insert(s.id, s.index);
+    }
+  }
+
+  std::vector<Slot> slots_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace treeattn

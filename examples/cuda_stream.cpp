@@ -1,7 +1,8 @@
 // treeattn inside a CUDA serving loop: the KV cache and Q live on the GPU, a
-// decode step's layers are one CUDA graph captured once, and each step uploads
-// its new plan into the same workspace before replaying the graph. Checks O of
-// the last step against treeattn's CPU backend.
+// decode step's layers are one CUDA graph captured once, and each step hands
+// its changes to an IncrementalPlanner and uploads the updated plan into the
+// same workspace before replaying the graph. Checks O of the last step
+// against treeattn's CPU backend on the from-scratch plan of the same tree.
 //
 // Exit status: 0 when O matches, 1 on a mismatch or error, 77 without a CUDA device.
 
@@ -47,11 +48,12 @@ int main() {
     const treeattn::cuda::Context context(/*device=*/0);
     treeattn::PlanOptions options;
     options.cost = context.cost_model();
-    treeattn::Planner planner(1);
+    // The tree across decode steps: each step hands it that step's changes.
+    treeattn::IncrementalPlanner planner(heads, options);
 
     // Capacities for every step's plan: here the largest step's, with headroom.
     const treeattn::cuda::WorkspaceLimits limits =
-        treeattn::cuda::WorkspaceLimits::of(planner.plan(step_tree(heads, steps - 1), options)).with_headroom(1.25);
+        treeattn::cuda::WorkspaceLimits::of(treeattn::plan(step_tree(heads, steps - 1), options)).with_headroom(1.25);
     treeattn::cuda::Workspace workspace(context, limits);
 
     // The engine's tensors: one KV pool per layer, Q and O per step.
@@ -78,8 +80,13 @@ int main() {
     cudaGraphExec_t graph = nullptr;
     treeattn::Plan plan;
     for (int s = 0; s < steps; ++s) {
-      plan = planner.plan(step_tree(heads, s), options);  // the host plans step s ...
-      workspace.upload(plan, stream);                      // ... and uploads it without waiting
+      if (s == 0) {
+        planner.add_tree(step_tree(heads, 0));
+      } else {
+        for (int b = 0; b < 16; ++b) planner.append_range(1 + b, 2000 + b * 128 + 10 + s - 1, 1);  // a token a branch
+      }
+      plan = planner.update();         // the host plans step s from its changes ...
+      workspace.upload(plan, stream);  // ... and uploads it without waiting
       if (graph == nullptr) {                              // the layers, captured once
         cudaGraph_t captured = nullptr;
         check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -96,7 +103,8 @@ int main() {
 
     treeattn::HostArray want(treeattn::DType::f32, {nq, heads.heads_q, heads.head_dim});
     treeattn::HostArray hq = q, hk = k, hv = v;
-    treeattn::make_backend(treeattn::BackendKind::cpu)->run(plan, {hq.view(), hk.view(), hv.view(), want.view(), {}});
+    const treeattn::Plan reference = treeattn::plan(step_tree(heads, steps - 1), options);
+    treeattn::make_backend(treeattn::BackendKind::cpu)->run(reference, {hq.view(), hk.view(), hv.view(), want.view(), {}});
     double worst = 0.0;
     for (std::size_t i = 0; i < got.size(); ++i) {
       const double w = double(reinterpret_cast<const float*>(want.bytes.data())[i]);

@@ -20,9 +20,9 @@ import weakref
 
 from . import _core
 from ._core import Plan, Tree, has_cuda, has_vulkan
-from .adapters import tree_from_block_tables, tree_from_token_tables
+from .adapters import tree_from_block_tables, tree_from_packed_sequences, tree_from_token_tables
 
-__all__ = ["Tree", "Context", "Plan", "has_cuda", "has_vulkan", "tree_from_block_tables", "tree_from_token_tables"]
+__all__ = ["Tree", "Context", "Plan", "has_cuda", "has_vulkan", "tree_from_block_tables", "tree_from_packed_sequences", "tree_from_token_tables"]
 __version__ = _core.__version__
 
 

@@ -32,9 +32,11 @@ def _rows(table, lengths, what):
     return rows, lens
 
 
-def _tree(units, heads_q, heads_kv, head_dim, scale, add_node):
+def _tree(units, heads_q, heads_kv, head_dim, scale, add_node, queries=None):
     """The tree of the requests' `units` (lists of keys), merged by common leading
-    keys; add_node(tree, id, parent, keys) adds a node of a run of keys."""
+    keys; add_node(tree, id, parent, keys) adds a node of a run of keys. Request r
+    has `queries[r]` queries (default 1), on its last keys, causal: its j-th of n sees
+    its keys up to len(units[r]) - n + j (one key a token)."""
     roots = {}
     for r, keys in enumerate(units):
         children, node = roots, None
@@ -47,6 +49,8 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, add_node):
 
     tree = Tree(heads_q, heads_kv, head_dim, scale)
     query_node = [0] * len(units)
+    start = []  # keys before each node on its path, and its own
+    length = []
     next_id = 0
     stack = [(node, -1) for node in reversed(list(roots.values()))]
     while stack:
@@ -57,12 +61,19 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, add_node):
             node = next(iter(node.children.values()))
             keys.append(node.key)
         add_node(tree, next_id, parent, keys)
+        start.append(0 if parent < 0 else start[parent] + length[parent])
+        length.append(len(keys))
         for r in node.ends:
             query_node[r] = next_id
         stack.extend((child, next_id) for child in reversed(list(node.children.values())))
         next_id += 1
-    for node_id in query_node:
-        tree.add_query(node_id)
+    for r, node_id in enumerate(query_node):
+        n = 1 if queries is None else queries[r]
+        if n > length[node_id]:
+            raise ValueError(f"request {r}: {n} queries but its last {length[node_id]} tokens are its own")
+        for j in range(n):
+            upto = len(units[r]) - n + j + 1 - start[node_id]
+            tree.add_query(node_id, None if upto == length[node_id] else upto)
     return tree
 
 
@@ -110,3 +121,25 @@ def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, 
             raise ValueError(f"req_to_token: request {r} has {n} tokens but its row holds {len(row)}")
         units.append([int(slot) for slot in row[:n]])
     return _tree(units, heads_q, heads_kv, head_dim, scale, lambda tree, node_id, parent, slots: tree.add_node(node_id, parent, slots))
+
+
+def tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, heads_kv, head_dim, scale=None):
+    """A tree from a packed (varlen) batch, as continuous batching lays it out:
+    request r's KV tokens are the cache rows rows[cu_seq_lens_k[r]:cu_seq_lens_k[r+1]]
+    in order, and its last cu_seq_lens_q[r+1] - cu_seq_lens_q[r] tokens are new, one
+    query each (row cu_seq_lens_q[r] + j of Q), causal. Requests that begin with the
+    same rows share them (prefix sharing)."""
+    flat = [int(x) for x in (rows.tolist() if hasattr(rows, "tolist") else rows)]
+    cu_k = [int(x) for x in (cu_seq_lens_k.tolist() if hasattr(cu_seq_lens_k, "tolist") else cu_seq_lens_k)]
+    cu_q = [int(x) for x in (cu_seq_lens_q.tolist() if hasattr(cu_seq_lens_q, "tolist") else cu_seq_lens_q)]
+    if len(cu_k) != len(cu_q):
+        raise ValueError(f"cu_seq_lens_k has {len(cu_k)} entries, cu_seq_lens_q {len(cu_q)}")
+    if cu_k[-1] > len(flat):
+        raise ValueError(f"cu_seq_lens_k ends at {cu_k[-1]} but there are {len(flat)} rows")
+    units = [flat[cu_k[r]:cu_k[r + 1]] for r in range(len(cu_k) - 1)]
+    queries = [cu_q[r + 1] - cu_q[r] for r in range(len(cu_q) - 1)]
+    for r, (keys, n) in enumerate(zip(units, queries)):
+        if n < 1 or n > len(keys):
+            raise ValueError(f"request {r}: {n} new tokens but {len(keys)} KV tokens")
+    return _tree(units, heads_q, heads_kv, head_dim, scale,
+                 lambda tree, node_id, parent, slots: tree.add_node(node_id, parent, slots), queries)

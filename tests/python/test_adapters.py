@@ -74,3 +74,30 @@ def test_the_shared_prompts_example_runs():
     assert "3 requests: a tree of 4 nodes" in done.stdout
     error = float(done.stdout.rsplit("max abs error ", 1)[1])
     assert error <= 2e-3
+
+
+def test_packed_batches_share_prefixes_and_query_causally(rng):
+    # Continuous batching's varlen layout: request 0 prefills 3 new tokens after a
+    # 6-token prompt it shares with request 1, which decodes one token.
+    prompt = [50, 51, 52, 53, 54, 55]
+    rows = prompt + [60, 61, 62] + prompt + [70, 71, 72, 73]
+    cu_k, cu_q = [0, 9, 19], [0, 3, 4]
+    tree = treeattn.tree_from_packed_sequences(np.array(rows), np.array(cu_k), np.array(cu_q), 8, 2, 64)
+    assert (tree.num_nodes, tree.num_queries) == (3, 4)  # the prompt and two continuations; 3 + 1 queries
+    # Query j of a request sees its rows up to its own token.
+    paths = [prompt + [60], prompt + [60, 61], prompt + [60, 61, 62], prompt + [70, 71, 72, 73]]
+    ctx = treeattn.Context("cpu")
+    q = rng.uniform(-1, 1, (4, 8, 64)).astype(np.float32)
+    k = rng.uniform(-1, 1, (80, 2, 64)).astype(np.float32)
+    v = rng.uniform(-1, 1, (80, 2, 64)).astype(np.float32)
+    o, lse = ctx.attention(ctx.plan(tree), q, k, v)
+    want_o, want_lse = reference_attention(q, k, v, paths, 1 / 8)
+    assert np.abs(o - want_o).max() <= 1e-5
+    assert np.abs(lse - want_lse).max() <= 1e-5
+
+
+def test_bad_packed_batches_are_refused_by_request():
+    with pytest.raises(ValueError, match="request 1: 3 new tokens but 2 KV tokens"):
+        treeattn.tree_from_packed_sequences([1, 2, 3, 4], [0, 2, 4], [0, 1, 4], 8, 2, 64)
+    with pytest.raises(ValueError, match="cu_seq_lens_k ends at 9 but there are 4 rows"):
+        treeattn.tree_from_packed_sequences([1, 2, 3, 4], [0, 9], [0, 1], 8, 2, 64)

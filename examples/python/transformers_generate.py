@@ -1,0 +1,109 @@
+"""Greedy decoding of a random Llama through transformers' continuous batching,
+with treeattn as the attention, checked against transformers' own paged attention.
+
+One long prompt shared by many requests (each with a short suffix of its own):
+continuous batching shares the prompt's cache blocks, and treeattn reads them once
+per step for all requests. The model is randomly initialised (no download), with
+weights large enough that greedy decoding does not collapse onto one token.
+
+    python examples/python/transformers_generate.py --device cuda --prompt-tokens 4000 --branches 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+import treeattn.transformers_paged
+
+
+def random_llama(layers, hidden, heads, kv_heads, head_dim, vocab, device, dtype, seed):
+    config = LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                         intermediate_size=2 * hidden, num_hidden_layers=layers, vocab_size=vocab,
+                         max_position_embeddings=16384, initializer_range=0.08)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    return model
+
+
+def generate(model, implementation, prompts, new_tokens, block_size):
+    model.set_attn_implementation(implementation)
+    generation = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    # Cache blocks for every request unshared (block sharing needs fewer), and a batch that holds the longest prompt.
+    longest = max(len(p) for p in prompts) + new_tokens
+    blocks = len(prompts) * (longest + block_size - 1) // block_size + len(prompts)
+    batching = ContinuousBatchingConfig(block_size=block_size, num_blocks=blocks, max_batch_tokens=max(longest, 1024),
+                                        allow_block_sharing=True, return_logprobs=True, use_cuda_graph=False,
+                                        use_async_batching=False)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    outputs = model.generate_batch(prompts, generation_config=generation, continuous_batching_config=batching,
+                                   warmup=False)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    ordered = sorted(outputs.values(), key=lambda o: int(o.request_id.split("_")[-1]))
+    return [o.generated_tokens for o in ordered], [o.logprobs for o in ordered], seconds
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on the CPU by default")
+    parser.add_argument("--prompt-tokens", type=int, default=4000, help="tokens of the shared prompt")
+    parser.add_argument("--suffix-tokens", type=int, default=8, help="tokens of each request's own suffix")
+    parser.add_argument("--branches", type=int, default=32, help="requests sharing the prompt")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--block-size", type=int, default=256, help="continuous batching's KV block size")
+    parser.add_argument("--reference", default="paged|sdpa", help="transformers' attention to check against")
+    parser.add_argument("--logprob-tolerance", type=float, default=0.05)
+    parser.add_argument("--json", help="write the comparison and timings here")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device == "cuda" else torch.float32)
+    model = random_llama(args.layers, args.hidden, args.heads, args.kv_heads, args.head_dim, args.vocab, args.device,
+                         dtype, args.seed)
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    prompt = torch.randint(1, args.vocab, (args.prompt_tokens,), generator=generator).tolist()
+    prompts = [prompt + torch.randint(1, args.vocab, (args.suffix_tokens,), generator=generator).tolist()
+               for _ in range(args.branches)]
+
+    treeattn.transformers_paged.register()
+    ours = generate(model, treeattn.transformers_paged.NAME, prompts, args.new_tokens, args.block_size)
+    theirs = generate(model, args.reference, prompts, args.new_tokens, args.block_size)
+
+    same_tokens = ours[0] == theirs[0]
+    distinct = len({t for tokens in ours[0] for t in tokens})
+    worst = max((abs(a - b) for la, lb in zip(ours[1], theirs[1]) for a, b in zip(la, lb)), default=0.0)
+    result = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "prompt_tokens": args.prompt_tokens, "branches": args.branches, "new_tokens": args.new_tokens,
+        "layers": args.layers, "heads": [args.heads, args.kv_heads, args.head_dim],
+        "tokens_identical": same_tokens, "distinct_tokens": distinct, "max_logprob_difference": worst,
+        "treeattn_seconds": ours[2], "reference_seconds": theirs[2], "reference": args.reference,
+        "tokens_per_second": {"treeattn": args.branches * args.new_tokens / ours[2],
+                              args.reference: args.branches * args.new_tokens / theirs[2]},
+    }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    ok = same_tokens and worst <= args.logprob_tolerance and distinct > 1
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

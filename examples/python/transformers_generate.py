@@ -67,6 +67,8 @@ def main():
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--block-size", type=int, default=256, help="continuous batching's KV block size")
     parser.add_argument("--reference", default="paged|sdpa", help="transformers' attention to check against")
+    parser.add_argument("--control", help="another of transformers' attentions, checked against the reference the same "
+                                          "way: how far two implementations of the same attention drift apart")
     parser.add_argument("--logprob-tolerance", type=float, default=0.05)
     parser.add_argument("--json", help="write the comparison and timings here")
     parser.add_argument("--seed", type=int, default=0)
@@ -84,19 +86,33 @@ def main():
     ours = generate(model, treeattn.transformers_paged.NAME, prompts, args.new_tokens, args.block_size)
     theirs = generate(model, args.reference, prompts, args.new_tokens, args.block_size)
 
+    def compare(a, b):
+        # Per request: the first step whose token differs, and the log-probabilities up to it (the
+        # same context on both sides), where a difference is the attention's, not a diverged prefix's.
+        first = [next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta)) for ta, tb in zip(a[0], b[0])]
+        worst = max((abs(x - y) for la, lb, n in zip(a[1], b[1], first) for x, y in zip(la[:n + 1], lb[:n + 1])),
+                    default=0.0)
+        return first, worst
+
     same_tokens = ours[0] == theirs[0]
     distinct = len({t for tokens in ours[0] for t in tokens})
-    worst = max((abs(a - b) for la, lb in zip(ours[1], theirs[1]) for a, b in zip(la, lb)), default=0.0)
+    first_difference, worst = compare(ours, theirs)
     result = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
         "prompt_tokens": args.prompt_tokens, "branches": args.branches, "new_tokens": args.new_tokens,
         "layers": args.layers, "heads": [args.heads, args.kv_heads, args.head_dim],
         "tokens_identical": same_tokens, "distinct_tokens": distinct, "max_logprob_difference": worst,
+        "first_difference": first_difference,
         "treeattn_seconds": ours[2], "reference_seconds": theirs[2], "reference": args.reference,
         "tokens_per_second": {"treeattn": args.branches * args.new_tokens / ours[2],
                               args.reference: args.branches * args.new_tokens / theirs[2]},
     }
+    if args.control:
+        control = generate(model, args.control, prompts, args.new_tokens, args.block_size)
+        control_first, control_worst = compare(control, theirs)
+        result["control"] = {"implementation": args.control, "first_difference": control_first,
+                             "max_logprob_difference": control_worst, "seconds": control[2]}
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -32,11 +32,13 @@ def _rows(table, lengths, what):
     return rows, lens
 
 
-def _tree(units, heads_q, heads_kv, head_dim, scale, add_node, queries=None):
+def _tree(units, heads_q, heads_kv, head_dim, scale, add_node, queries=None, tokens=None):
     """The tree of the requests' `units` (lists of keys), merged by common leading
-    keys; add_node(tree, id, parent, keys) adds a node of a run of keys. Request r
-    has `queries[r]` queries (default 1), on its last keys, causal: its j-th of n sees
-    its keys up to len(units[r]) - n + j (one key a token)."""
+    keys; add_node(tree, id, parent, keys) adds a node of a run of keys; tokens(key)
+    is how many tokens a key holds (default 1). Request r has `queries[r]` queries
+    (default 1) on its last tokens, causal: its j-th of n sees its first
+    total - n + j + 1 tokens."""
+    weight = tokens or (lambda key: 1)
     roots = {}
     for r, keys in enumerate(units):
         children, node = roots, None
@@ -62,7 +64,7 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, add_node, queries=None):
             keys.append(node.key)
         add_node(tree, next_id, parent, keys)
         start.append(0 if parent < 0 else start[parent] + length[parent])
-        length.append(len(keys))
+        length.append(sum(weight(key) for key in keys))
         for r in node.ends:
             query_node[r] = next_id
         stack.extend((child, next_id) for child in reversed(list(node.children.values())))
@@ -71,17 +73,20 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, add_node, queries=None):
         n = 1 if queries is None else queries[r]
         if n > length[node_id]:
             raise ValueError(f"request {r}: {n} queries but its last {length[node_id]} tokens are its own")
+        total = start[node_id] + length[node_id]
         for j in range(n):
-            upto = len(units[r]) - n + j + 1 - start[node_id]
+            upto = total - n + j + 1 - start[node_id]
             tree.add_query(node_id, None if upto == length[node_id] else upto)
     return tree
 
 
-def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, head_dim, scale=None):
+def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, head_dim, scale=None, new_tokens=None):
     """A tree from vLLM-style paging: request r's token t lives in KV slot
     block_table[r][t // page_size] * page_size + t % page_size, for t < seq_lens[r].
     Requests that begin with the same pages share them as one node, given to the
-    tree as its pages (never expanded to slots here)."""
+    tree as its pages (never expanded to slots here). Request r is one query seeing
+    its whole sequence, or with `new_tokens`, new_tokens[r] queries (its last tokens,
+    a prefill chunk; rows in request order), each seeing its sequence up to itself."""
     if page_size <= 0:
         raise ValueError(f"page_size {page_size} must be positive")
     rows, lens = _rows(block_table, seq_lens, "block_table")
@@ -103,7 +108,8 @@ def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, 
     def add_pages(tree, node_id, parent, keys):
         tree.add_node_pages(node_id, parent, [page for page, _ in keys], page_size, keys[-1][1])
 
-    return _tree(units, heads_q, heads_kv, head_dim, scale, add_pages)
+    queries = None if new_tokens is None else [int(n) for n in (new_tokens.tolist() if hasattr(new_tokens, "tolist") else new_tokens)]
+    return _tree(units, heads_q, heads_kv, head_dim, scale, add_pages, queries, tokens=lambda key: key[1])
 
 
 def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, scale=None, req_pool_indices=None):

@@ -18,12 +18,13 @@ paged implementations do.
 from __future__ import annotations
 
 from . import Context
-from .adapters import tree_from_packed_sequences
+from .adapters import tree_from_block_tables, tree_from_packed_sequences
 
 NAME = "paged|treeattn"
 
 _contexts = {}  # (device type, index) -> Context
 _step = {}  # id(cache) -> the plan of the forward pass in progress
+heads_seen = None  # (heads_q, heads_kv) of the last batch planned: a rank's own under tensor parallelism
 
 
 def _context_for(tensor):
@@ -32,6 +33,34 @@ def _context_for(tensor):
     if key not in _contexts:
         _contexts[key] = Context("cuda", device.index or 0) if device.type == "cuda" else Context("cpu")
     return _contexts[key]
+
+
+def _packed_tree(rows, cu_seq_lens_k, cu_seq_lens_q, block_size, heads_q, heads_kv, head_dim, scale):
+    """The tree of a packed batch. Where every request's rows run through its cache
+    blocks in order (token t in row block[t // block_size] * block_size + t %
+    block_size, as the paged cache lays them out), it is built from the blocks,
+    checked on the device, and only they come to the host; else from every row."""
+    import torch
+
+    cu = cu_seq_lens_k.to(device=rows.device, dtype=torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    token = torch.arange(rows.numel(), device=rows.device) - torch.repeat_interleave(cu[:-1], lengths)
+    rows = rows.to(torch.int64)
+    block_start = token % block_size == 0
+    page = rows // block_size
+    page_of_block = page[block_start]
+    in_order = ((rows % block_size) == (token % block_size)) & (page == page_of_block[torch.cumsum(block_start, 0) - 1])
+    if not bool(in_order.all()):
+        return tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, heads_kv, head_dim, scale)
+    seq_lens = lengths.tolist()
+    pages = page_of_block.tolist()
+    table, at = [], 0
+    for n in seq_lens:
+        blocks = (n + block_size - 1) // block_size
+        table.append(pages[at:at + blocks])
+        at += blocks
+    new_tokens = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
+    return tree_from_block_tables(table, seq_lens, block_size, heads_q, heads_kv, head_dim, scale, new_tokens)
 
 
 def paged_attention(module, query, key, value, attention_mask=None, cache=None, cu_seq_lens_q=None,
@@ -57,9 +86,11 @@ def paged_attention(module, query, key, value, attention_mask=None, cache=None, 
     if module.layer_idx == first_layer or id(cache) not in _step:
         # A batch of prefills only reads nothing: its KV rows are the ones just written.
         rows = read if read.numel() > 0 else write
+        global heads_seen
         heads_q, head_dim = query.shape[1], query.shape[3]
-        tree = tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, key.shape[1], head_dim,
-                                          scale=module.scaling)
+        heads_seen = (heads_q, key.shape[1])
+        tree = _packed_tree(rows, cu_seq_lens_k, cu_seq_lens_q, cache.block_size, heads_q, key.shape[1], head_dim,
+                            module.scaling)
         _step[id(cache)] = context.plan(tree, strategy)
     plan = _step[id(cache)]
     out, _ = context.attention(plan, query.squeeze(0).transpose(0, 1).contiguous(), k_cache, v_cache)

@@ -101,3 +101,20 @@ def test_bad_packed_batches_are_refused_by_request():
         treeattn.tree_from_packed_sequences([1, 2, 3, 4], [0, 2, 4], [0, 1, 4], 8, 2, 64)
     with pytest.raises(ValueError, match="cu_seq_lens_k ends at 9 but there are 4 rows"):
         treeattn.tree_from_packed_sequences([1, 2, 3, 4], [0, 9], [0, 1], 8, 2, 64)
+
+
+def test_block_tables_with_new_tokens_query_causally(rng):
+    # Request 0: 10 tokens on pages 3, 1, 4 (page size 4), its last 3 new (a prefill
+    # chunk); request 1 shares page 3 and decodes its 6th token.
+    tree = treeattn.tree_from_block_tables([[3, 1, 4], [3, 2, 0]], [10, 6], 4, 8, 2, 64, new_tokens=[3, 1])
+    assert (tree.num_nodes, tree.num_queries) == (3, 4)
+    slots0 = [3 * 4 + t for t in range(4)] + [1 * 4 + t for t in range(4)] + [16, 17]
+    slots1 = [12, 13, 14, 15, 8, 9]
+    paths = [slots0[:8], slots0[:9], slots0[:10], slots1]
+    ctx = treeattn.Context("cpu")
+    q = rng.uniform(-1, 1, (4, 8, 64)).astype(np.float32)
+    k = rng.uniform(-1, 1, (20, 2, 64)).astype(np.float32)
+    v = rng.uniform(-1, 1, (20, 2, 64)).astype(np.float32)
+    o, _ = ctx.attention(ctx.plan(tree), q, k, v)
+    want_o, _ = reference_attention(q, k, v, paths, 1 / 8)
+    assert np.abs(o - want_o).max() <= 1e-5

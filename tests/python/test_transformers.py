@@ -27,7 +27,7 @@ def load_example():
 
 def test_greedy_tokens_and_logprobs_match_paged_sdpa():
     example = load_example()
-    model = example.random_llama(2, 1024, 8, 2, 128, 4000, "cuda", torch.bfloat16, seed=0)
+    model = example.random_llama(2, 1024, 8, 2, 128, 4000, "cuda", torch.float16, seed=0)
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(1, 4000, (600,), generator=generator).tolist()
     prompts = [prompt + torch.randint(1, 4000, (5,), generator=generator).tolist() for _ in range(6)]

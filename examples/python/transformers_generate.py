@@ -16,7 +16,8 @@ import json
 import time
 
 import torch
-from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import AttentionInterface, ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers.integrations.sdpa_paged import sdpa_attention_paged_forward
 
 import treeattn.transformers_paged
 
@@ -28,6 +29,30 @@ def random_llama(layers, hidden, heads, kv_heads, head_dim, vocab, device, dtype
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
     return model
+
+
+class AttentionTimer:
+    """Registers `name` as `function` with CUDA events around every call: the GPU time
+    of the attention alone (its cache write included), read after the run."""
+
+    def __init__(self, name, function):
+        self.events = []
+
+        def timed(module, *args, **kwargs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = function(module, *args, **kwargs)
+            end.record()
+            self.events.append((start, end))
+            return result
+
+        AttentionInterface.register(name, timed)
+
+    def seconds(self):
+        torch.cuda.synchronize()
+        total = sum(start.elapsed_time(end) for start, end in self.events) / 1e3
+        self.events = []
+        return total
 
 
 def generate(model, implementation, prompts, new_tokens, block_size):
@@ -83,8 +108,17 @@ def main():
                for _ in range(args.branches)]
 
     treeattn.transformers_paged.register()
+    timers = {}
+    if args.device == "cuda" and args.reference == "paged|sdpa":
+        timers = {treeattn.transformers_paged.NAME: AttentionTimer(treeattn.transformers_paged.NAME,
+                                                                   treeattn.transformers_paged.paged_attention),
+                  "paged|sdpa": AttentionTimer("paged|sdpa", sdpa_attention_paged_forward)}
     ours = generate(model, treeattn.transformers_paged.NAME, prompts, args.new_tokens, args.block_size)
+    ours_attention = timers[treeattn.transformers_paged.NAME].seconds() if timers else None
     theirs = generate(model, args.reference, prompts, args.new_tokens, args.block_size)
+    theirs_attention = timers["paged|sdpa"].seconds() if timers else None
+    if timers:  # transformers' own function back
+        AttentionInterface.register("paged|sdpa", sdpa_attention_paged_forward)
 
     def compare(a, b):
         # Per request: the first step whose token differs, and the log-probabilities up to it (the
@@ -105,6 +139,7 @@ def main():
         "tokens_identical": same_tokens, "distinct_tokens": distinct, "max_logprob_difference": worst,
         "first_difference": first_difference,
         "treeattn_seconds": ours[2], "reference_seconds": theirs[2], "reference": args.reference,
+        "attention_gpu_seconds": {"treeattn": ours_attention, args.reference: theirs_attention},
         "tokens_per_second": {"treeattn": args.branches * args.new_tokens / ours[2],
                               args.reference: args.branches * args.new_tokens / theirs[2]},
     }

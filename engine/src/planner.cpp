@@ -14,11 +14,8 @@
 #include "visibility.hpp"
 
 namespace treeattn {
-namespace {
 
-constexpr double kNoBound = std::numeric_limits<double>::infinity();  // predict(): time it exactly
-
-void check_options(const PlanOptions& o) {
+void check_plan_options(const PlanOptions& o) {
   if (o.block_tokens != kAutoBlockTokens && (o.block_tokens < 1 || o.block_tokens > kMaxBlockTokens)) {
     fail(ErrorCategory::InvalidArgument, "block_tokens = {} is outside [1, {}] (or {}: the cost model chooses)",
          o.block_tokens, kMaxBlockTokens, kAutoBlockTokens);
@@ -35,6 +32,10 @@ void check_options(const PlanOptions& o) {
   }
   if (o.kv_slots < 0) fail(ErrorCategory::InvalidArgument, "kv_slots = {} is negative", o.kv_slots);
 }
+
+namespace {
+
+constexpr double kNoBound = std::numeric_limits<double>::infinity();  // predict(): time it exactly
 
 // DeFT-Flatten: the whole forest is one run in depth-first order, cut evenly, so
 // small nodes share a block with their neighbours and every block is full.
@@ -389,7 +390,7 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibili
 }
 
 Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
-  check_options(options);
+  check_plan_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
   return plan_analyzed(tree, topo, compute_visibility(tree, topo), options, pool, nullptr, nullptr, nullptr);
 }
@@ -442,7 +443,6 @@ Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis
   return assemble(tree, topo, vis, options, nullptr, reuse);
 }
 
-void check_plan_options(const PlanOptions& options) { check_options(options); }
 
 Plan plan(const Tree& tree, const PlanOptions& options) { return plan_on(tree, options, nullptr); }
 

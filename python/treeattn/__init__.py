@@ -22,7 +22,7 @@ from . import _core
 from ._core import Plan, Tree, has_cuda, has_vulkan
 from .adapters import tree_from_block_tables, tree_from_packed_sequences, tree_from_token_tables
 
-__all__ = ["Tree", "Context", "Plan", "has_cuda", "has_vulkan", "tree_from_block_tables", "tree_from_packed_sequences", "tree_from_token_tables"]
+__all__ = ["Tree", "Context", "Plan", "context_for", "has_cuda", "has_vulkan", "tree_from_block_tables", "tree_from_packed_sequences", "tree_from_token_tables"]
 __version__ = _core.__version__
 
 
@@ -123,3 +123,17 @@ class Context:
             lse = _empty_like(q, (q.shape[0], q.shape[1]), "float32")
         self._context._attention(plan, q, k, v, out, lse, _current_stream(q))
         return out, lse
+
+
+_device_contexts = {}  # (device type, index) -> Context
+
+
+def context_for(array):
+    """The process's Context for a torch tensor's device (CUDA there, else the CPU),
+    made at its first use: what attention functions called by a framework run on."""
+    device = array.device
+    key = (device.type, device.index)
+    if key not in _device_contexts:
+        _device_contexts[key] = Context("cuda", device.index or 0) if device.type == "cuda" else Context("cpu")
+    return _device_contexts[key]
+

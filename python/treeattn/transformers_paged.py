@@ -17,22 +17,13 @@ paged implementations do.
 
 from __future__ import annotations
 
-from . import Context
+from . import context_for
 from .adapters import tree_from_block_tables, tree_from_packed_sequences
 
 NAME = "paged|treeattn"
 
-_contexts = {}  # (device type, index) -> Context
 _step = {}  # id(cache) -> the plan of the forward pass in progress
 heads_seen = None  # (heads_q, heads_kv) of the last batch planned: a rank's own under tensor parallelism
-
-
-def _context_for(tensor):
-    device = tensor.device
-    key = (device.type, device.index)
-    if key not in _contexts:
-        _contexts[key] = Context("cuda", device.index or 0) if device.type == "cuda" else Context("cpu")
-    return _contexts[key]
 
 
 def _packed_tree(rows, cu_seq_lens_k, cu_seq_lens_q, block_size, heads_q, heads_kv, head_dim, scale):
@@ -81,7 +72,7 @@ def paged_attention(module, query, key, value, attention_mask=None, cache=None, 
     k_cache.index_copy_(0, write, key.transpose(1, 2).squeeze(0))
     v_cache.index_copy_(0, write, value.transpose(1, 2).squeeze(0))
 
-    context = _context_for(query)
+    context = context_for(query)
     first_layer = min(cache.layer_index_to_group_indices)
     if module.layer_idx == first_layer or id(cache) not in _step:
         # A batch of prefills only reads nothing: its KV rows are the ones just written.

@@ -16,11 +16,9 @@ KV once for all of them. The tree is planned at the first layer of each forward.
 
 from __future__ import annotations
 
-from . import Context, Tree
+from . import Tree, context_for
 
 NAME = "treeattn_tree"
-
-_contexts = {}
 
 
 class TokenTree:
@@ -72,13 +70,6 @@ class TokenTree:
         return mask[None, None].to(device)
 
 
-def _context_for(tensor):
-    key = (tensor.device.type, tensor.device.index)
-    if key not in _contexts:
-        _contexts[key] = Context("cuda", tensor.device.index or 0) if tensor.device.type == "cuda" else Context("cpu")
-    return _contexts[key]
-
-
 def tree_attention(module, query, key, value, attention_mask=None, token_tree=None, strategy="flatten", **kwargs):
     """query [1, heads_q, tokens, head_dim]; key and value [1, heads_kv, prefix + tokens,
     head_dim] (the cache after this forward's tokens); returns ([1, tokens, heads_q, head_dim], None)."""
@@ -88,7 +79,7 @@ def tree_attention(module, query, key, value, attention_mask=None, token_tree=No
     if tokens != len(token_tree.parents) or key.shape[2] != token_tree.prefix_tokens + tokens:
         raise ValueError(f"`{NAME}`: {tokens} query tokens and {key.shape[2]} cached ones, but the token tree has "
                          f"{len(token_tree.parents)} tokens on a {token_tree.prefix_tokens}-token prefix")
-    context = _context_for(query)
+    context = context_for(query)
     plan_key = (id(context), heads_q, key.shape[1])
     if plan_key not in token_tree._plans:
         token_tree._plans[plan_key] = context.plan(token_tree.tree(heads_q, key.shape[1], head_dim, module.scaling), strategy)

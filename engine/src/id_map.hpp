@@ -3,6 +3,7 @@
 // One flat open-addressed table (no allocation per id, unlike a node-based
 // hash map), sized for the ids it is built for; lookups of absent ids are cheap.
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -10,11 +11,17 @@ namespace treeattn {
 
 class IdMap {
  public:
-  // Room for `count` ids without growing.
+  // Empty, with room for `count` ids without growing. The table it has is
+  // kept unless more than four times too large: a tree rebuilt after a
+  // removal usually takes back as many ids as it had.
   void reset(std::size_t count) {
     std::size_t capacity = 16;
     while (capacity < 2 * count) capacity *= 2;
-    slots_.assign(capacity, Slot{0, kEmpty});
+    if (slots_.size() < capacity || slots_.size() > 4 * capacity) {
+      slots_.assign(capacity, Slot{0, kEmpty});
+    } else {
+      std::fill(slots_.begin(), slots_.end(), Slot{0, kEmpty});
+    }
     size_ = 0;
   }
   // Returns the index already held for `id`, or -1 after storing `index`.

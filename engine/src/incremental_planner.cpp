@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 
 #include "fail.hpp"
@@ -27,11 +28,16 @@ struct IncrementalPlanner::State {
   std::vector<std::int64_t> grown_from;  // [nodes] length at the last update, or -1 if not grown
   std::vector<std::uint8_t> removed;     // [nodes] removal asked for (the subtree follows at update)
   bool removals = false;
+  std::size_t first_moved = SIZE_MAX;    // nodes from this index on are not at their index of the last update
 
   // What the last update derived.
   std::optional<Topology> topo;
   std::optional<Visibility> vis;
   std::vector<std::int32_t> whole_begin, whole_queries;  // CSR: node -> queries that see the whole node
+  std::vector<std::int64_t> analysed_length;  // [nodes] each node's length as the visibility has it
+  struct Removal {  // apply_removals()' buffers
+    std::vector<std::int32_t> parent, child_begin, children, fill, stack, new_index;
+  } removal;
   std::optional<GreedyMemo> memo;
   std::optional<PlanOptions> held;  // the options with the cost model's choices made
   struct Size {
@@ -46,6 +52,30 @@ struct IncrementalPlanner::State {
       return std::abs(double(is - at)) > incremental.redecide_drift * double(std::max<std::int64_t>(at, 1));
     };
     return off(chosen_at.tokens, now.tokens) || off(chosen_at.queries, now.queries) || off(chosen_at.nodes, now.nodes);
+  }
+
+  // Whether the tree, before this step's appends, has the last update's
+  // shape by node index: the same parents, lengths and queries (only nodes
+  // that replaced others, or moved into their place, differ: in their slots).
+  bool same_shape() const {
+    const std::size_t n = tree.node_count();
+    if (topo->parent.size() != n || topo->query_node.size() != tree.query_count()) return false;
+    auto length_before = [&](std::size_t i) {
+      return grown_from[i] >= 0 ? grown_from[i] : tree.nodes()[i].length;
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+      const TreeNode& node = tree.nodes()[i];
+      const std::int32_t parent = node.parent == kNoParent ? -1 : index.find(node.parent);
+      if ((node.parent != kNoParent && parent < 0) || parent != topo->parent[i]) return false;
+      if (length_before(i) != analysed_length[i]) return false;
+    }
+    for (std::size_t q = 0; q < tree.query_count(); ++q) {
+      const TreeQuery& query = tree.queries()[q];
+      const std::int32_t node = index.find(query.node);
+      if (node < 0 || node != topo->query_node[q]) return false;
+      if ((query.upto == kWholeNode ? length_before(std::size_t(node)) : query.upto) != topo->query_upto[q]) return false;
+    }
+    return true;
   }
 
   // Each node's queries without `upto`: their visible tokens follow its length.
@@ -228,61 +258,65 @@ void IncrementalPlanner::set_queries(const std::vector<TreeQuery>& queries) {
   s.reanalyse = true;
 }
 
-// The removed nodes' subtrees go with them; the tree is packed, the index rebuilt.
+// The removed nodes' subtrees go with them; the kept nodes close up, the index
+// is rebuilt. Its buffers are kept for the next step's removals.
 void IncrementalPlanner::apply_removals() {
   State& s = *state_;
+  State::Removal& r = s.removal;
   const std::vector<TreeNode>& nodes = s.tree.nodes();
   const std::size_t n = nodes.size();
-  std::vector<std::int32_t> child_begin(n + 1, 0), children;
-  std::vector<std::int32_t> parent(n, -1);
+  r.parent.assign(n, -1);
+  r.child_begin.assign(n + 1, 0);
   for (std::size_t i = 0; i < n; ++i) {
     const std::int32_t p = nodes[i].parent == kNoParent ? -1 : s.index.find(nodes[i].parent);
     if (p >= 0) {
-      parent[i] = p;
-      ++child_begin[std::size_t(p) + 1];
+      r.parent[i] = p;
+      ++r.child_begin[std::size_t(p) + 1];
     }
   }
-  for (std::size_t i = 0; i < n; ++i) child_begin[i + 1] += child_begin[i];
-  children.resize(std::size_t(child_begin[n]));
-  std::vector<std::int32_t> fill(child_begin.begin(), child_begin.end() - 1);
+  for (std::size_t i = 0; i < n; ++i) r.child_begin[i + 1] += r.child_begin[i];
+  r.children.resize(std::size_t(r.child_begin[n]));
+  r.fill.assign(r.child_begin.begin(), r.child_begin.end() - 1);
   for (std::size_t i = 0; i < n; ++i) {
-    if (parent[i] >= 0) children[std::size_t(fill[std::size_t(parent[i])]++)] = std::int32_t(i);
+    if (r.parent[i] >= 0) r.children[std::size_t(r.fill[std::size_t(r.parent[i])]++)] = std::int32_t(i);
   }
-  std::vector<std::int32_t> stack;
+  r.stack.clear();
   for (std::size_t i = 0; i < n; ++i) {
-    if (s.removed[i]) stack.push_back(std::int32_t(i));
+    if (s.removed[i]) r.stack.push_back(std::int32_t(i));
   }
-  while (!stack.empty()) {  // a parent cycle is met at most once per node
-    const std::size_t v = std::size_t(stack.back());
-    stack.pop_back();
-    for (std::int32_t k = child_begin[v]; k < child_begin[v + 1]; ++k) {
-      const std::size_t c = std::size_t(children[std::size_t(k)]);
+  while (!r.stack.empty()) {  // a parent cycle is met at most once per node
+    const std::size_t v = std::size_t(r.stack.back());
+    r.stack.pop_back();
+    for (std::int32_t k = r.child_begin[v]; k < r.child_begin[v + 1]; ++k) {
+      const std::size_t c = std::size_t(r.children[std::size_t(k)]);
       if (!s.removed[c]) {
         s.removed[c] = 1;
-        stack.push_back(std::int32_t(c));
+        r.stack.push_back(std::int32_t(c));
       }
     }
   }
-  // Kept nodes keep their order: those checked before stay in front.
+  // Kept nodes keep their order: those checked before stay in front, those
+  // behind the first removed one move.
+  const std::size_t first_removed = std::size_t(std::find(s.removed.begin(), s.removed.end(), 1) - s.removed.begin());
+  s.first_moved = std::min(s.first_moved, first_removed);
   std::size_t checked = 0, kept = 0;
-  std::vector<std::int64_t> grown_from;
-  std::vector<std::int32_t> new_index(n, -1);
+  r.new_index.assign(n, -1);
   for (std::size_t i = 0; i < n; ++i) {
     if (s.removed[i]) continue;
-    new_index[i] = std::int32_t(kept++);
+    r.new_index[i] = std::int32_t(kept);
     if (i < s.checked_nodes) ++checked;
-    grown_from.push_back(s.grown_from[i]);
+    s.grown_from[kept++] = s.grown_from[i];
   }
-  std::vector<std::int32_t> grown;
+  s.grown_from.resize(kept);
+  std::size_t grown = 0;
   for (std::int32_t g : s.grown) {
-    if (new_index[std::size_t(g)] >= 0) grown.push_back(new_index[std::size_t(g)]);
+    if (r.new_index[std::size_t(g)] >= 0) s.grown[grown++] = r.new_index[std::size_t(g)];
   }
+  s.grown.resize(grown);
   s.tree.remove_nodes(s.removed);
-  s.index.reset(s.tree.node_count());
+  s.index.reset(n);  // room for as many ids as before: removed nodes are often replaced
   for (std::size_t i = 0; i < s.tree.node_count(); ++i) s.index.insert(s.tree.nodes()[i].id, std::int32_t(i));
   s.checked_nodes = checked;
-  s.grown = std::move(grown);
-  s.grown_from = std::move(grown_from);
   s.removed.assign(s.tree.node_count(), 0);
   s.removals = false;
   s.reanalyse = true;
@@ -299,21 +333,35 @@ const Plan& IncrementalPlanner::update() {
   PlanUpdate info;
   info.grown_nodes = std::int64_t(s.grown.size());
   for (std::int32_t g : s.grown) info.appended_tokens += s.tree.nodes()[std::size_t(g)].length - s.grown_from[std::size_t(g)];
-  if (s.reanalyse || !s.topo) {
+  const std::size_t n = s.tree.node_count();
+  if (!s.topo || (s.reanalyse && !s.same_shape())) {
     s.topo = analyze(s.tree, s.options.kv_slots, s.checked_nodes);
     s.vis = compute_visibility(s.tree, *s.topo);
     s.index_whole_queries();
     s.memo.reset();
+    s.analysed_length.resize(n);
+    for (std::size_t i = 0; i < n; ++i) s.analysed_length[i] = s.tree.nodes()[i].length;
     info.reanalysed = true;
-  } else if (!s.grown.empty()) {
-    for (std::int32_t g : s.grown) {
-      const std::int32_t length = std::int32_t(s.tree.nodes()[std::size_t(g)].length);
-      for (std::int32_t k = s.whole_begin[std::size_t(g)]; k < s.whole_begin[std::size_t(g) + 1]; ++k) {
-        s.topo->query_upto[std::size_t(s.whole_queries[std::size_t(k)])] = length;
-      }
+  } else {
+    if (s.reanalyse) {  // the same shape: the nodes from `first` on hold other tokens
+      for (std::size_t i = s.checked_nodes; i < n; ++i) check_slots(s.tree, std::int32_t(i), s.options.kv_slots, 0);
+      const std::size_t first = std::min(s.first_moved, s.checked_nodes);
+      replace_slots(s.tree, *s.vis, first);
+      if (s.memo) s.memo->replaced(s.tree, first);
+      s.index_whole_queries();
+      info.replaced_nodes = std::int64_t(n - first);
     }
-    if (!update_visibility(s.tree, *s.topo, *s.vis, s.grown)) s.vis = compute_visibility(s.tree, *s.topo);
-    if (s.memo) s.memo->appended(s.tree, *s.topo, *s.vis, s.grown);
+    if (!s.grown.empty()) {
+      for (std::int32_t g : s.grown) {
+        const std::int64_t length = s.tree.nodes()[std::size_t(g)].length;
+        for (std::int32_t k = s.whole_begin[std::size_t(g)]; k < s.whole_begin[std::size_t(g) + 1]; ++k) {
+          s.topo->query_upto[std::size_t(s.whole_queries[std::size_t(k)])] = std::int32_t(length);
+        }
+        s.analysed_length[std::size_t(g)] = length;
+      }
+      if (!update_visibility(s.tree, *s.topo, *s.vis, s.grown)) s.vis = compute_visibility(s.tree, *s.topo);
+      if (s.memo) s.memo->appended(s.tree, *s.topo, *s.vis, s.grown);
+    }
   }
 
   const bool chooses = s.options.block_tokens == kAutoBlockTokens || s.options.launch_order == LaunchOrder::model ||
@@ -341,6 +389,7 @@ const Plan& IncrementalPlanner::update() {
   for (std::int32_t g : s.grown) s.grown_from[std::size_t(g)] = -1;
   s.grown.clear();
   s.checked_nodes = s.tree.node_count();
+  s.first_moved = SIZE_MAX;
   s.reanalyse = false;
   s.last = info;
   return s.plan;

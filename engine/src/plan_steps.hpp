@@ -32,6 +32,8 @@ class VisibilityCache {
   // Tokens were appended to the nodes `grown` (`topo`: the tree's topology,
   // its query_upto updated): the cached visibility follows.
   void appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown);
+  // The nodes [first, nodes) took new slots, the shape kept (replace_slots()).
+  void replaced(const Tree& tree, std::size_t first);
 
  private:
   std::optional<Topology> order_;
@@ -54,6 +56,9 @@ class GreedyMemo {
   // the new counts (an edge whose shape changed is priced again), the
   // reordered visibility follows, the own plan is timed again.
   void appended(const Tree& tree, const Topology& topo, const Visibility& vis, const std::vector<std::int32_t>& grown);
+  // The nodes [first, nodes) took new slots, the shape kept: only the
+  // reordered visibility's slots change (no edge or time depends on them).
+  void replaced(const Tree& tree, std::size_t first) { reordered.replaced(tree, first); }
 
  private:
   bool timed_ = false;

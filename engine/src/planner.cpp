@@ -413,6 +413,10 @@ void VisibilityCache::appended(const Tree& tree, const Topology& topo, const std
   if (!update_visibility(tree, *order_, *vis_, grown)) vis_ = compute_visibility(tree, *order_);
 }
 
+void VisibilityCache::replaced(const Tree& tree, std::size_t first) {
+  if (vis_) replace_slots(tree, *vis_, first);
+}
+
 const CostEstimate& GreedyMemo::own(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options) {
   if (!timed_ || choice.groups.joined != joined_ || choice.layout.units != units_) {
     estimate_ = predict(tree, choice.order, reordered.get(tree, choice.order), options, &choice);

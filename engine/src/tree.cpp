@@ -55,7 +55,7 @@ void Tree::make_room(std::size_t index, std::int64_t more) {
     return;
   }
   // Packs the list first when most of it is dead: growth stays amortised O(1).
-  if (dead_listed_ > std::int64_t(listed_slots_.size()) / 2) remove_nodes(std::vector<std::uint8_t>(nodes_.size(), 0));
+  if (dead_listed_ > std::int64_t(listed_slots_.size()) / 2) pack();
   const std::int64_t first = std::int64_t(listed_slots_.size());
   dead_listed_ += reserved;
   reserved = 2 * (entries + more);
@@ -102,25 +102,32 @@ void Tree::append_pages(std::size_t index, std::int64_t count, const std::vector
 }
 
 void Tree::remove_nodes(const std::vector<std::uint8_t>& removed) {
-  std::vector<std::int64_t> packed;
-  packed.reserve(listed_slots_.size() - std::size_t(dead_listed_));
   std::size_t kept = 0;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
-    if (removed[i]) continue;
-    TreeNode node = nodes_[i];
-    std::int64_t reserved = reserved_[i];
-    if (node.listed) {
-      const std::int64_t entries = listed_entries(node);
-      const std::int64_t first = std::int64_t(packed.size());
-      packed.insert(packed.end(), listed_slots_.begin() + node.first, listed_slots_.begin() + node.first + entries);
-      node.first = first;
-      reserved = entries;
+    if (removed[i]) {
+      if (nodes_[i].listed) dead_listed_ += reserved_[i];
+      continue;
     }
-    nodes_[kept] = node;
-    reserved_[kept++] = reserved;
+    nodes_[kept] = nodes_[i];
+    reserved_[kept++] = reserved_[i];
   }
   nodes_.resize(kept);
   reserved_.resize(kept);
+  if (dead_listed_ > std::int64_t(listed_slots_.size()) / 2) pack();
+}
+
+void Tree::pack() {
+  std::vector<std::int64_t> packed;
+  packed.reserve(listed_slots_.size() - std::size_t(dead_listed_));
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    TreeNode& node = nodes_[i];
+    if (!node.listed) continue;
+    const std::int64_t entries = listed_entries(node);
+    const std::int64_t first = std::int64_t(packed.size());
+    packed.insert(packed.end(), listed_slots_.begin() + node.first, listed_slots_.begin() + node.first + entries);
+    node.first = first;
+    reserved_[i] = entries;
+  }
   listed_slots_ = std::move(packed);
   dead_listed_ = 0;
 }

@@ -222,4 +222,17 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
   return true;
 }
 
+void replace_slots(const Tree& tree, Visibility& vis, std::size_t first) {
+  bool gave_up_largest = false;
+  std::int64_t largest = -1;
+  for (std::size_t i = first; i < tree.node_count(); ++i) {
+    if (vis.node_visible[i] == 0) continue;
+    std::int32_t* slots = vis.token_slot.data() + vis.pieces[std::size_t(vis.node_piece_begin[i])].token_begin;
+    gave_up_largest = gave_up_largest || std::find(slots, slots + vis.node_visible[i], vis.max_slot) != slots + vis.node_visible[i];
+    largest = std::max(largest, write_slots(tree, i, 0, vis.node_visible[i], slots));
+  }
+  vis.max_slot = gave_up_largest ? (vis.token_slot.empty() ? -1 : *std::max_element(vis.token_slot.begin(), vis.token_slot.end()))
+                                 : std::max(vis.max_slot, largest);
+}
+
 }  // namespace treeattn

@@ -94,6 +94,7 @@ struct StepRecord {
   double host_us = 0.0;         // treeattn's host part: the changes handed over, the update, upload and queueing
   double attention_us = 0.0;    // every layer's attention (GPU time on the device path)
   bool reanalysed = false, chosen = false;
+  std::int64_t replaced_nodes = 0;  // nodes that came in place of ones of the same shape
 };
 
 void run_demo(const DemoOptions& o) {
@@ -185,6 +186,7 @@ void run_demo(const DemoOptions& o) {
     const Plan& plan = incremental.update();
     record.plan_update_us = since(t0);
     record.reanalysed = incremental.last_update().reanalysed;
+    record.replaced_nodes = incremental.last_update().replaced_nodes;
     record.chosen = incremental.last_update().chosen;
     const std::int64_t nq = plan.num_queries;
     const HostArray q = random_array(DType::f16, {nq, heads.heads_q, heads.head_dim}, std::uint64_t(step));
@@ -240,11 +242,12 @@ void run_demo(const DemoOptions& o) {
   const std::vector<double> update_us = column(&StepRecord::plan_update_us), plan_us = column(&StepRecord::plan_us),
                             upload_us = column(&StepRecord::upload_us), host_us = column(&StepRecord::host_us),
                             attention_us = column(&StepRecord::attention_us);
-  std::int64_t max_nodes = 0, max_queries = 0, appended_only = 0, chosen = 0;
+  std::int64_t max_nodes = 0, max_queries = 0, appended_only = 0, replaced = 0, chosen = 0;
   for (const StepRecord& r : records) {
     max_nodes = std::max(max_nodes, r.nodes);
     max_queries = std::max(max_queries, r.queries);
-    appended_only += r.reanalysed ? 0 : 1;
+    appended_only += !r.reanalysed && r.replaced_nodes == 0 ? 1 : 0;
+    replaced += !r.reanalysed && r.replaced_nodes > 0 ? 1 : 0;
     chosen += r.chosen ? 1 : 0;
   }
   fmt::print("demo: {} on {}, backend {} ({}), strategy {}\n", named.name, model.name, backend->name(), runner->name(),
@@ -253,9 +256,9 @@ void run_demo(const DemoOptions& o) {
              max_nodes, max_queries);
   fmt::print("  attention per step {:.3f} ms for {} layer{} (median; {})\n", median(attention_us) / 1e3, layers,
              layers == 1 ? "" : "s", runner->overlaps() ? "GPU time" : "wall time of the backend's calls");
-  fmt::print("  planning per step (median): {:.1f} us updated incrementally ({} of {} steps by appends alone, the cost "
-             "model's choices made {} time{}), {:.1f} us from scratch\n",
-             median(update_us), appended_only, steps, chosen, chosen == 1 ? "" : "s", median(plan_us));
+  fmt::print("  planning per step (median): {:.1f} us updated incrementally ({} of {} steps by appends alone, {} by "
+             "same-shape replacements, the cost model's choices made {} time{}), {:.1f} us from scratch\n",
+             median(update_us), appended_only, steps, replaced, chosen, chosen == 1 ? "" : "s", median(plan_us));
   if (runner->overlaps()) {
     fmt::print("  treeattn on the host per step (median; the changes handed over, the update, the upload, the "
                "launches): {:.1f} us, the upload {:.1f} us of it, while the GPU runs the step before: {}\n",
@@ -274,7 +277,7 @@ void run_demo(const DemoOptions& o) {
       per_step.push_back({{"step", i + 1}, {"nodes", r.nodes}, {"queries", r.queries}, {"tokens", r.tokens},
                           {"plan_update_us", r.plan_update_us}, {"plan_us", r.plan_us}, {"upload_us", r.upload_us},
                           {"host_us", r.host_us}, {"attention_us", r.attention_us}, {"reanalysed", r.reanalysed},
-                          {"chosen", r.chosen}});
+                          {"replaced_nodes", r.replaced_nodes}, {"chosen", r.chosen}});
     }
     const nlohmann::json summary = {{"workload", named.name},
                                     {"model", model.name},
@@ -294,6 +297,7 @@ void run_demo(const DemoOptions& o) {
                                     {"attention_median_us", median(attention_us)},
                                     {"attention_overlaps_host", runner->overlaps()},
                                     {"steps_by_appends", appended_only},
+                                    {"steps_by_replacement", replaced},
                                     {"choices_made", chosen},
                                     {"unique_kv_bytes", unique_bytes},
                                     {"sequence_kv_bytes", sequence_bytes},

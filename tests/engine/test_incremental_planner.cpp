@@ -32,6 +32,7 @@ const HeadConfig kHeads{32, 8, 128, 0.0f};
 // What a replay's updates did, for the checks that the fast path ran.
 struct ReplayCounts {
   std::int64_t steps = 0, appends_only = 0, chosen = 0;
+  std::int64_t replaced = 0;  // steps that replaced nodes by ones of the same shape (no reanalysis)
 };
 
 // Replays `scenario` to its end, syncing a SequenceTree into an
@@ -61,6 +62,7 @@ ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, 
     }
     ++counts.steps;
     if (!planner.last_update().reanalysed) ++counts.appends_only;
+    if (!planner.last_update().reanalysed && planner.last_update().replaced_nodes > 0) ++counts.replaced;
   }
   return counts;
 }
@@ -84,7 +86,7 @@ TEST_CASE("few-shot replays: every step is bitwise the from-scratch plan, by app
   }
 }
 
-TEST_CASE("speculative replays: fresh token trees on a prefix that grows by the accepted tokens") {
+TEST_CASE("speculative replays: fresh token trees on a prefix that grows by the accepted tokens, the topology kept") {
   const MedusaWorkload w = load_medusa(kWorkloads + "/speculative/APPS_tree_size64.json");
   for (Strategy s : kIncremental) {
     for (std::int32_t block : {128, kAutoBlockTokens}) {
@@ -93,6 +95,7 @@ TEST_CASE("speculative replays: fresh token trees on a prefix that grows by the 
       auto scenario = speculative_scenario(w, 0, 600);
       const ReplayCounts c = replay_and_compare(*scenario, PlanOptions{s, block});
       CHECK(c.steps == scenario->steps());
+      CHECK(c.replaced == c.steps - 1);  // each later token tree has the first one's shape, in other pages
     }
   }
 }
@@ -151,6 +154,59 @@ TEST_CASE("random appends to listed, ranged and partly seen nodes agree with fro
         REQUIRE(test::coverage_error(planner.tree(), updated) == "");
       }
     }
+  }
+}
+
+TEST_CASE("a subtree replaced by one of the same shape: only slots are redone, nodes that moved included") {
+  for (Strategy s : kIncremental) {
+    CAPTURE(to_string(s));
+    PlanOptions options{s, 32};
+    options.kv_slots = 1000;
+    IncrementalPlanner planner(kHeads, options);
+    planner.add_node_range(0, kNoParent, 0, 40);
+    planner.add_node(1, 0, {90, 91, 92, 99});  // holds the largest slot
+    planner.add_node_pages(2, 0, {5}, 16, 4);
+    planner.add_node_range(3, 1, 200, 3);
+    planner.set_queries({{3}, {2}, {1, 2}});
+    planner.update();
+    CHECK(planner.plan().min_kv_slots == 203);
+
+    // Node 1 goes with its child 3, node 4 comes: three nodes where there
+    // were four, another shape.
+    planner.remove_node(1);
+    planner.add_node_pages(4, 0, {7}, 16, 4);
+    planner.append_range(0, 40, 2);  // the shared root grows in the same step
+    planner.set_queries({{2}, {4}, {2, 2}});
+    const Plan& reshaped = planner.update();
+    CHECK(planner.last_update().reanalysed);
+    CHECK(test::plan_difference(reshaped, plan(planner.tree(), options)) == "");
+
+    // Node 2 replaced by node 5 of its shape, added behind node 4: node 4
+    // moves into node 2's place and node 5 into node 4's, in other pages;
+    // by index the tree keeps its shape.
+    planner.remove_node(2);
+    planner.add_node_pages(5, 0, {9}, 16, 4);
+    planner.append_range(0, 42, 1);
+    planner.set_queries({{4}, {5}, {4, 2}});
+    const Plan& replaced = planner.update();
+    CHECK_FALSE(planner.last_update().reanalysed);
+    CHECK(planner.last_update().replaced_nodes == 2);
+    CHECK(test::plan_difference(replaced, plan(planner.tree(), options)) == "");
+    CHECK(test::coverage_error(planner.tree(), replaced) == "");
+    CHECK(replaced.min_kv_slots == 9 * 16 + 4);  // node 5's last slot; the pages of before are gone
+
+    // A replacement with a slot past the pool is refused naming the node;
+    // once that node is replaced again, the update goes through.
+    planner.remove_node(5);
+    planner.add_node(6, 0, {10, 11, 12, 5000});
+    planner.set_queries({{4}, {6}, {4, 2}});
+    CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("node 6 (nodes[2]): slot"), Error);
+    planner.remove_node(6);
+    planner.add_node(7, 0, {10, 11, 12, 13});
+    planner.set_queries({{4}, {7}, {4, 2}});
+    const Plan& recovered = planner.update();
+    CHECK_FALSE(planner.last_update().reanalysed);
+    CHECK(test::plan_difference(recovered, plan(planner.tree(), options)) == "");
   }
 }
 

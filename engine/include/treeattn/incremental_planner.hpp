@@ -11,8 +11,12 @@
 //     it times no candidate plans); nothing else in the
 //     tree is looked at again. Linear in the pieces (about one per node and
 //     query) plus one copy of the token slots, not in the tree's tokens.
-//   * nodes added or removed, or other queries: the topology is rebuilt,
-//     the slots of the nodes added are checked, no other node's again.
+//   * nodes removed and others added in their place with the same shape
+//     (a speculative step's new token tree: the same parents, lengths and
+//     queries by node index, new slots): the topology and visibility are
+//     kept, only the new nodes' slots checked and written, as with appends.
+//   * other changes to nodes or queries: the topology is rebuilt, the slots
+//     of the nodes added are checked, no other node's again.
 //
 // The cost model's per-plan choices, the block size (kAutoBlockTokens), the
 // launch order (LaunchOrder::model) and greedy's layout
@@ -58,7 +62,9 @@ struct IncrementalOptions {
 
 // What the last update() did.
 struct PlanUpdate {
-  bool reanalysed = false;       // nodes were added or removed, or the queries changed
+  bool reanalysed = false;       // the topology was rebuilt: the tree's shape or its queries changed
+  std::int64_t replaced_nodes = 0;  // nodes that came in place of removed ones of the same shape
+                                    // (parents, lengths and queries by node index): only their slots were redone
   bool chosen = false;           // the cost model's choices were made (a from-scratch plan)
   std::int64_t grown_nodes = 0;  // nodes with appended tokens
   std::int64_t appended_tokens = 0;

@@ -97,8 +97,11 @@ class Tree {
   void append_slots(std::size_t index, const std::int64_t* slots, std::int64_t count);
   void append_range(std::size_t index, std::int64_t first_slot, std::int64_t count);
   void append_pages(std::size_t index, std::int64_t count, const std::vector<std::int64_t>& new_pages);
-  // Keeps the nodes whose flag is 0, in order; their listed slots packed again.
+  // Keeps the nodes whose flag is 0, in order; the removed nodes' listed
+  // slots become dead entries (packed away once they are half of them).
   void remove_nodes(const std::vector<std::uint8_t>& removed);
+  // Moves the listed nodes' entries together, in node order, dropping the dead ones.
+  void pack();
   // Room for `more` entries after the listed node's own: in place, else the
   // entries move to the end of listed_slots_ with as many again to spare.
   void make_room(std::size_t index, std::int64_t more);

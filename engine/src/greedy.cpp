@@ -225,6 +225,20 @@ GreedyGroups choose_greedy_groups(Topology& topo, const PlanOptions& options, co
   return g;
 }
 
+void regroup(const Topology& topo, GreedyGroups& g, const GreedyEdges& edges) {
+  const std::size_t n = topo.parent.size();
+  for (std::size_t v = 0; v < n; ++v) {
+    g.queries[v] = edges.queries_below(std::int32_t(v));
+    g.tokens[v] = edges.tokens(std::int32_t(v));
+  }
+  for (std::int32_t v : topo.preorder) {  // a parent's chain is complete before its children join it
+    const std::int32_t p = topo.parent[std::size_t(v)];
+    if (p < 0 || !g.joined[std::size_t(v)]) continue;
+    g.queries[std::size_t(p)] -= edges.queries_below(v);
+    g.tokens[std::size_t(v)] += g.tokens[std::size_t(p)];
+  }
+}
+
 GreedyLayout layout_greedy(const Topology& topo, const GreedyGroups& g, const PlanOptions& options,
                            const HeadConfig& heads) {
   // First query position of each node: its own queries come first, then its

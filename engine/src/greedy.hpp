@@ -64,6 +64,11 @@ class GreedyEdges {
 GreedyGroups choose_greedy_groups(Topology& topo, const PlanOptions& options, const HeadConfig& heads,
                                   GreedyEdges& edges, double probe_weight = 0.0);
 
+// The groups' query and token counts at the edges' current counts with
+// g.joined kept: what choose_greedy_groups gives when it decides every edge
+// as before. `topo` is the reordered topology those decisions made.
+void regroup(const Topology& topo, GreedyGroups& g, const GreedyEdges& edges);
+
 // A group: the queries at positions [lo, hi) read the KV chain ending at `node`.
 struct GreedyGroup {
   std::int32_t node, lo, hi;

@@ -382,7 +382,10 @@ const Plan& IncrementalPlanner::update() {
     s.memo.reset();  // the next update prices greedy's edges with the held options
     info.chosen = true;
   } else {
-    if (s.held->strategy == Strategy::greedy && !s.memo) s.memo.emplace(*s.topo, *s.vis);
+    if (s.held->strategy == Strategy::greedy && !s.memo) {
+      s.memo.emplace(*s.topo, *s.vis);
+      s.memo->hold_groups = s.incremental.hold_greedy_groups;
+    }
     s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, *s.held, nullptr, s.memo ? &*s.memo : nullptr, nullptr, &s.plan);
   }
 

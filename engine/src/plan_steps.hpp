@@ -60,6 +60,13 @@ class GreedyMemo {
   // reordered visibility's slots change (no edge or time depends on them).
   void replaced(const Tree& tree, std::size_t first) { reordered.replaced(tree, first); }
 
+  // Set by an IncrementalPlanner that keeps greedy's edge decisions between
+  // its choices: the first plan through this memo decides them (its own
+  // layout) and keeps them in `held`; later plans lay out the groups those
+  // decisions give at the tree's new counts, no edge decided again.
+  bool hold_groups = false;
+  std::optional<GreedyChoice> held;
+
  private:
   bool timed_ = false;
   std::vector<std::uint8_t> joined_;

@@ -158,7 +158,10 @@ void emit_strategy(PlanBuilder& builder, const Topology& topo, const Visibility&
 Plan assemble(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
               const GreedyChoice* greedy, Plan* reuse = nullptr) {
   Plan result = plan_header(tree, vis, options, greedy, reuse);
-  result.token_slot = vis.token_slot;
+  // A reused plan's tree grows every decode step: with room to spare the
+  // copy does not allocate (and fault in fresh pages) at each one.
+  if (result.token_slot.capacity() < vis.token_slot.size()) result.token_slot.reserve(vis.token_slot.size() * 5 / 4);
+  result.token_slot.assign(vis.token_slot.begin(), vis.token_slot.end());
   PlanBuilder builder(result, vis, options.cost);
   emit_strategy(builder, topo, vis, options.strategy, greedy);
   if (greedy != nullptr) {
@@ -441,7 +444,16 @@ Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis
   if (options.strategy == Strategy::greedy) {
     std::optional<GreedyMemo> local;
     GreedyMemo& m = memo != nullptr ? *memo : local.emplace(topo, vis);
+    if (m.held && options.greedy_candidate == GreedyCandidate::own) {  // the edges as decided before
+      GreedyChoice& held = *m.held;
+      held.order.query_upto = topo.query_upto;
+      regroup(held.order, held.groups, m.edges);
+      held.layout = layout_greedy(held.order, held.groups, options, tree.heads);
+      if (chosen != nullptr) chosen->greedy_candidate = GreedyCandidate::own;
+      return assemble(tree, held.order, m.reordered.get(tree, held.order), options, &held, reuse);
+    }
     GreedyDecision decision = decide_greedy(tree, topo, vis, options, m, kNoBound, /*timed=*/false);
+    if (m.hold_groups && decision.own) m.held = *decision.own;
     return build_greedy(tree, topo, vis, options, std::move(decision), m.reordered, reuse, chosen);
   }
   return assemble(tree, topo, vis, options, nullptr, reuse);

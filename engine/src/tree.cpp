@@ -117,8 +117,10 @@ void Tree::remove_nodes(const std::vector<std::uint8_t>& removed) {
 }
 
 void Tree::pack() {
+  // Room for as much again: the nodes packed without spare room move to the
+  // end as they grow.
   std::vector<std::int64_t> packed;
-  packed.reserve(listed_slots_.size() - std::size_t(dead_listed_));
+  packed.reserve(2 * (listed_slots_.size() - std::size_t(dead_listed_)));
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     TreeNode& node = nodes_[i];
     if (!node.listed) continue;

@@ -33,36 +33,57 @@ const HeadConfig kHeads{32, 8, 128, 0.0f};
 struct ReplayCounts {
   std::int64_t steps = 0, appends_only = 0, chosen = 0;
   std::int64_t replaced = 0;  // steps that replaced nodes by ones of the same shape (no reanalysis)
+  std::int64_t held = 0;      // greedy steps on edge decisions kept from an earlier step
 };
 
 // Replays `scenario` to its end, syncing a SequenceTree into an
-// IncrementalPlanner each step; every plan must equal the from-scratch plan
+// IncrementalPlanner each step. Every plan must equal the from-scratch plan
 // of the same tree with the planner's held options (and, where it made the
-// cost model's choices, the plan of the options as given).
-ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, std::int64_t max_steps = 0) {
+// cost model's choices, the plan of the options as given), except greedy's
+// plans on edge decisions held from an earlier step (hold_greedy_groups):
+// those must be valid and cover every query's tokens exactly.
+ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, std::int64_t max_steps = 0,
+                                bool hold_greedy_groups = false) {
   PagedKvCache cache(16, 0);
   SequenceTree live(cache);
-  IncrementalPlanner planner(kHeads, options);
+  IncrementalOptions incremental;
+  incremental.hold_greedy_groups = hold_greedy_groups;
+  IncrementalPlanner planner(kHeads, options, incremental);
   std::vector<TreeQuery> queries;
   ReplayCounts counts;
+  bool decides = true;  // this step's greedy decides its edges (the first, or after a choice or a reshaping)
   const std::int64_t steps = max_steps > 0 ? std::min(max_steps, scenario.steps()) : scenario.steps();
   for (std::int64_t step = 1; step <= steps; ++step) {
     scenario.advance(live, queries);
     live.sync(planner, queries);
     const Plan& updated = planner.update();
+    const PlanUpdate& did = planner.last_update();
     const Tree tree = live.to_tree(kHeads, queries);
-    const std::string difference = test::plan_difference(updated, plan(tree, planner.held_options()));
-    if (!difference.empty()) {
-      FAIL_CHECK(scenario.name(), " step ", step, ": ", difference);
-      return counts;
+    const bool held = hold_greedy_groups && options.strategy == Strategy::greedy && !decides && !did.chosen &&
+                      !did.reanalysed && planner.held_options().greedy_candidate == GreedyCandidate::own;
+    decides = did.chosen || did.reanalysed;
+    if (held) {
+      ++counts.held;
+      CHECK_NOTHROW(validate(updated));
+      const std::string uncovered = test::coverage_error(tree, updated);
+      if (!uncovered.empty()) {
+        FAIL_CHECK(scenario.name(), " step ", step, " (held greedy groups): ", uncovered);
+        return counts;
+      }
+    } else {
+      const std::string difference = test::plan_difference(updated, plan(tree, planner.held_options()));
+      if (!difference.empty()) {
+        FAIL_CHECK(scenario.name(), " step ", step, ": ", difference);
+        return counts;
+      }
     }
-    if (planner.last_update().chosen) {
+    if (did.chosen) {
       ++counts.chosen;
       CHECK(test::plan_difference(updated, plan(tree, options)) == "");
     }
     ++counts.steps;
-    if (!planner.last_update().reanalysed) ++counts.appends_only;
-    if (!planner.last_update().reanalysed && planner.last_update().replaced_nodes > 0) ++counts.replaced;
+    if (!did.reanalysed) ++counts.appends_only;
+    if (!did.reanalysed && did.replaced_nodes > 0) ++counts.replaced;
   }
   return counts;
 }
@@ -98,6 +119,65 @@ TEST_CASE("speculative replays: fresh token trees on a prefix that grows by the 
       CHECK(c.replaced == c.steps - 1);  // each later token tree has the first one's shape, in other pages
     }
   }
+}
+
+TEST_CASE("greedy on held edge decisions: every replay step covers exactly, the deciding steps are bitwise") {
+  const MedusaWorkload w = load_medusa(kWorkloads + "/speculative/APPS_tree_size64.json");
+  const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/docmergeToT.json");
+  for (std::int32_t block : {64, 128, kAutoBlockTokens}) {
+    CAPTURE(block);
+    PlanOptions options{Strategy::greedy, block};
+    options.greedy_candidate = GreedyCandidate::own;  // the layout whose edges are held (the model may keep flatten's)
+    auto fewshot = few_shot_scenario(1000, 12, 60);
+    auto speculative = speculative_scenario(w, 0, 600);
+    auto reasoning = reasoning_scenario(trees.front());
+    const ReplayCounts f = replay_and_compare(*fewshot, options, 0, true);
+    const ReplayCounts s = replay_and_compare(*speculative, options, 0, true);
+    const ReplayCounts r = replay_and_compare(*reasoning, options, 400, true);
+    CHECK(f.steps == 60);
+    CHECK(s.steps == speculative->steps());
+    CHECK(r.steps > 0);
+    // The decisions are held between choices and reshapings: most steps.
+    CHECK(f.held > f.steps / 2);
+    CHECK(s.held > s.steps / 2);
+    CHECK(r.held > 0);
+  }
+}
+
+TEST_CASE("held greedy edge decisions on random forests: appends keep coverage exact until the next choice") {
+  std::int64_t differed = 0;  // steps whose held plan is not the from-scratch one: the decisions were held
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    RandomForestOptions forest;
+    forest.seed = seed;
+    forest.nodes = 60;
+    forest.roots = 3;
+    forest.queries = 30;
+    forest.max_tokens = 40;
+    const Tree start = random_forest(forest);
+    std::int64_t next_slot = total_tokens(start);
+    CAPTURE(seed);
+    IncrementalOptions incremental;
+    incremental.redecide_drift = 100.0;  // no choice made again: every later step on held decisions
+    PlanOptions options{Strategy::greedy, 48};
+    options.greedy_candidate = GreedyCandidate::own;
+    IncrementalPlanner planner(start.heads, options, incremental);
+    planner.add_tree(start);
+    planner.update();
+    std::mt19937_64 rng(seed);
+    for (int step = 0; step < 30; ++step) {
+      for (int k = 0; k < 8; ++k) {  // growth far past what the decisions were made for
+        const TreeNode& n = start.nodes()[rng() % start.node_count()];
+        const std::int64_t count = 1 + std::int64_t(rng() % 20);
+        planner.append_range(n.id, next_slot, count);
+        next_slot += count;
+      }
+      const Plan& updated = planner.update();
+      REQUIRE_NOTHROW(validate(updated));
+      REQUIRE(test::coverage_error(planner.tree(), updated) == "");
+      if (test::plan_difference(updated, plan(planner.tree(), options)) != "") ++differed;
+    }
+  }
+  CHECK(differed > 0);
 }
 
 TEST_CASE("tree-of-thought replays: forks and pruning between steps of appends") {

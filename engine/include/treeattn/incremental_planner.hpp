@@ -24,7 +24,10 @@
 // the first update and kept while the tree stays near the size they were made
 // for (IncrementalOptions::redecide_drift); the first update past it makes
 // them again. The plan is bitwise plan(tree(), held_options()): the options
-// with those choices filled in.
+// with those choices filled in; greedy's, by default, only at the update
+// that decides its edges (the first after a choice or a change of shape),
+// its later updates keeping those decisions (IncrementalOptions::
+// hold_greedy_groups says what that keeps).
 //
 //   treeattn::IncrementalPlanner planner(heads, options);
 //   planner.add_node_range(0, treeattn::kNoParent, 0, 4000);  // step 1: the whole tree
@@ -55,6 +58,15 @@ struct IncrementalOptions {
   // from their counts when they were made; the first update past it makes
   // them again. 0: at every update (a from-scratch plan each time).
   double redecide_drift = 0.25;
+  // Greedy keeps its edge decisions (which parents' KV is read together with
+  // which children's) from the first update after a choice until the next
+  // choice or a change of the tree's shape: later updates lay out the groups
+  // those decisions give at the new token counts (packed and split again)
+  // without deciding any edge, so their plans cover every query's tokens
+  // exactly but may differ from a from-scratch plan where that would now
+  // decide an edge otherwise. false: every update is bitwise plan(tree(),
+  // held_options()), greedy's included.
+  bool hold_greedy_groups = true;
   // Threads for choosing a block size (Planner's meaning: 0 one per hardware
   // thread); updates between choices run on the calling thread.
   int threads = 1;

@@ -29,6 +29,29 @@ struct TileMap {
 };
 static_assert(sizeof(TileMap) % 16 == 0, "tile maps are copied in 16-byte pieces");
 
+// Where one tile's TileMap comes from: Workspace::upload writes this small
+// record per tile beside the plan's token and segment arrays, and
+// launch_expand_tile_maps builds the TileMaps from them on the device, so
+// the host neither builds nor copies 768 bytes per tile each step.
+struct alignas(16) TileSource {
+  std::int32_t segment_begin, segment_end;  // the item's block's segments
+  std::int32_t mask_begin;                  // the item's mask of segment_begin (Plan::item_mask_begin)
+  std::int32_t first_token;                 // the tile's first token, counted in the block
+  std::int32_t block_tokens;                // the block's tokens: past them, the last slot again, seen by none
+  std::int32_t unused[3];
+};
+static_assert(sizeof(TileSource) == 32, "a tile source is two 16-byte loads");
+
+struct TileExpansion {
+  const TileSource* sources;                // [tiles]
+  const std::int32_t* token_slot;           // Plan::token_slot
+  const std::int32_t* segment_token_begin;  // Plan::segment_token_begin
+  const std::int32_t* segment_offset;       // [segments] a segment's first token, counted in its block
+  const std::uint64_t* segment_mask;        // Plan::segment_mask
+  TileMap* tile_map;                        // [tiles] written
+  std::int32_t tiles;
+};
+
 // One stage-1 pass (a CTA per KV head): up to an item's tile rows of its
 // query rows, resolved at upload so the kernel's prologue is a single load
 // instead of a chain through the item's arrays.
@@ -58,8 +81,8 @@ struct KernelParams {
   const std::int32_t* tile_partial;
   const std::int32_t* merge_begin;  // partial slots are numbered in CSR order (Workspace::upload renumbers a
                                     // plan that numbers them otherwise), so a query's are [begin, next begin)
-  // Derived at upload (Workspace::upload): each item's tokens as KV-pool slots and
-  // masks (item_token_map in plan.hpp), one record per 64-token tile, so a CTA
+  // Built on the device at upload (launch_expand_tile_maps): each item's tokens as
+  // KV-pool slots and masks (item_token_map in plan.hpp), one record per 64-token tile, so a CTA
   // fetches each tile's map beside the tiles before it, at any block length;
   // and every item's passes, item-major, so the grid is exactly the passes.
   const TileMap* tile_map;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "../../cuda/attn_launch.hpp"
 #include "device_buffer.hpp"
@@ -29,8 +30,13 @@ std::int32_t ceil_div(std::int32_t a, std::int32_t b) { return (a + b - 1) / b; 
 // whatever the sizes of the arrays before it.
 std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// The arrays of the plan workspace, in order; the staging buffers share the layout.
-enum Array { kTileQuery, kTilePartial, kMergeBegin, kTileMap, kPasses, kArrays };
+// The arrays of the plan workspace, in order. The staging buffers share the
+// layout up to the tile maps, which only the device holds (built there from
+// the token, segment and tile-source arrays).
+enum Array {
+  kTileQuery, kTilePartial, kMergeBegin, kTokenSlot, kSegmentBegin, kSegmentOffset, kSegmentMask, kTileSource,
+  kPasses, kTileMap, kArrays
+};
 
 struct Layout {
   std::size_t offset[kArrays + 1] = {};  // offset[kArrays]: the total
@@ -40,12 +46,18 @@ struct Layout {
         std::size_t(l.tile_entries) * 4,
         std::size_t(l.tile_entries) * 4,
         std::size_t(l.queries + 1) * 4,
-        std::size_t(l.kv_tiles) * sizeof(TileMap),
+        std::size_t(l.tokens) * 4,
+        std::size_t(l.segments) * 4,
+        std::size_t(l.segments) * 4,
+        std::size_t(l.masks) * 8,
+        std::size_t(l.kv_tiles) * sizeof(TileSource),
         std::size_t(l.passes) * sizeof(PassInfo),
+        std::size_t(l.kv_tiles) * sizeof(TileMap),
     };
     for (int a = 0; a < kArrays; ++a) offset[a + 1] = offset[a] + align256(bytes[a]);
   }
   std::size_t total() const noexcept { return offset[kArrays]; }
+  std::size_t staged() const noexcept { return offset[kTileMap]; }
 };
 
 std::size_t partial_bytes(const WorkspaceLimits& l) {
@@ -88,6 +100,9 @@ WorkspaceLimits WorkspaceLimits::of(const Plan& plan) {
     l.passes += ceil_div(rows, plan.item_tile_rows[std::size_t(item)]);
     l.kv_tiles += ceil_div(plan.block_token_count(plan.item_block[std::size_t(item)]), kTileTokens);
   }
+  l.tokens = plan.num_tokens();
+  l.segments = plan.num_segments();
+  l.masks = std::int32_t(plan.segment_mask.size());
   return l;
 }
 
@@ -102,6 +117,9 @@ WorkspaceLimits& WorkspaceLimits::include(const WorkspaceLimits& o) {
   partials = std::max(partials, o.partials);
   passes = std::max(passes, o.passes);
   kv_tiles = std::max(kv_tiles, o.kv_tiles);
+  tokens = std::max(tokens, o.tokens);
+  segments = std::max(segments, o.segments);
+  masks = std::max(masks, o.masks);
   merge_fanin = std::max(merge_fanin, o.merge_fanin);
   return *this;
 }
@@ -114,6 +132,9 @@ WorkspaceLimits WorkspaceLimits::with_headroom(double factor) const {
   l.partials = scale(partials);
   l.passes = scale(passes);
   l.kv_tiles = scale(kv_tiles);
+  l.tokens = scale(tokens);
+  l.segments = scale(segments);
+  l.masks = scale(masks);
   l.merge_fanin = scale(merge_fanin);
   return l;
 }
@@ -126,7 +147,10 @@ std::string WorkspaceLimits::first_excess(const WorkspaceLimits& need) const {
                 {"tile entries (work item x query)", need.tile_entries, tile_entries},
                 {"partial results", need.partials, partials},
                 {"stage-1 passes", need.passes, passes},
-                {"64-token KV tiles", need.kv_tiles, kv_tiles}};
+                {"64-token KV tiles", need.kv_tiles, kv_tiles},
+                {"tokens", need.tokens, tokens},
+                {"segments", need.segments, segments},
+                {"segment masks (work item x segment)", need.masks, masks}};
   for (const auto& c : counts) {
     if (c.need > c.have) return fmt::format("plan has {} {}, the workspace holds {}", c.need, c.what, c.have);
   }
@@ -169,6 +193,7 @@ struct Workspace::State {
   bool copy_pending[2] = {false, false};
   int next = 0;
   std::size_t passes_filled = 0;  // pass records on the device that are not empty
+  std::vector<std::int32_t> item_tile;  // upload's: each item's first tile record, and the total
   KernelParams params{};      // the plan's part; enqueue adds the tensors
   LaunchGeometry geometry;
   CallShape shape;            // of the uploaded plan, for enqueue's checks
@@ -185,7 +210,7 @@ struct Workspace::State {
     partials.reserve(partial_bytes(limits));
     for (int b = 0; b < 2; ++b) {
       wait_for_copy(b);
-      staging[b].reserve(layout.total());
+      staging[b].reserve(layout.staged());
     }
     const auto at = [&](Array a) { return arrays.as<unsigned char>() + layout.offset[a]; };
     params.tile_query = reinterpret_cast<const std::int32_t*>(at(kTileQuery));
@@ -292,16 +317,38 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   std::copy(plan.merge_begin.begin(), plan.merge_begin.end(), merge_begin);
   std::fill(merge_begin + plan.merge_begin.size(), merge_begin + s.limits.queries + 1, plan.merge_begin.back());
 
-  // Each item's token map as one record per 64-token tile, written in place;
-  // past the item's end (only in its last tile) the last real slot again
-  // (TileMap says why).
-  auto* tile_map = reinterpret_cast<TileMap*>(host + layout.offset[kTileMap]);
-  static_assert(sizeof(TileMap) % sizeof(std::uint64_t) == 0, "records are whole words apart");
-  const std::vector<std::int32_t> item_tile =
-      write_item_tiles(plan, kTileTokens,
-                       TileRecords{tile_map[0].slot, nullptr, tile_map[0].visible, sizeof(TileMap) / sizeof(std::int32_t), 0,
-                                   sizeof(TileMap) / sizeof(std::uint64_t), true});
-  const std::size_t tiles = std::size_t(item_tile.back());
+  // The plan's tokens, segments and masks as they are, each segment's first
+  // token counted in its block, and one source record per 64-token tile of
+  // each item: the device builds the tile maps from them (tile_maps.cu).
+  auto put = [&](Array a, const auto& values) {
+    std::memcpy(host + layout.offset[a], values.data(), values.size() * sizeof(values[0]));
+  };
+  put(kTokenSlot, plan.token_slot);
+  put(kSegmentBegin, plan.segment_token_begin);
+  put(kSegmentMask, plan.segment_mask);
+  auto* segment_offset = reinterpret_cast<std::int32_t*>(host + layout.offset[kSegmentOffset]);
+  for (std::int32_t block = 0; block < plan.num_blocks(); ++block) {
+    std::int32_t offset = 0;
+    for (std::int32_t g = plan.block_segment_begin[std::size_t(block)]; g < plan.block_segment_begin[std::size_t(block) + 1]; ++g) {
+      segment_offset[g] = offset;
+      offset += plan.segment_token_end[std::size_t(g)] - plan.segment_token_begin[std::size_t(g)];
+    }
+  }
+  auto* sources = reinterpret_cast<TileSource*>(host + layout.offset[kTileSource]);
+  s.item_tile.resize(std::size_t(plan.num_items()) + 1);
+  std::int32_t tiles = 0;
+  for (std::int32_t item = 0; item < plan.num_items(); ++item) {
+    s.item_tile[std::size_t(item)] = tiles;
+    const std::int32_t block = plan.item_block[std::size_t(item)];
+    const std::int32_t first = plan.block_segment_begin[std::size_t(block)];
+    const std::int32_t last = plan.block_segment_begin[std::size_t(block) + 1] - 1;
+    const std::int32_t block_tokens =
+        segment_offset[last] + plan.segment_token_end[std::size_t(last)] - plan.segment_token_begin[std::size_t(last)];
+    for (std::int32_t token = 0; token < block_tokens; token += kTileTokens) {
+      sources[tiles++] = TileSource{first, last + 1, plan.item_mask_begin[std::size_t(item)], token, block_tokens, {}};
+    }
+  }
+  s.item_tile.back() = tiles;
   // Each item's passes: ceil(query rows / tile rows) of them, item-major in
   // the plan's launch order.
   auto* passes = reinterpret_cast<PassInfo*>(host + layout.offset[kPasses]);
@@ -313,7 +360,7 @@ void Workspace::upload(const Plan& plan, Stream stream) {
     const std::int32_t rows = (plan.item_query_begin[item + 1] - query_begin) * group;
     const std::int32_t tile_rows = plan.item_tile_rows[item];
     for (std::int32_t row = 0; row < rows; row += tile_rows) {
-      passes[pass++] = PassInfo{query_begin, item_tile[item], item_tile[item + 1], row, std::min(rows, row + tile_rows), {}};
+      passes[pass++] = PassInfo{query_begin, s.item_tile[item], s.item_tile[item + 1], row, std::min(rows, row + tile_rows), {}};
     }
   }
 
@@ -325,8 +372,13 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   const std::size_t used[kArrays] = {plan.tile_query.size() * 4,
                                      plan.tile_partial.size() * 4,
                                      std::size_t(s.limits.queries + 1) * 4,
-                                     tiles * sizeof(TileMap),
-                                     std::max(pass, s.passes_filled) * sizeof(PassInfo)};
+                                     plan.token_slot.size() * 4,
+                                     plan.segment_token_begin.size() * 4,
+                                     plan.segment_token_begin.size() * 4,
+                                     plan.segment_mask.size() * 8,
+                                     std::size_t(tiles) * sizeof(TileSource),
+                                     std::max(pass, s.passes_filled) * sizeof(PassInfo),
+                                     0};
   s.passes_filled = pass;
   // Arrays a short gap apart go in one copy, gap included (each copy costs the
   // driver microseconds; a gap is bytes no kernel reads).
@@ -349,6 +401,15 @@ void Workspace::upload(const Plan& plan, Stream stream) {
     end = layout.offset[a] + used[a];
   }
   flush();
+  const auto device = [&](Array a) { return s.arrays.as<unsigned char>() + layout.offset[a]; };
+  const TileExpansion expansion{reinterpret_cast<const TileSource*>(device(kTileSource)),
+                                reinterpret_cast<const std::int32_t*>(device(kTokenSlot)),
+                                reinterpret_cast<const std::int32_t*>(device(kSegmentBegin)),
+                                reinterpret_cast<const std::int32_t*>(device(kSegmentOffset)),
+                                reinterpret_cast<const std::uint64_t*>(device(kSegmentMask)),
+                                reinterpret_cast<TileMap*>(device(kTileMap)),
+                                tiles};
+  TREEATTN_CUDA_CHECK(launch_expand_tile_maps(expansion, stream));
   TREEATTN_CUDA_CHECK(cudaEventRecord(s.copied[b], stream));
   s.copy_pending[b] = true;
   s.next = 1 - b;

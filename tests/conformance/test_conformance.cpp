@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/conformance.hpp"
+#include "support/oracle.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
@@ -55,6 +56,45 @@ TEST_CASE("conformance: every strategy matches the fp64 oracle on random forests
     o.upto_fraction = 0.3;
     o.heads = {4, 2, 64, 0.0f};
     check_against_oracle(*backend, random_forest(o), DType::f16, seed, 1.0f, seed % 2 ? 64 : 16, seed % 3 ? 64 : 7);
+  }
+}
+
+TEST_CASE("conformance: pool rows no query sees hold NaN and change nothing (a tile past its item's end reads a row it sees)") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 21;
+  o.nodes = 30;
+  o.roots = 2;
+  o.queries = 20;
+  o.max_tokens = 40;
+  o.upto_fraction = 0.5;  // tokens past a query's upto that no other query sees
+  o.heads = {4, 2, 64, 0.0f};
+  const Tree tree = random_forest(o);
+  Inputs in = make_inputs(tree, DType::f16, 5);
+  std::vector<char> seen(std::size_t(total_tokens(tree)), 0);
+  for (std::size_t q = 0; q < tree.query_count(); ++q) {
+    for (std::int64_t slot : visible_slots(tree, q)) seen[std::size_t(slot)] = 1;
+  }
+  const std::int64_t row = std::int64_t(tree.heads.heads_kv) * tree.heads.head_dim;
+  std::int64_t unseen = 0;
+  for (std::size_t slot = 0; slot < seen.size(); ++slot) {
+    if (seen[slot]) continue;
+    ++unseen;
+    for (std::int64_t e = 0; e < row; ++e) {
+      store_from_float(in.k.bytes.data(), DType::f16, std::size_t(std::int64_t(slot) * row + e), std::nanf(""));
+      store_from_float(in.v.bytes.data(), DType::f16, std::size_t(std::int64_t(slot) * row + e), std::nanf(""));
+    }
+  }
+  REQUIRE(unseen > 0);
+  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view());
+  for (Strategy s : all_strategies()) {
+    for (std::int32_t block : {40, 64, 100}) {  // blocks whose last tile is partly past their tokens
+      CAPTURE(to_string(s));
+      CAPTURE(block);
+      Outputs out = run_backend(*backend, tree, in, PlanOptions{s, block});
+      CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(DType::f16));
+      CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(DType::f16));
+    }
   }
 }
 

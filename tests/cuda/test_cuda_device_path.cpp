@@ -260,6 +260,9 @@ TEST_CASE("workspace limits: a plan's own, the larger of two, headroom, and the 
   CHECK(l.kv_tiles >= (1000 + 63) / 64);
   CHECK(l.passes >= 1);
   CHECK(l.merge_fanin == p.max_merge_fanin());
+  CHECK(l.tokens == p.num_tokens());
+  CHECK(l.segments == p.num_segments());
+  CHECK(l.masks == std::int32_t(p.segment_mask.size()));
   CHECK(l.first_excess(l).empty());
   const cuda::WorkspaceLimits bigger = l.with_headroom(1.5);
   CHECK(bigger.queries == 105);

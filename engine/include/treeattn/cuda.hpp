@@ -76,6 +76,9 @@ struct WorkspaceLimits {
   std::int32_t partials = 0;       // Plan::num_partials
   std::int32_t passes = 0;         // stage-1 passes per KV head: each item's rows / its tile rows
   std::int32_t kv_tiles = 0;       // 64-token tiles over the work items' blocks
+  std::int32_t tokens = 0;         // Plan::num_tokens()
+  std::int32_t segments = 0;       // Plan::num_segments()
+  std::int32_t masks = 0;          // Plan::segment_mask.size(): (work item, segment) masks
   // The most partials one query merges: not a capacity (any plan merges
   // correctly) but the choice of the merge kernel, whose lean variant is
   // faster up to 4 partials a query (Plan::max_merge_fanin()).
@@ -115,8 +118,9 @@ class Workspace {
   Workspace(Workspace&&) noexcept;
   Workspace& operator=(Workspace&&) noexcept;
 
-  // Encodes `plan` into the next staging buffer on the host and enqueues its
-  // copy to the device on `stream`. Returns without waiting for the GPU,
+  // Encodes `plan` into the next staging buffer on the host and enqueues, on
+  // `stream`, its copy to the device and the kernel that builds its 64-token
+  // tile maps there from the plan's slots, segments and masks. Returns without waiting for the GPU,
   // unless the staging buffer it fills is still being copied from (two uploads
   // back), which it then waits for. Throws InvalidArgument when the plan's
   // heads differ from the limits', InvalidPlan (graph-stable) naming the count

@@ -30,6 +30,9 @@ std::int32_t ceil_div(std::int32_t a, std::int32_t b) { return (a + b - 1) / b; 
 // whatever the sizes of the arrays before it.
 std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// A growing workspace's room beyond the plan that outgrew it (Workspace::upload).
+constexpr double kGrowthHeadroom = 1.5;
+
 // The arrays of the plan workspace, in order. The staging buffers share the
 // layout up to the tile maps, which only the device holds (built there from
 // the token, segment and tile-source arrays).
@@ -284,8 +287,11 @@ void Workspace::upload(const Plan& plan, Stream stream) {
       throw Error(ErrorCategory::InvalidPlan, fmt::format("graph-stable workspace: {}", excess));
     }
   } else if (!s.uploaded || !same_heads(s.limits.heads, plan.heads) || !s.limits.first_excess(need).empty()) {
+    // A decode loop's plans grow a little every step: room for half as much
+    // again, so the buffers are replaced (waiting for the stream) only as
+    // often as the tree grows by half, not at every step.
     WorkspaceLimits grown = same_heads(s.limits.heads, plan.heads) ? s.limits : WorkspaceLimits{};
-    grown.include(need);
+    grown.include(need.with_headroom(kGrowthHeadroom));
     // Kernels of an earlier call may still read the buffers being replaced.
     if (s.uploaded) TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
     s.limits = grown;

@@ -91,7 +91,9 @@ struct StepRecord {
   double plan_update_us = 0.0;  // the IncrementalPlanner's update (the plan the step runs)
   double plan_us = 0.0;         // a from-scratch plan of the same tree, for comparison
   double upload_us = 0.0;       // the plan's upload, on the host
+  double gpu_wait_us = 0.0;     // the host two steps ahead, waiting for the GPU (not in host_us)
   double host_us = 0.0;         // treeattn's host part: the changes handed over, the update, upload and queueing
+                                // (waiting for the GPU left out)
   double attention_us = 0.0;    // every layer's attention (GPU time on the device path)
   bool reanalysed = false, chosen = false;
   std::int64_t replaced_nodes = 0;  // nodes that came in place of ones of the same shape
@@ -191,8 +193,10 @@ void run_demo(const DemoOptions& o) {
     const std::int64_t nq = plan.num_queries;
     const HostArray q = random_array(DType::f16, {nq, heads.heads_q, heads.head_dim}, std::uint64_t(step));
     const auto t1 = std::chrono::steady_clock::now();
-    record.upload_us = runner->run(plan, q, layers);
-    record.host_us += record.plan_update_us + since(t1);
+    const StepRunner::HostTimes run = runner->run(plan, q, layers);
+    record.upload_us = run.upload_us;
+    record.gpu_wait_us = run.waited_us;
+    record.host_us += record.plan_update_us + since(t1) - run.waited_us;
     records.push_back(record);
 
     // Beside the step (the GPU may still be running it): the from-scratch plan, statistics, files.
@@ -241,7 +245,7 @@ void run_demo(const DemoOptions& o) {
   };
   const std::vector<double> update_us = column(&StepRecord::plan_update_us), plan_us = column(&StepRecord::plan_us),
                             upload_us = column(&StepRecord::upload_us), host_us = column(&StepRecord::host_us),
-                            attention_us = column(&StepRecord::attention_us);
+                            attention_us = column(&StepRecord::attention_us), gpu_wait_us = column(&StepRecord::gpu_wait_us);
   std::int64_t max_nodes = 0, max_queries = 0, appended_only = 0, replaced = 0, chosen = 0;
   for (const StepRecord& r : records) {
     max_nodes = std::max(max_nodes, r.nodes);
@@ -261,9 +265,10 @@ void run_demo(const DemoOptions& o) {
              median(update_us), appended_only, steps, replaced, chosen, chosen == 1 ? "" : "s", median(plan_us));
   if (runner->overlaps()) {
     fmt::print("  treeattn on the host per step (median; the changes handed over, the update, the upload, the "
-               "launches): {:.1f} us, the upload {:.1f} us of it, while the GPU runs the step before: {}\n",
+               "launches): {:.1f} us, the upload {:.1f} us of it, while the GPU runs the step before: {} (then "
+               "{:.1f} us waiting for the GPU, two steps ahead)\n",
                median(host_us), median(upload_us),
-               median(host_us) < median(attention_us) ? "hidden behind it" : "longer than it");
+               median(host_us) < median(attention_us) ? "hidden behind it" : "longer than it", median(gpu_wait_us));
   }
   fmt::print("  KV read: {} unique tree KV vs {} for sequence-based decoding: {} saved ({:.2f}x less)\n",
              format_bytes(double(unique_bytes)), format_bytes(double(sequence_bytes)),
@@ -276,7 +281,7 @@ void run_demo(const DemoOptions& o) {
       const StepRecord& r = records[i];
       per_step.push_back({{"step", i + 1}, {"nodes", r.nodes}, {"queries", r.queries}, {"tokens", r.tokens},
                           {"plan_update_us", r.plan_update_us}, {"plan_us", r.plan_us}, {"upload_us", r.upload_us},
-                          {"host_us", r.host_us}, {"attention_us", r.attention_us}, {"reanalysed", r.reanalysed},
+                          {"gpu_wait_us", r.gpu_wait_us}, {"host_us", r.host_us}, {"attention_us", r.attention_us}, {"reanalysed", r.reanalysed},
                           {"replaced_nodes", r.replaced_nodes}, {"chosen", r.chosen}});
     }
     const nlohmann::json summary = {{"workload", named.name},
@@ -294,6 +299,7 @@ void run_demo(const DemoOptions& o) {
                                     {"plan_median_us", median(plan_us)},
                                     {"upload_median_us", median(upload_us)},
                                     {"host_step_median_us", median(host_us)},
+                                    {"gpu_wait_median_us", median(gpu_wait_us)},
                                     {"attention_median_us", median(attention_us)},
                                     {"attention_overlaps_host", runner->overlaps()},
                                     {"steps_by_appends", appended_only},

@@ -85,6 +85,7 @@ class CudaRunner final : public StepRunner {
         o_(std::size_t(max_queries * heads.heads_q * heads.head_dim) * 4),  // f32
         lse_(std::size_t(max_queries * heads.heads_q) * 4) {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (cudaEvent_t& e : queued_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaMemcpy(k_.get(), k.bytes.data(), k.bytes.size(), cudaMemcpyHostToDevice), "K upload");
     check(cudaMemcpy(v_.get(), v.bytes.data(), v.bytes.size(), cudaMemcpyHostToDevice), "V upload");
   }
@@ -94,6 +95,7 @@ class CudaRunner final : public StepRunner {
       cudaEventDestroy(p.start);
       cudaEventDestroy(p.stop);
     }
+    for (cudaEvent_t e : queued_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
 
@@ -124,10 +126,17 @@ class CudaRunner final : public StepRunner {
     staging.queued(stream_);
   }
 
-  double run(const Plan& plan, const HostArray& q, int layers) override {
+  HostTimes run(const Plan& plan, const HostArray& q, int layers) override {
+    // The plan and Q staging buffers this step fills were last copied from two
+    // steps back: a host that far ahead waits here for that step to start,
+    // timed apart from the upload's own host work.
+    HostTimes times;
+    const auto w0 = std::chrono::steady_clock::now();
+    if (queued_pending_[next_q_]) check(cudaEventSynchronize(queued_[next_q_]), "cudaEventSynchronize");
     const auto t0 = std::chrono::steady_clock::now();
+    times.waited_us = std::chrono::duration<double, std::micro>(t0 - w0).count();
     workspace_.upload(plan, stream_);
-    const double upload_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    times.upload_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 
     Staging& staging = q_staging_[next_q_];
     next_q_ = 1 - next_q_;
@@ -135,6 +144,8 @@ class CudaRunner final : public StepRunner {
     std::memcpy(host, q.bytes.data(), q.bytes.size());
     check(cudaMemcpyAsync(q_.get(), host, q.bytes.size(), cudaMemcpyHostToDevice, stream_), "Q");
     staging.queued(stream_);
+    check(cudaEventRecord(queued_[1 - next_q_], stream_), "cudaEventRecord");  // the step's copies are done
+    queued_pending_[1 - next_q_] = true;
 
     const HeadConfig& h = plan.heads;
     const std::int64_t nq = plan.num_queries;
@@ -150,7 +161,7 @@ class CudaRunner final : public StepRunner {
     for (int layer = 0; layer < layers; ++layer) workspace_.enqueue(last_, stream_);
     check(cudaEventRecord(p.stop, stream_), "cudaEventRecord");
     pending_.push_back(p);
-    return upload_us;
+    return times;
   }
 
   std::vector<double> finished(bool wait) override {
@@ -195,6 +206,8 @@ class CudaRunner final : public StepRunner {
   cudaStream_t stream_ = nullptr;
   Staging kv_staging_[2], q_staging_[2];
   int next_kv_ = 0, next_q_ = 0;
+  cudaEvent_t queued_[2] = {nullptr, nullptr};  // per Q staging buffer: its step's plan and Q copies done
+  bool queued_pending_[2] = {false, false};
   AttentionArgs last_;
   std::deque<Pending> pending_;
 };

@@ -22,7 +22,7 @@ class HostRunner final : public StepRunner {
   bool overlaps() const noexcept override { return false; }
   void kv_written(const std::vector<std::int64_t>&) override {}
 
-  double run(const Plan& plan, const HostArray& q, int layers) override {
+  HostTimes run(const Plan& plan, const HostArray& q, int layers) override {
     const HeadConfig& h = plan.heads;
     o_ = HostArray(DType::f32, {plan.num_queries, h.heads_q, h.head_dim});
     lse_ = HostArray(DType::f32, {plan.num_queries, h.heads_q});
@@ -32,7 +32,7 @@ class HostRunner final : public StepRunner {
       backend_.run(plan, AttentionArgs{q_in.view(), k_.view(), v_.view(), o_.view(), lse_.view()});
     }
     done_.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    return 0.0;
+    return {};
   }
 
   std::vector<double> finished(bool) override { return std::exchange(done_, {}); }

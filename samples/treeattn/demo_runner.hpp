@@ -21,9 +21,13 @@ class StepRunner {
   virtual bool overlaps() const noexcept = 0;
   // The K and V rows of `slots` were written on the host (new tokens).
   virtual void kv_written(const std::vector<std::int64_t>& slots) = 0;
-  // Runs `layers` attention calls of `plan` on Q; returns the host
-  // microseconds its upload took (0 with nothing to upload).
-  virtual double run(const Plan& plan, const HostArray& q, int layers) = 0;
+  // What run() spent on the host, in microseconds.
+  struct HostTimes {
+    double upload_us = 0.0;  // the plan's upload (0 with nothing to upload)
+    double waited_us = 0.0;  // waiting for the GPU: a runner two steps ahead waits for the step two back to start
+  };
+  // Runs `layers` attention calls of `plan` on Q.
+  virtual HostTimes run(const Plan& plan, const HostArray& q, int layers) = 0;
   // The attention time of each step run since the last call, in order (GPU
   // time on a device, wall time on the host); `wait` waits for the last one,
   // else only finished steps are reported.

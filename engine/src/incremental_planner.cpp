@@ -265,33 +265,40 @@ void IncrementalPlanner::apply_removals() {
   State::Removal& r = s.removal;
   const std::vector<TreeNode>& nodes = s.tree.nodes();
   const std::size_t n = nodes.size();
-  r.parent.assign(n, -1);
-  r.child_begin.assign(n + 1, 0);
+  r.parent.resize(n);
+  bool parents_first = true;  // as nodes are usually added: then one pass in order finds every subtree
   for (std::size_t i = 0; i < n; ++i) {
-    const std::int32_t p = nodes[i].parent == kNoParent ? -1 : s.index.find(nodes[i].parent);
-    if (p >= 0) {
-      r.parent[i] = p;
-      ++r.child_begin[std::size_t(p) + 1];
+    r.parent[i] = nodes[i].parent == kNoParent ? -1 : s.index.find(nodes[i].parent);
+    parents_first = parents_first && r.parent[i] < std::int32_t(i);
+  }
+  if (parents_first) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (r.parent[i] >= 0 && s.removed[std::size_t(r.parent[i])]) s.removed[i] = 1;
     }
-  }
-  for (std::size_t i = 0; i < n; ++i) r.child_begin[i + 1] += r.child_begin[i];
-  r.children.resize(std::size_t(r.child_begin[n]));
-  r.fill.assign(r.child_begin.begin(), r.child_begin.end() - 1);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (r.parent[i] >= 0) r.children[std::size_t(r.fill[std::size_t(r.parent[i])]++)] = std::int32_t(i);
-  }
-  r.stack.clear();
-  for (std::size_t i = 0; i < n; ++i) {
-    if (s.removed[i]) r.stack.push_back(std::int32_t(i));
-  }
-  while (!r.stack.empty()) {  // a parent cycle is met at most once per node
-    const std::size_t v = std::size_t(r.stack.back());
-    r.stack.pop_back();
-    for (std::int32_t k = r.child_begin[v]; k < r.child_begin[v + 1]; ++k) {
-      const std::size_t c = std::size_t(r.children[std::size_t(k)]);
-      if (!s.removed[c]) {
-        s.removed[c] = 1;
-        r.stack.push_back(std::int32_t(c));
+  } else {  // the children lists, walked from each removed node
+    r.child_begin.assign(n + 1, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (r.parent[i] >= 0) ++r.child_begin[std::size_t(r.parent[i]) + 1];
+    }
+    for (std::size_t i = 0; i < n; ++i) r.child_begin[i + 1] += r.child_begin[i];
+    r.children.resize(std::size_t(r.child_begin[n]));
+    r.fill.assign(r.child_begin.begin(), r.child_begin.end() - 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (r.parent[i] >= 0) r.children[std::size_t(r.fill[std::size_t(r.parent[i])]++)] = std::int32_t(i);
+    }
+    r.stack.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (s.removed[i]) r.stack.push_back(std::int32_t(i));
+    }
+    while (!r.stack.empty()) {  // a parent cycle is met at most once per node
+      const std::size_t v = std::size_t(r.stack.back());
+      r.stack.pop_back();
+      for (std::int32_t k = r.child_begin[v]; k < r.child_begin[v + 1]; ++k) {
+        const std::size_t c = std::size_t(r.children[std::size_t(k)]);
+        if (!s.removed[c]) {
+          s.removed[c] = 1;
+          r.stack.push_back(std::int32_t(c));
+        }
       }
     }
   }

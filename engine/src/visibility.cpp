@@ -109,6 +109,7 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
   vis.node_subtree_end.assign(n, 0);
   vis.node_own_end.assign(n, 0);
   vis.node_visible = visible;
+  vis.node_max_slot.assign(n, -1);
   vis.pieces.reserve(n + nq);
   vis.token_slot.resize(std::size_t(total_visible));
   std::int32_t* slot_out = vis.token_slot.data();
@@ -133,7 +134,8 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
     append_pieces(topo, vis, v, offset, vis.pieces);
     vis.node_piece_end[i] = std::int32_t(vis.pieces.size());
 
-    vis.max_slot = std::max(vis.max_slot, write_slots(tree, i, 0, visible[i], slot_out));
+    vis.node_max_slot[i] = write_slots(tree, i, 0, visible[i], slot_out);
+    vis.max_slot = std::max(vis.max_slot, vis.node_max_slot[i]);
     slot_out += visible[i];
     offset += visible[i];
   }
@@ -191,7 +193,9 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
     // The node's slots now start at begin + shift; its new tokens follow its old ones.
     std::int32_t* node_slots = slots + c->begin + shift;
     std::copy_backward(slots + c->begin, slots + old_end, node_slots + c->old_visible);
-    vis.max_slot = std::max(vis.max_slot, write_slots(tree, std::size_t(c->node), c->old_visible, c->new_visible, node_slots));
+    std::int64_t& node_max = vis.node_max_slot[std::size_t(c->node)];
+    node_max = std::max(node_max, write_slots(tree, std::size_t(c->node), c->old_visible, c->new_visible, node_slots));
+    vis.max_slot = std::max(vis.max_slot, node_max);
     end = c->begin;
   }
 
@@ -227,11 +231,12 @@ void replace_slots(const Tree& tree, Visibility& vis, std::size_t first) {
   std::int64_t largest = -1;
   for (std::size_t i = first; i < tree.node_count(); ++i) {
     if (vis.node_visible[i] == 0) continue;
+    gave_up_largest = gave_up_largest || vis.node_max_slot[i] == vis.max_slot;
     std::int32_t* slots = vis.token_slot.data() + vis.pieces[std::size_t(vis.node_piece_begin[i])].token_begin;
-    gave_up_largest = gave_up_largest || std::find(slots, slots + vis.node_visible[i], vis.max_slot) != slots + vis.node_visible[i];
-    largest = std::max(largest, write_slots(tree, i, 0, vis.node_visible[i], slots));
+    vis.node_max_slot[i] = write_slots(tree, i, 0, vis.node_visible[i], slots);
+    largest = std::max(largest, vis.node_max_slot[i]);
   }
-  vis.max_slot = gave_up_largest ? (vis.token_slot.empty() ? -1 : *std::max_element(vis.token_slot.begin(), vis.token_slot.end()))
+  vis.max_slot = gave_up_largest ? *std::max_element(vis.node_max_slot.begin(), vis.node_max_slot.end())
                                  : std::max(vis.max_slot, largest);
 }
 

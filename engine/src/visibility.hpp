@@ -35,6 +35,7 @@ struct Visibility {
   std::vector<std::int32_t> node_piece_end;    // [nodes] a node's pieces contiguous
   std::vector<std::int32_t> token_slot;      // [visible tokens] KV-pool row
   std::int64_t max_slot = -1;
+  std::vector<std::int64_t> node_max_slot;   // [nodes] the largest slot of a node's visible tokens, -1 for none
   // Per node: its first query position (its own queries, then its subtree's,
   // up to node_subtree_end), where its own queries end, its visible tokens.
   // What update_visibility() needs to redo one node.
@@ -57,8 +58,8 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
 // After the nodes [first, nodes) took new slots (a subtree replaced by one of
 // the same shape: the same parents, lengths and queries by node index), writes
 // their slots where their tokens are and brings max_slot up to date; linear in
-// their visible tokens (the whole table is scanned only when the largest
-// slot was one they gave up).
+// their visible tokens (and in the nodes, when the largest slot was one they
+// gave up).
 void replace_slots(const Tree& tree, Visibility& vis, std::size_t first);
 
 }  // namespace treeattn

@@ -313,6 +313,19 @@ TEST_CASE("removing a node takes its subtree; a query left on it is reported by 
   CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("queries[0]: node 13 is not a node id"), Error);
   planner.set_queries({{10}});
   CHECK(planner.update().num_tokens() == 100);  // the pending removal was kept
+
+  // Children listed before their parents: the subtree still goes with it.
+  IncrementalPlanner late(kHeads, PlanOptions{Strategy::flatten, 64});
+  late.add_node_range(22, 21, 110, 3);
+  late.add_node_range(21, 20, 100, 5);
+  late.add_node_range(20, kNoParent, 0, 100);
+  late.add_node_range(30, kNoParent, 200, 10);
+  late.set_queries({{22}, {30}});
+  CHECK(late.update().num_tokens() == 118);
+  late.remove_node(21);
+  late.set_queries({{30}});
+  CHECK(late.update().num_tokens() == 10);
+  CHECK(late.tree().node_count() == 2);
 }
 
 TEST_CASE("bad changes are refused naming the node, and a failed update loses nothing") {

@@ -6,9 +6,10 @@
 // update() then brings the plan up to date:
 //
 //   * appends only (the common decode step): the appended slots are checked,
-//     the grown nodes' visibility redone and every later token shifted, greedy
-//     re-prices only the edges whose token counts changed (its layout given,
-//     it times no candidate plans); nothing else in the
+//     the grown nodes' visibility redone and every later token shifted;
+//     greedy lays out the groups of its held edge decisions at the new counts
+//     (with hold_greedy_groups off, it re-prices only the edges whose token
+//     counts changed); no candidate plan is timed and nothing else in the
 //     tree is looked at again. Linear in the pieces (about one per node and
 //     query) plus one copy of the token slots, not in the tree's tokens.
 //   * nodes removed and others added in their place with the same shape

@@ -95,10 +95,10 @@ void CpuBackend::run_item(const Plan& plan, const AttentionArgs& a, std::int32_t
     const std::int32_t e = plan.segment_token_end[std::size_t(seg0 + s)];
     if (masks[s] != 0) {
       for (std::int32_t t = b; t < e; ++t) {
-        const std::size_t row = (std::size_t(plan.token_slot[std::size_t(t)]) * std::size_t(hkv) + std::size_t(kv_head)) * std::size_t(d);
+        const std::size_t slot = std::size_t(plan.token_slot[std::size_t(t)]), head = std::size_t(kv_head) * std::size_t(d);
         const std::size_t at = (local + std::size_t(t - b)) * std::size_t(d);
-        load_row(a.k, row, d, sc.k.data() + at);
-        load_row(a.v, row, d, sc.v.data() + at);
+        load_row(a.k, slot * std::size_t(a.k.row_pitch()) + head, d, sc.k.data() + at);
+        load_row(a.v, slot * std::size_t(a.v.row_pitch()) + head, d, sc.v.data() + at);
       }
     }
     local += std::size_t(e - b);

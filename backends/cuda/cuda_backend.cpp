@@ -67,13 +67,17 @@ AttentionArgs CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a
   lse_.reserve(std::max<std::size_t>(a.lse.data ? a.lse.bytes() : 0, 16));
   copy_rows(q_.data(), row_bytes(a.q), a.q.data, pitch_bytes(a.q), row_bytes(a.q), rows(a.q), cudaMemcpyHostToDevice,
             stream_);
-  TREEATTN_CUDA_CHECK(cudaMemcpyAsync(k_.data(), a.k.data, a.k.bytes(), cudaMemcpyHostToDevice, stream_));
-  TREEATTN_CUDA_CHECK(cudaMemcpyAsync(v_.data(), a.v.data, a.v.bytes(), cudaMemcpyHostToDevice, stream_));
+  copy_rows(k_.data(), row_bytes(a.k), a.k.data, pitch_bytes(a.k), row_bytes(a.k), rows(a.k), cudaMemcpyHostToDevice,
+            stream_);
+  copy_rows(v_.data(), row_bytes(a.v), a.v.data, pitch_bytes(a.v), row_bytes(a.v), rows(a.v), cudaMemcpyHostToDevice,
+            stream_);
   AttentionArgs device = a;  // dense on the device
   device.q.data = q_.data();
   device.q.row_stride = 0;
   device.k.data = k_.data();
+  device.k.row_stride = 0;
   device.v.data = v_.data();
+  device.v.row_stride = 0;
   device.o.data = o_.data();
   device.o.row_stride = 0;
   device.lse.data = a.lse.data ? lse_.data() : nullptr;

@@ -444,6 +444,8 @@ void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
   p.lse = static_cast<float*>(a.lse.data);
   p.q_row_stride = a.q.row_pitch();
   p.o_row_stride = a.o.row_pitch();
+  p.k_row_stride = a.k.row_pitch();
+  p.v_row_stride = a.v.row_pitch();
   p.out_type = out_type(a.o.dtype);
   TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, s.limits.heads.head_dim, a.q.dtype == DType::bf16, stream));
 }

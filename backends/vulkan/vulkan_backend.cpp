@@ -19,9 +19,10 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
   if (args.q.dtype == DType::f32) {
     throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
   }
-  if (!args.q.dense() || !args.o.dense()) {
+  if (!args.q.dense() || !args.k.dense() || !args.v.dense() || !args.o.dense()) {
     throw Error(ErrorCategory::InvalidArgument,
-                fmt::format("Vulkan backend: Q and O must be dense (got Q {}, O {})", describe(args.q), describe(args.o)));
+                fmt::format("Vulkan backend: Q, K, V and O must be dense (got Q {}, K {}, V {}, O {})", describe(args.q),
+                            describe(args.k), describe(args.v), describe(args.o)));
   }
 }
 

@@ -188,9 +188,10 @@ void Workspace::State::record_addresses(VkCommandBuffer commands, const Attentio
     throw Error(ErrorCategory::InvalidArgument, fmt::format("Q is {}, but the workspace was made for {} inputs",
                                                             to_string(a.q.dtype), to_string(inputs)));
   }
-  if (!a.q.dense() || !a.o.dense()) {
+  if (!a.q.dense() || !a.k.dense() || !a.v.dense() || !a.o.dense()) {
     throw Error(ErrorCategory::InvalidArgument,
-                fmt::format("Vulkan backend: Q and O must be dense (got Q {}, O {})", describe(a.q), describe(a.o)));
+                fmt::format("Vulkan backend: Q, K, V and O must be dense (got Q {}, K {}, V {}, O {})", describe(a.q),
+                            describe(a.k), describe(a.v), describe(a.o)));
   }
   auto address = [](const TensorRef& t) { return VkDeviceAddress(reinterpret_cast<std::uintptr_t>(t.data)); };
   for (const auto& [name, t] : {std::pair<const char*, const TensorRef*>{"Q", &a.q}, {"K", &a.k}, {"V", &a.v}, {"O", &a.o},

@@ -1,11 +1,18 @@
-"""Tensor parallel decoding with treeattn as the attention: a random Llama saved
-once, loaded with transformers' tp_plan="auto" under torchrun (each rank holds its
-share of the heads and runs treeattn on them), greedy-decoding requests that share
-a prompt through continuous batching; rank 0 compares the tokens with a
-single-GPU run's.
+"""Tensor-parallel decoding with treeattn as the attention: a random Llama saved
+once and decoded on one GPU, then under torchrun on several, greedy-decoding
+requests that share a prompt through continuous batching; rank 0 compares the
+tokens with the single-GPU run's.
 
-    python examples/python/transformers_tp.py --save /tmp/tp_model --single /tmp/single.json
-    torchrun --nproc-per-node 2 examples/python/transformers_tp.py --load /tmp/tp_model --single /tmp/single.json
+  * --attn paged|treeattn (or transformers' own, e.g. paged|sdpa): the model
+    loaded with tp_plan="auto", every layer split over the ranks; each rank runs
+    its heads' attention. The projections' split changes the model's numerics.
+  * --attn paged|treeattn_heads: every rank holds the whole model; the attention
+    heads are split over the ranks (treeattn on each rank's heads, read in place
+    from the cache, the outputs all-gathered over NCCL). Each head's output is the
+    single-GPU run's bit for bit, so the tokens are too.
+
+    python examples/python/transformers_tp.py --attn paged|treeattn_heads --save /tmp/tp_model --single /tmp/single.json
+    torchrun --nproc-per-node 2 examples/python/transformers_tp.py --attn paged|treeattn_heads --load /tmp/tp_model --single /tmp/single.json
 """
 
 from __future__ import annotations
@@ -57,7 +64,16 @@ def main():
         print(f"single GPU: {len(tokens)} requests x {args.new_tokens} tokens in {seconds:.2f} s")
         return
     rank = int(os.environ.get("RANK", "0"))
-    model = AutoModelForCausalLM.from_pretrained(args.load, dtype=torch.float16, tp_plan="auto", attn_implementation=args.attn)
+    split = args.attn == treeattn.transformers_paged.SPLIT_NAME
+    if split:  # the whole model on every rank, the attention heads split
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        torch.distributed.init_process_group("nccl", device_id=torch.device("cuda", local))
+        model = AutoModelForCausalLM.from_pretrained(args.load, dtype=torch.float16, attn_implementation=args.attn)
+        model = model.to(f"cuda:{local}").eval()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.load, dtype=torch.float16, tp_plan="auto",
+                                                     attn_implementation=args.attn)
     tokens, logprobs, seconds = example.generate(model, args.attn, prompts, args.new_tokens, 256)
     if rank == 0:
         with open(args.single) as f:
@@ -67,6 +83,7 @@ def main():
         worst = max((abs(a - b) for la, lb, n in zip(logprobs, single["logprobs"], first) for a, b in zip(la[:n + 1], lb[:n + 1])),
                     default=0.0)
         result = {"attention": args.attn, "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                  "split": "attention heads (the model on every rank)" if split else "transformers' tp_plan='auto'",
                   "tokens_identical": tokens == single["tokens"],
                   "first_difference": first, "max_logprob_difference": worst, "tp_seconds": seconds,
                   "single_seconds": single["seconds"],
@@ -75,6 +92,8 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
+    if split:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ using namespace treeattn;
 
 namespace {
 
-using Array = nb::ndarray<nb::c_contig>;
+// Any DLPack array; tensor_of() takes those whose rows (first dimension) may be
+// strided and whose other dimensions are dense, as the engine does.
+using Array = nb::ndarray<>;
 
 DType dtype_of(const Array& a, const char* name) {
   const nb::dlpack::dtype t = a.dtype();
@@ -39,6 +41,22 @@ TensorRef tensor_of(const Array& a, const char* name) {
   t.data = a.data();
   t.dtype = dtype_of(a, name);
   for (std::size_t d = 0; d < a.ndim(); ++d) t.shape.push_back(std::int64_t(a.shape(d)));
+  std::int64_t dense = 1;  // elements of one row: each inner dimension must follow the next densely
+  for (std::size_t d = a.ndim(); d-- > 1;) {
+    if (a.shape(d) > 1 && a.stride(d) != dense) {
+      throw Error(ErrorCategory::InvalidArgument,
+                  std::string(name) + ": dimension " + std::to_string(d) + " has stride " + std::to_string(a.stride(d)) +
+                      ", expected " + std::to_string(dense) + " (only the rows, the first dimension, may be strided)");
+    }
+    dense *= std::int64_t(a.shape(d));
+  }
+  if (a.ndim() > 0 && a.shape(0) > 1 && a.stride(0) != dense) {
+    if (a.stride(0) < dense) {
+      throw Error(ErrorCategory::InvalidArgument, std::string(name) + ": its rows are " + std::to_string(a.stride(0)) +
+                                                      " elements apart, fewer than a row's " + std::to_string(dense));
+    }
+    t.row_stride = a.stride(0);
+  }
   return t;
 }
 

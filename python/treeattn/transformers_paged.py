@@ -21,6 +21,8 @@ from . import context_for
 from .adapters import tree_from_block_tables, tree_from_packed_sequences
 
 NAME = "paged|treeattn"
+SPLIT_NAME = "paged|treeattn_heads"
+SPLIT_BLOCK_TOKENS = 256  # the head split's block size: fixed, so a rank's plan does not depend on its share
 
 _step = {}  # id(cache) -> the plan of the forward pass in progress
 heads_seen = None  # (heads_q, heads_kv) of the last batch planned: a rank's own under tensor parallelism
@@ -54,11 +56,9 @@ def _packed_tree(rows, cu_seq_lens_k, cu_seq_lens_q, block_size, heads_q, heads_
     return tree_from_block_tables(table, seq_lens, block_size, heads_q, heads_kv, head_dim, scale, new_tokens)
 
 
-def paged_attention(module, query, key, value, attention_mask=None, cache=None, cu_seq_lens_q=None,
-                    cu_seq_lens_k=None, strategy="flatten", **kwargs):
-    """The attention function transformers calls: query [1, heads_q, tokens, head_dim],
-    key and value [1, heads_kv, tokens, head_dim] of the batch's new tokens; returns
-    ([1, tokens, heads_q, head_dim], None)."""
+def _attend(module, query, key, value, cache, cu_seq_lens_q, cu_seq_lens_k, kwargs, strategy, block_tokens, rank, world):
+    """The batch's attention on this rank's share of the heads (all of them for
+    world 1): [tokens, heads_q / world, head_dim]."""
     if cache is None:
         raise ValueError(f"`{NAME}` needs transformers' paged cache: use it through continuous batching "
                          "(generate_batch), or another attention implementation for a plain forward")
@@ -72,26 +72,67 @@ def paged_attention(module, query, key, value, attention_mask=None, cache=None, 
     k_cache.index_copy_(0, write, key.transpose(1, 2).squeeze(0))
     v_cache.index_copy_(0, write, value.transpose(1, 2).squeeze(0))
 
+    heads_q, heads_kv, head_dim = query.shape[1], key.shape[1], query.shape[3]
+    if heads_q % world or heads_kv % world:
+        raise ValueError(f"{heads_q} query heads and {heads_kv} KV heads do not split over {world} ranks")
+    q_heads = slice(rank * heads_q // world, (rank + 1) * heads_q // world)
+    kv_heads = slice(rank * heads_kv // world, (rank + 1) * heads_kv // world)
     context = context_for(query)
     first_layer = min(cache.layer_index_to_group_indices)
     if module.layer_idx == first_layer or id(cache) not in _step:
         # A batch of prefills only reads nothing: its KV rows are the ones just written.
         rows = read if read.numel() > 0 else write
         global heads_seen
-        heads_q, head_dim = query.shape[1], query.shape[3]
-        heads_seen = (heads_q, key.shape[1])
-        tree = _packed_tree(rows, cu_seq_lens_k, cu_seq_lens_q, cache.block_size, heads_q, key.shape[1], head_dim,
-                            module.scaling)
-        _step[id(cache)] = context.plan(tree, strategy)
+        heads_seen = (heads_q // world, heads_kv // world)
+        tree = _packed_tree(rows, cu_seq_lens_k, cu_seq_lens_q, cache.block_size, heads_q // world, heads_kv // world,
+                            head_dim, module.scaling)
+        _step[id(cache)] = context.plan(tree, strategy, block_tokens)
     plan = _step[id(cache)]
-    out, _ = context.attention(plan, query.squeeze(0).transpose(0, 1).contiguous(), k_cache, v_cache)
+    # The cache's heads are read in place: rows of the whole pool, strided.
+    out, _ = context.attention(plan, query[0, q_heads].transpose(0, 1).contiguous(), k_cache[:, kv_heads],
+                               v_cache[:, kv_heads])
+    return out
+
+
+def paged_attention(module, query, key, value, attention_mask=None, cache=None, cu_seq_lens_q=None,
+                    cu_seq_lens_k=None, strategy="flatten", **kwargs):
+    """The attention function transformers calls: query [1, heads_q, tokens, head_dim],
+    key and value [1, heads_kv, tokens, head_dim] of the batch's new tokens; returns
+    ([1, tokens, heads_q, head_dim], None). Under transformers' tensor parallelism
+    (tp_plan) the heads are the rank's own."""
+    out = _attend(module, query, key, value, cache, cu_seq_lens_q, cu_seq_lens_k, kwargs, strategy, None, 0, 1)
     return out.unsqueeze(0), None
 
 
-def register(name=NAME):
-    """Adds treeattn to transformers' AttentionInterface under `name` (a `paged|`
-    name, so continuous batching keeps it)."""
+def head_split_attention(module, query, key, value, attention_mask=None, cache=None, cu_seq_lens_q=None,
+                         cu_seq_lens_k=None, strategy="flatten", **kwargs):
+    """`paged|treeattn_heads`: the attention heads split over the ranks of
+    torch.distributed's default group, every rank holding the whole model and
+    cache (one rank without torch.distributed). Rank r runs treeattn on its
+    share of the query heads and their KV heads, read in place from the cache,
+    and the ranks all-gather the outputs over NCCL. Planned at a fixed block size
+    (SPLIT_BLOCK_TOKENS), a rank's plan is the whole run's for its heads, so every
+    head's output, and each token generated, is bit for bit the one-rank run's."""
+    import torch
+    import torch.distributed as dist
+
+    split = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if split else (0, 1)
+    out = _attend(module, query, key, value, cache, cu_seq_lens_q, cu_seq_lens_k, kwargs, strategy,
+                  SPLIT_BLOCK_TOKENS, rank, world)
+    if world > 1:
+        gathered = torch.empty((world,) + tuple(out.shape), dtype=out.dtype, device=out.device)
+        dist.all_gather_into_tensor(gathered, out)
+        out = gathered.permute(1, 0, 2, 3).reshape(out.shape[0], world * out.shape[1], out.shape[2])
+    return out.unsqueeze(0), None
+
+
+def register(name=NAME, split_name=SPLIT_NAME):
+    """Adds treeattn to transformers' AttentionInterface under `name`, and the
+    head split under `split_name` (`paged|` names, so continuous batching keeps
+    them). Returns `name`."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(name, paged_attention)
+    AttentionInterface.register(split_name, head_split_attention)
     return name

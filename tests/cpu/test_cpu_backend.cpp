@@ -21,6 +21,10 @@ TEST_CASE("f32 inputs") {
   check_against_oracle(*backend, random_forest(o), DType::f32, 9);
 }
 
+TEST_CASE("a head split on strided rows of the whole Q, K, V and O is bitwise the whole run's heads") {
+  check_head_split_is_bitwise(*make_test_backend());
+}
+
 TEST_CASE("output is bitwise identical for any thread count") {
   const Tree tree = determinism_forest();
   Inputs in = make_inputs(tree, DType::f16, 1);

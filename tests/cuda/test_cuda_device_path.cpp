@@ -208,6 +208,60 @@ TEST_CASE("strided Q and O: a slice of a fused QKV projection in, rows of a wide
   }
 }
 
+TEST_CASE("a head split on the device: each rank's heads as strided rows of the whole Q, K, V and O, bitwise the whole run") {
+  check_head_split_is_bitwise(*make_test_backend());  // host arrays, staged dense
+  // On device pointers, the kernels reading the strided rows themselves.
+  Tree whole(kHeads);
+  whole.add_node_range(0, kNoParent, 0, 700);
+  for (int b = 0; b < 9; ++b) {
+    whole.add_node_range(1 + b, 0, 700 + 20 * b, 20);
+    whole.add_query(1 + b);
+  }
+  Tree half = whole;
+  half.heads = {kHeads.heads_q / 2, kHeads.heads_kv / 2, kHeads.head_dim, 0.0f};
+  const cuda::Context context(0);
+  PlanOptions options{Strategy::flatten, 128};  // a fixed block size: the same plan for any head count
+  options.cost = context.cost_model();
+  const Plan whole_plan = treeattn::plan(whole, options), half_plan = treeattn::plan(half, options);
+  const std::int64_t nq = whole_plan.num_queries, d = kHeads.head_dim, hq = kHeads.heads_q, hkv = kHeads.heads_kv;
+  const HostArray q = random_array(DType::f16, {nq, hq, d}, 7);
+  const HostArray k = random_array(DType::f16, {900, hkv, d}, 8), v = random_array(DType::f16, {900, hkv, d}, 9);
+  cuda::DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v);
+  cuda::DeviceBuffer whole_o(std::size_t(nq * hq * d * 2)), split_o(std::size_t(nq * hq * d * 2));
+  cuda::DeviceBuffer whole_lse(std::size_t(nq * hq * 4)), half_lse(std::size_t(nq * hq / 2 * 4));
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  cuda::Workspace whole_ws(context), half_ws(context);
+  whole_ws.upload(whole_plan, stream);
+  whole_ws.enqueue({TensorRef{dq.data(), DType::f16, q.shape}, TensorRef{dk.data(), DType::f16, k.shape},
+                    TensorRef{dv.data(), DType::f16, v.shape}, TensorRef{whole_o.data(), DType::f16, q.shape},
+                    TensorRef{whole_lse.data(), DType::f32, {nq, hq}}},
+                   stream);
+  half_ws.upload(half_plan, stream);
+  std::vector<float> whole_lse_host(std::size_t(nq * hq)), half_lse_host(std::size_t(nq * hq / 2));
+  check(cudaMemcpyAsync(whole_lse_host.data(), whole_lse.data(), whole_lse_host.size() * 4, cudaMemcpyDeviceToHost, stream));
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    auto heads_of = [&](cuda::DeviceBuffer& buffer, std::int64_t heads, std::int64_t rows) {
+      return TensorRef{buffer.as<unsigned char>() + rank * heads / 2 * d * 2, DType::f16, {rows, heads / 2, d}, heads * d};
+    };
+    half_ws.enqueue({heads_of(dq, hq, nq), heads_of(dk, hkv, 900), heads_of(dv, hkv, 900), heads_of(split_o, hq, nq),
+                     TensorRef{half_lse.data(), DType::f32, {nq, hq / 2}}},
+                    stream);
+    check(cudaMemcpyAsync(half_lse_host.data(), half_lse.data(), half_lse_host.size() * 4, cudaMemcpyDeviceToHost, stream));
+    check(cudaStreamSynchronize(stream));
+    for (std::int64_t i = 0; i < nq; ++i) {
+      CHECK(std::memcmp(half_lse_host.data() + i * hq / 2, whole_lse_host.data() + i * hq + rank * hq / 2,
+                        std::size_t(hq / 2) * 4) == 0);
+    }
+  }
+  std::vector<std::uint16_t> whole_host(std::size_t(nq * hq * d)), split_host(whole_host.size());
+  check(cudaMemcpy(whole_host.data(), whole_o.data(), whole_host.size() * 2, cudaMemcpyDeviceToHost));
+  check(cudaMemcpy(split_host.data(), split_o.data(), split_host.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK(whole_host == split_host);
+  cudaStreamDestroy(stream);
+}
+
 TEST_CASE("workspace errors name the limit, the heads, the tensor") {
   const cuda::Context context(0);
   Tree small(kHeads), large(kHeads);

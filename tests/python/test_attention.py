@@ -94,6 +94,27 @@ def test_trees_from_json_path_text_and_dict(tmp_path):
                                  "queries": []})
 
 
+def test_strided_rows_some_heads_of_a_wider_pool(rng):
+    """Q rows of a fused QKV buffer and K/V as a few heads of a wider pool (what a
+    rank of a head split reads): bitwise the result on dense copies."""
+    tree, _ = fewshot_tree()
+    ctx = treeattn.Context("cpu", threads=2)
+    plan = ctx.plan(tree, block_tokens=32)
+    q, k, v = inputs(rng, np.float16)
+    fused = np.zeros((3, 3 * 8, 64), np.float16)
+    fused[:, :8] = q
+    pool_k = rng.uniform(-1, 1, (350, 6, 64)).astype(np.float16)
+    pool_v = rng.uniform(-1, 1, (350, 6, 64)).astype(np.float16)
+    pool_k[:, 2:4], pool_v[:, 2:4] = k, v
+    strided = (fused[:, :8], pool_k[:, 2:4], pool_v[:, 2:4])
+    assert not strided[1].flags.c_contiguous
+    want, want_lse = ctx.attention(plan, q, k, v)
+    got, got_lse = ctx.attention(plan, *strided)
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16)) and np.array_equal(got_lse, want_lse)
+    with pytest.raises(ValueError, match=r"k: dimension 2 has stride 2, expected 1 \(only the rows"):
+        ctx.attention(plan, q, pool_k[:, :, ::2][:, :2], v)
+
+
 def test_errors_name_the_node_the_tensor_and_the_choice(rng):
     ctx = treeattn.Context("cpu")
     tree = treeattn.Tree(*HEADS)

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "support/oracle.hpp"
 #include "treeattn/workloads.hpp"
@@ -69,6 +70,44 @@ void check_timed_layers_match_run(Backend& backend) {
   REQUIRE(us.size() == 3);
   for (double t : us) CHECK(t > 0.0);
   CHECK(out.bytes == direct.o.bytes);
+}
+
+void check_head_split_is_bitwise(Backend& backend) {
+  RandomForestOptions o;
+  o.seed = 17;
+  o.nodes = 40;
+  o.queries = 24;
+  o.max_tokens = 60;
+  o.heads = {8, 4, 64, 0.0f};
+  const Tree whole = random_forest(o);
+  Inputs in = make_inputs(whole, DType::f16, 6);
+  const PlanOptions options{Strategy::flatten, 64};
+  const Outputs reference = run_backend(backend, whole, in, options);
+
+  const HeadConfig& h = whole.heads;
+  const std::int64_t nq = std::int64_t(whole.query_count()), slots = in.k.shape[0];
+  Tree half = whole;
+  half.heads = {h.heads_q / 2, h.heads_kv / 2, h.head_dim, 0.0f};
+  const Plan plan = treeattn::plan(half, options);
+  HostArray o_whole(DType::f32, {nq, h.heads_q, h.head_dim});
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    auto heads_of = [&](HostArray& a, std::int64_t heads, std::int64_t rows) {
+      const std::int64_t first = rank * heads / 2;
+      return TensorRef{a.bytes.data() + first * h.head_dim * std::int64_t(dtype_size(a.dtype)), a.dtype,
+                       {rows, heads / 2, h.head_dim}, heads * h.head_dim};
+    };
+    HostArray lse(DType::f32, {nq, h.heads_q / 2});
+    backend.run(plan, AttentionArgs{heads_of(in.q, h.heads_q, nq), heads_of(in.k, h.heads_kv, slots),
+                                    heads_of(in.v, h.heads_kv, slots), heads_of(o_whole, h.heads_q, nq), lse.view()});
+    for (std::int64_t q = 0; q < nq; ++q) {
+      CAPTURE(q);
+      const std::size_t at = std::size_t((q * h.heads_q + rank * h.heads_q / 2) * 4);
+      CHECK(std::memcmp(lse.bytes.data() + q * h.heads_q / 2 * 4, reference.lse.bytes.data() + at,
+                        std::size_t(h.heads_q / 2 * 4)) == 0);
+    }
+  }
+  CHECK(o_whole.bytes == reference.o.bytes);
 }
 
 }  // namespace treeattn::test

@@ -45,4 +45,10 @@ void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::
 // timings and the same O as run(), bit for bit.
 void check_timed_layers_match_run(Backend& backend);
 
+// A head split, as each rank of a tensor-parallel model runs it: each half of
+// the query heads with its KV heads, read as strided rows of the whole Q, K, V
+// and O, planned for half the heads at the same fixed block size, gives bit
+// for bit the whole run's O and LSE of those heads.
+void check_head_split_is_bitwise(Backend& backend);
+
 }  // namespace treeattn::test

@@ -59,6 +59,21 @@ TEST_CASE("f32 inputs are refused by name") {
   CHECK_THROWS_WITH_AS(run_backend(*backend, tree, f32, PlanOptions{}), doctest::Contains("must be f16 or bf16"), Error);
 }
 
+TEST_CASE("strided K and V rows (some heads of a wider pool) are refused by name") {
+  auto backend = make_test_backend();
+  Tree tree({2, 1, 64});
+  tree.add_node_range(0, kNoParent, 0, 100);
+  tree.add_query(0);
+  Inputs in = make_inputs(tree, DType::f16, 1);
+  HostArray pool = random_array(DType::f16, {100, 2, 64}, 2);  // two KV heads; the tree reads the first
+  HostArray o(DType::f32, {1, 2, 64});
+  const TensorRef k{pool.bytes.data(), DType::f16, {100, 1, 64}, 2 * 64};
+  CHECK_THROWS_WITH_AS(backend->run(treeattn::plan(tree), AttentionArgs{in.q.view(), k, in.v.view(), o.view(), {}}),
+                       doctest::Contains("Vulkan backend: Q, K, V and O must be dense (got Q [1, 2, 64] f16, K [100, 1, 64] "
+                                         "f16 row stride 128"),
+                       Error);
+}
+
 TEST_CASE("a device index that does not exist and an unknown variant are refused") {
   BackendOptions options;
   options.device = 99;

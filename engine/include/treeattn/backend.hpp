@@ -102,8 +102,8 @@ struct CallShape {
 };
 
 // Checks every tensor of `args` against the plan (shapes, dtypes, KV rows the
-// plan reads, row strides: Q and O rows at least a row apart and 16-byte
-// aligned, the rest dense). Backends call it first; throws InvalidArgument
+// plan reads, row strides: Q, K, V and O rows at least a row apart and
+// 16-byte aligned, LSE dense). Backends call it first; throws InvalidArgument
 // naming the tensor.
 void check_args(const CallShape& shape, const AttentionArgs& args);
 inline void check_args(const Plan& plan, const AttentionArgs& args) { check_args(CallShape::of(plan), args); }

@@ -15,8 +15,8 @@ struct TensorRef {
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;
   // Elements from one row's start to the next's; 0: dense (the product of the
-  // other dimensions). Q and O accept a larger one (a slice of a fused QKV
-  // projection or of a wider output); every other tensor is dense.
+  // other dimensions). Q, K, V and O accept a larger one (a slice of a fused
+  // QKV projection or of a wider output; some heads of a KV pool); LSE is dense.
   std::int64_t row_stride = 0;
 
   std::int64_t numel() const noexcept;

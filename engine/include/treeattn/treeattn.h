@@ -146,8 +146,9 @@ TREEATTN_C_API void treeattn_plan_destroy(treeattn_plan* plan);
 /* --- tensors ----------------------------------------------------------------
  * Layouts: Q [queries, heads_q, head_dim], K and V [slots, heads_kv, head_dim],
  * O [queries, heads_q, head_dim], LSE [queries, heads_q] (f32, natural log).
- * strides are in elements, all 0 for a dense tensor; only Q's and O's first
- * stride may differ from dense (rows of a wider buffer). A zero-initialised
+ * strides are in elements, all 0 for a dense tensor; only the first stride of
+ * Q, K, V and O may differ from dense (rows of a wider buffer: a fused QKV
+ * projection, some heads of a KV pool). A zero-initialised
  * struct with data, dtype, ndim and shape set is a dense tensor. */
 typedef struct treeattn_tensor {
   void* data;

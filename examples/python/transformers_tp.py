@@ -55,9 +55,12 @@ def main():
     treeattn.transformers_paged.register()
     prompts = prompts_for(args)
     if args.save:
-        model = example.random_llama(2, 4096, 32, 8, 128, args.vocab, "cuda", torch.float16, args.seed)
         if not os.path.exists(args.save):
-            model.save_pretrained(args.save)
+            example.random_llama(2, 4096, 32, 8, 128, args.vocab, "cuda", torch.float16, args.seed).save_pretrained(args.save)
+        # Loaded back as the ranks load it: a model made in memory differs from its saved
+        # self (its rotary frequencies were cast to float16 with the weights).
+        model = AutoModelForCausalLM.from_pretrained(args.save, dtype=torch.float16, attn_implementation=args.attn)
+        model = model.to("cuda").eval()
         tokens, logprobs, seconds = example.generate(model, args.attn, prompts, args.new_tokens, 256)
         with open(args.single, "w") as f:
             json.dump({"tokens": tokens, "logprobs": logprobs, "seconds": seconds}, f)

@@ -13,6 +13,10 @@ that sees its request's rows up to itself. The tree is planned at the model's
 first attention layer and every layer runs that plan on its own cache tensors.
 The new keys and values are written into the cache first, as transformers' own
 paged implementations do.
+
+`paged|treeattn_heads` (registered beside it) splits the attention heads over the
+ranks of torch.distributed's group, each holding the whole model: every rank runs
+treeattn on its heads and the outputs are all-gathered, bit for bit the one-GPU run.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace treeattn {
 
@@ -64,7 +65,7 @@ void Tree::make_room(std::size_t index, std::int64_t more) {
   node.first = first;
 }
 
-void Tree::append_slots(std::size_t index, const std::int64_t* slots, std::int64_t count) {
+std::vector<std::int64_t>::iterator Tree::appended_slots(std::size_t index, std::int64_t count) {
   TreeNode& node = nodes_[index];
   if (!node.listed) {  // a range becomes a list
     const std::int64_t first = std::int64_t(listed_slots_.size());
@@ -75,8 +76,13 @@ void Tree::append_slots(std::size_t index, const std::int64_t* slots, std::int64
     node.listed = true;
   }
   make_room(index, count);
-  std::copy_n(slots, count, listed_slots_.begin() + node.first + node.length);
+  const auto at = listed_slots_.begin() + node.first + node.length;
   node.length += count;
+  return at;
+}
+
+void Tree::append_slots(std::size_t index, const std::int64_t* slots, std::int64_t count) {
+  std::copy_n(slots, count, appended_slots(index, count));
 }
 
 void Tree::append_range(std::size_t index, std::int64_t first_slot, std::int64_t count) {
@@ -86,9 +92,8 @@ void Tree::append_range(std::size_t index, std::int64_t first_slot, std::int64_t
     node.length += count;
     return;
   }
-  std::vector<std::int64_t> slots(static_cast<std::size_t>(count));
-  for (std::int64_t t = 0; t < count; ++t) slots[std::size_t(t)] = first_slot + t;
-  append_slots(index, slots.data(), count);
+  const auto slots = appended_slots(index, count);
+  std::iota(slots, slots + count, first_slot);
 }
 
 void Tree::append_pages(std::size_t index, std::int64_t count, const std::vector<std::int64_t>& new_pages) {

@@ -102,6 +102,9 @@ class Tree {
   void remove_nodes(const std::vector<std::uint8_t>& removed);
   // Moves the listed nodes' entries together, in node order, dropping the dead ones.
   void pack();
+  // The node at `index` lengthened by `count` listed tokens (a range becomes a
+  // list): where their slots go, to be written by the caller.
+  std::vector<std::int64_t>::iterator appended_slots(std::size_t index, std::int64_t count);
   // Room for `more` entries after the listed node's own: in place, else the
   // entries move to the end of listed_slots_ with as many again to spare.
   void make_room(std::size_t index, std::int64_t more);

@@ -209,7 +209,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   const int chunk = tid % Traits::kChunksPerRow, row0 = tid / Traits::kChunksPerRow;
   const char* k_column = reinterpret_cast<const char*>(k_head + chunk * 8);
   const char* v_column = reinterpret_cast<const char*>(v_head + chunk * 8);
-  const std::uint64_t k_slot_bytes = std::uint64_t(p.k_row_stride) * 2, v_slot_bytes = std::uint64_t(p.v_row_stride) * 2;
+  const std::uint32_t slot_bytes = std::uint32_t(p.kv_row_stride) * 2;  // one stride for K and V: one multiply a row
   const std::uint32_t column_bytes = 2 * Traits::swizzle(row0, chunk);
   // Rows unrolled: eight (a whole tile at head_dim 128; sixteen at 256 would
   // spill). The mma.sync build took two while its registers were capped for
@@ -225,8 +225,9 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     const std::uint32_t v_tile = smem_address(Smem::v() + stage * kTile * D);
     const std::uint32_t at = kRowsPerStep % 8 == 0 ? column_bytes + i * kRowsPerStep * Traits::kPanel * 2
                                                     : 2 * Traits::swizzle(row0 + i * kRowsPerStep, chunk);
-    cp_async_16(k_tile + at, k_column + std::uint64_t(std::uint32_t(slot)) * k_slot_bytes);
-    cp_async_16(v_tile + at, v_column + std::uint64_t(std::uint32_t(slot)) * v_slot_bytes);
+    const std::uint64_t from = std::uint64_t(std::uint32_t(slot)) * slot_bytes;
+    cp_async_16(k_tile + at, k_column + from);
+    cp_async_16(v_tile + at, v_column + from);
   };
   // A batch's slots are all read before its copies: a slot read after the
   // previous row's cp.async (which writes shared memory) cannot be moved above

@@ -73,8 +73,7 @@ struct KernelParams {
   float* lse;         // [num_queries, heads_q] or null
   std::int64_t q_row_stride;  // elements between queries' rows of Q (heads_q * head_dim when dense)
   std::int64_t o_row_stride;  // and of O
-  std::int64_t k_row_stride;  // elements between slots' rows of K (heads_kv * head_dim when dense)
-  std::int64_t v_row_stride;  // and of V
+  std::int64_t kv_row_stride;  // elements between slots' rows of K, and of V (heads_kv * head_dim when dense)
   float* partial_o;   // [num_partials, heads_q, head_dim]
   float* partial_lse; // [num_partials, heads_q]
 

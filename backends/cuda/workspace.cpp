@@ -444,8 +444,12 @@ void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
   p.lse = static_cast<float*>(a.lse.data);
   p.q_row_stride = a.q.row_pitch();
   p.o_row_stride = a.o.row_pitch();
-  p.k_row_stride = a.k.row_pitch();
-  p.v_row_stride = a.v.row_pitch();
+  if (a.k.row_pitch() != a.v.row_pitch()) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("CUDA backend: K and V rows must be equally far apart (got K {}, V {})", describe(a.k),
+                            describe(a.v)));
+  }
+  p.kv_row_stride = a.k.row_pitch();
   p.out_type = out_type(a.o.dtype);
   TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, s.limits.heads.head_dim, a.q.dtype == DType::bf16, stream));
 }

@@ -295,6 +295,10 @@ TEST_CASE("workspace errors name the limit, the heads, the tensor") {
   CHECK_THROWS_WITH_AS(workspace.enqueue({tq, tkv, TensorRef{kv.data(), DType::f16, {400, 8, 128}, 1000}, to, {}}, stream),
                        doctest::Contains("V is [400, 8, 128] f16 row stride 1000: the row stride must be at least 1024"),
                        Error);
+  CHECK_THROWS_WITH_AS(workspace.enqueue({tq, tkv, TensorRef{kv.data(), DType::f16, {400, 8, 128}, 2048}, to, {}}, stream),
+                       doctest::Contains("K and V rows must be equally far apart (got K [400, 8, 128] f16, V [400, 8, 128] "
+                                         "f16 row stride 2048)"),
+                       Error);
   CHECK_THROWS_AS(cuda::Context(cuda::device_count()), Error);
   check(cudaStreamSynchronize(stream));
   cudaStreamDestroy(stream);

@@ -74,31 +74,22 @@ void transpose_bits(std::uint64_t (&a)[64]) {
 
 }  // namespace
 
-namespace {
-
-void check_align(std::int32_t align) {
+ItemTokenMap item_token_map(const Plan& plan, std::int32_t align) {
   if (align < 1 || align > 64) {
     fail(ErrorCategory::InvalidArgument, "item_token_map: tiles of {} tokens; a tile holds 1 to 64 (one mask bit each)", align);
   }
-}
-
-}  // namespace
-
-std::int64_t item_tile_count(const Plan& plan, std::int32_t align) {
-  check_align(align);
-  std::int64_t tiles = 0;
+  ItemTokenMap map;
+  std::size_t tiles = 0;
   for (std::int32_t i = 0; i < plan.num_items(); ++i) {
-    tiles += (plan.block_token_count(plan.item_block[std::size_t(i)]) + align - 1) / align;
+    tiles += std::size_t((plan.block_token_count(plan.item_block[std::size_t(i)]) + align - 1) / align);
   }
-  return tiles;
-}
-
-std::vector<std::int32_t> write_item_tiles(const Plan& plan, std::int32_t align, const TileRecords& out) {
-  check_align(align);
-  std::vector<std::int32_t> item_tile_begin(1, 0);
-  item_tile_begin.reserve(std::size_t(plan.num_items()) + 1);
+  map.slot.resize(tiles * std::size_t(align));
+  map.mask.resize(tiles * std::size_t(align));
+  map.visible.resize(tiles * 64);
+  map.begin.assign(1, 0);
+  map.begin.reserve(std::size_t(plan.num_items()) + 1);
   std::size_t tile = 0;
-  std::int32_t filled = 0;      // tokens in the open tile
+  std::int32_t filled = 0;       // tokens in the open tile
   std::uint64_t words[64] = {};  // the open tile's masks, token by token
   // The open tile's runs of one mask: most tiles are a few runs (a long
   // segment, a node's few pieces), whose visible words are each mask's set
@@ -109,14 +100,13 @@ std::vector<std::int32_t> write_item_tiles(const Plan& plan, std::int32_t align,
   };
   Run runs[64];
   int run_count = 0, set_bits = 0;
-  auto close_tile = [&](std::int32_t last_slot) {
-    std::int32_t* slots = out.slots + tile * out.slot_stride;
-    std::fill(slots + filled, slots + align, out.repeat_last_slot ? last_slot : -1);
+  auto close_tile = [&] {
+    std::fill(map.slot.begin() + std::ptrdiff_t(tile * std::size_t(align) + std::size_t(filled)),
+              map.slot.begin() + std::ptrdiff_t((tile + 1) * std::size_t(align)), -1);
     std::fill(words + filled, words + 64, 0);
-    if (out.masks != nullptr) std::copy_n(words, align, out.masks + tile * out.mask_stride);
-    std::uint64_t* visible = out.visible + tile * out.visible_stride;
+    std::copy_n(words, align, map.mask.begin() + std::ptrdiff_t(tile * std::size_t(align)));
+    std::uint64_t* visible = map.visible.data() + tile * 64;
     if (set_bits < kSetBitsForTranspose) {
-      std::fill_n(visible, 64, 0);
       for (int r = 0; r < run_count; ++r) {
         for (std::uint64_t m = runs[r].mask; m != 0; m &= m - 1) visible[__builtin_ctzll(m)] |= runs[r].tokens;
       }
@@ -131,13 +121,13 @@ std::vector<std::int32_t> write_item_tiles(const Plan& plan, std::int32_t align,
   for (std::int32_t i = 0; i < plan.num_items(); ++i) {
     const std::int32_t b = plan.item_block[std::size_t(i)];
     const std::int32_t s0 = plan.block_segment_begin[std::size_t(b)];
-    std::int32_t last_slot = -1;
     for (std::int32_t s = s0; s < plan.block_segment_begin[std::size_t(b) + 1]; ++s) {
       const std::uint64_t mask = plan.segment_mask[std::size_t(plan.item_mask_begin[std::size_t(i)] + s - s0)];
       // The segment's tokens in runs that fill the open tile.
       for (std::int32_t t = plan.segment_token_begin[std::size_t(s)]; t < plan.segment_token_end[std::size_t(s)];) {
         const std::int32_t run = std::min(plan.segment_token_end[std::size_t(s)] - t, align - filled);
-        std::copy_n(plan.token_slot.begin() + t, run, out.slots + tile * out.slot_stride + filled);
+        std::copy_n(plan.token_slot.begin() + t, run,
+                    map.slot.begin() + std::ptrdiff_t(tile * std::size_t(align) + std::size_t(filled)));
         std::fill_n(words + filled, run, mask);
         const std::uint64_t bits = run == 64 ? ~std::uint64_t(0) : ((std::uint64_t(1) << run) - 1) << filled;
         if (run_count > 0 && runs[run_count - 1].mask == mask) {
@@ -148,26 +138,12 @@ std::vector<std::int32_t> write_item_tiles(const Plan& plan, std::int32_t align,
         }
         filled += run;
         t += run;
-        last_slot = plan.token_slot[std::size_t(t - 1)];
-        if (filled == align) close_tile(last_slot);
+        if (filled == align) close_tile();
       }
     }
-    if (filled > 0) close_tile(last_slot);
-    item_tile_begin.push_back(std::int32_t(tile));
+    if (filled > 0) close_tile();
+    map.begin.push_back(std::int32_t(tile) * align);
   }
-  return item_tile_begin;
-}
-
-ItemTokenMap item_token_map(const Plan& plan, std::int32_t align) {
-  const std::size_t tiles = std::size_t(item_tile_count(plan, align));
-  ItemTokenMap map;
-  map.slot.resize(tiles * std::size_t(align));
-  map.mask.resize(tiles * std::size_t(align));
-  map.visible.resize(tiles * 64);
-  map.begin = write_item_tiles(plan, align,
-                               TileRecords{map.slot.data(), map.mask.data(), map.visible.data(), std::size_t(align),
-                                           std::size_t(align), 64, false});
-  for (std::int32_t& b : map.begin) b *= align;
   return map;
 }
 

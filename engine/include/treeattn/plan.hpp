@@ -141,24 +141,6 @@ struct ItemTokenMap {
 };
 ItemTokenMap item_token_map(const Plan& plan, std::int32_t align);
 
-// The same tiles written straight into a caller's records (a device upload's
-// staging memory) without building an ItemTokenMap: tile t's `align` slots at
-// slots + t * slot_stride, its masks (when `masks` is set) at masks + t *
-// mask_stride, its 64 visible words at visible + t * visible_stride (strides in
-// elements). Past an item's tokens a slot is -1, or with repeat_last_slot the
-// item's last slot again. Returns each item's first tile and the total
-// ([num_items + 1]): ItemTokenMap::begin / align.
-struct TileRecords {
-  std::int32_t* slots = nullptr;
-  std::uint64_t* masks = nullptr;
-  std::uint64_t* visible = nullptr;
-  std::size_t slot_stride = 0, mask_stride = 0, visible_stride = 0;
-  bool repeat_last_slot = false;
-};
-std::vector<std::int32_t> write_item_tiles(const Plan& plan, std::int32_t align, const TileRecords& out);
-// Tiles of `align` tokens over all items: what write_item_tiles writes.
-std::int64_t item_tile_count(const Plan& plan, std::int32_t align);
-
 // Throws InvalidPlan naming the first inconsistency (array sizes, CSR order,
 // ranges, mask bits beyond the tile, partial slots not used exactly once,
 // reduction lists that disagree with the tiles, a launch order that is not a

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -19,6 +18,7 @@
 #include "support/c_tensor.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
+#include "support/workloads_dir.hpp"
 #include "treeattn/cuda.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
@@ -40,11 +40,6 @@ cuda::DeviceBuffer to_device(const HostArray& host, std::size_t bytes = 0) {
   cuda::DeviceBuffer buffer(std::max(host.bytes.size(), bytes));
   check(cudaMemcpy(buffer.data(), host.bytes.data(), host.bytes.size(), cudaMemcpyHostToDevice));
   return buffer;
-}
-
-std::string workloads_dir() {
-  const char* dir = std::getenv("TREEATTN_WORKLOADS_DIR");
-  return dir != nullptr ? dir : "data/workloads/deft";
 }
 
 // The trees of a scenario's first `steps` decode steps, on one paged KV cache.

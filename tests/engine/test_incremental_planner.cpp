@@ -7,11 +7,11 @@
 
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <random>
 #include <string>
 
 #include "support/plan_check.hpp"
+#include "support/workloads_dir.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/incremental_planner.hpp"
 #include "treeattn/planner.hpp"
@@ -23,10 +23,7 @@ using namespace treeattn;
 
 namespace {
 
-const std::string kWorkloads = [] {
-  const char* dir = std::getenv("TREEATTN_WORKLOADS_DIR");
-  return std::string(dir != nullptr ? dir : "data/workloads/deft");
-}();
+const std::string kWorkloads = test::workloads_dir();
 const HeadConfig kHeads{32, 8, 128, 0.0f};
 
 // What a replay's updates did, for the checks that the fast path ran.

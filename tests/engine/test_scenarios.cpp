@@ -5,13 +5,13 @@
 
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
 #include <tuple>
 
 #include "support/plan_check.hpp"
+#include "support/workloads_dir.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/scenarios.hpp"
@@ -21,11 +21,7 @@ using namespace treeattn;
 
 namespace {
 
-// ctest sets TREEATTN_WORKLOADS_DIR to the repository's data/workloads/deft.
-const std::string kWorkloads = [] {
-  const char* dir = std::getenv("TREEATTN_WORKLOADS_DIR");
-  return std::string(dir != nullptr ? dir : "data/workloads/deft");
-}();
+const std::string kWorkloads = test::workloads_dir();
 const HeadConfig kHeads{32, 8, 128, 0.0f};
 
 std::map<std::int64_t, int> depth_histogram(const Tree& tree, bool leaves_only) {

@@ -8,6 +8,18 @@ import treeattn
 from conftest import reference_attention
 
 
+def errors_against_sequences(rng, tree, paths, slots, dtype=np.float32):
+    """The largest O and LSE errors of attention over `tree` (heads 8/2/64, CPU) on
+    random inputs, against each query's own sequence of slots (`paths`)."""
+    q = rng.uniform(-1, 1, (len(paths), 8, 64)).astype(dtype)
+    k = rng.uniform(-1, 1, (slots, 2, 64)).astype(dtype)
+    v = rng.uniform(-1, 1, (slots, 2, 64)).astype(dtype)
+    ctx = treeattn.Context("cpu")
+    o, lse = ctx.attention(ctx.plan(tree), q, k, v)
+    want_o, want_lse = reference_attention(q, k, v, paths, 1 / 8)
+    return np.abs(o.astype(np.float64) - want_o).max(), np.abs(lse - want_lse).max()
+
+
 def test_block_tables_share_their_common_pages(rng):
     page = 4
     # Requests 0 and 1 share pages 7 and 3 (8 tokens); request 2 shares page 7 only; 3 stands alone.
@@ -18,15 +30,9 @@ def test_block_tables_share_their_common_pages(rng):
     # Nodes: [7], [3] (shared by 0 and 1), [5 (3 tokens)], [9, 2 (2 tokens)], [6 (2 tokens)], [1 (3 tokens)].
     assert tree.num_nodes == 6
     paths = [[int(block_table[r][t // page]) * page + t % page for t in range(n)] for r, n in enumerate(seq_lens)]
-    ctx = treeattn.Context("cpu")
-    plan = ctx.plan(tree)
-    q = rng.uniform(-1, 1, (4, 8, 64)).astype(np.float16)
-    k = rng.uniform(-1, 1, (40, 2, 64)).astype(np.float16)
-    v = rng.uniform(-1, 1, (40, 2, 64)).astype(np.float16)
-    o, lse = ctx.attention(plan, q, k, v)
-    want_o, want_lse = reference_attention(q, k, v, paths, 1 / 8)
-    assert np.abs(o.astype(np.float64) - want_o).max() <= 2e-3
-    assert np.abs(lse - want_lse).max() <= 2e-3
+    o_error, lse_error = errors_against_sequences(rng, tree, paths, 40, np.float16)
+    assert o_error <= 2e-3
+    assert lse_error <= 2e-3
 
 
 def test_a_request_that_ends_inside_anothers_prefix_queries_there():
@@ -44,13 +50,8 @@ def test_token_tables_share_their_common_slots(rng):
     tree = treeattn.tree_from_token_tables(req_to_token, [45, 43, 10], 8, 2, 64, req_pool_indices=[2, 4, 0])
     assert (tree.num_nodes, tree.num_queries) == (4, 3)  # the prompt, two continuations, the lone request
     paths = [list(prompt) + list(range(200, 205)), list(prompt) + list(range(300, 303)), list(range(400, 410))]
-    ctx = treeattn.Context("cpu")
-    q = rng.uniform(-1, 1, (3, 8, 64)).astype(np.float32)
-    k = rng.uniform(-1, 1, (410, 2, 64)).astype(np.float32)
-    v = rng.uniform(-1, 1, (410, 2, 64)).astype(np.float32)
-    o, _ = ctx.attention(ctx.plan(tree), q, k, v)
-    want_o, _ = reference_attention(q, k, v, paths, 1 / 8)
-    assert np.abs(o - want_o).max() <= 1e-5
+    o_error, _ = errors_against_sequences(rng, tree, paths, 410)
+    assert o_error <= 1e-5
 
 
 def test_bad_tables_are_refused_by_request():
@@ -86,14 +87,9 @@ def test_packed_batches_share_prefixes_and_query_causally(rng):
     assert (tree.num_nodes, tree.num_queries) == (3, 4)  # the prompt and two continuations; 3 + 1 queries
     # Query j of a request sees its rows up to its own token.
     paths = [prompt + [60], prompt + [60, 61], prompt + [60, 61, 62], prompt + [70, 71, 72, 73]]
-    ctx = treeattn.Context("cpu")
-    q = rng.uniform(-1, 1, (4, 8, 64)).astype(np.float32)
-    k = rng.uniform(-1, 1, (80, 2, 64)).astype(np.float32)
-    v = rng.uniform(-1, 1, (80, 2, 64)).astype(np.float32)
-    o, lse = ctx.attention(ctx.plan(tree), q, k, v)
-    want_o, want_lse = reference_attention(q, k, v, paths, 1 / 8)
-    assert np.abs(o - want_o).max() <= 1e-5
-    assert np.abs(lse - want_lse).max() <= 1e-5
+    o_error, lse_error = errors_against_sequences(rng, tree, paths, 80)
+    assert o_error <= 1e-5
+    assert lse_error <= 1e-5
 
 
 def test_bad_packed_batches_are_refused_by_request():
@@ -111,10 +107,5 @@ def test_block_tables_with_new_tokens_query_causally(rng):
     slots0 = [3 * 4 + t for t in range(4)] + [1 * 4 + t for t in range(4)] + [16, 17]
     slots1 = [12, 13, 14, 15, 8, 9]
     paths = [slots0[:8], slots0[:9], slots0[:10], slots1]
-    ctx = treeattn.Context("cpu")
-    q = rng.uniform(-1, 1, (4, 8, 64)).astype(np.float32)
-    k = rng.uniform(-1, 1, (20, 2, 64)).astype(np.float32)
-    v = rng.uniform(-1, 1, (20, 2, 64)).astype(np.float32)
-    o, _ = ctx.attention(ctx.plan(tree), q, k, v)
-    want_o, _ = reference_attention(q, k, v, paths, 1 / 8)
-    assert np.abs(o - want_o).max() <= 1e-5
+    o_error, _ = errors_against_sequences(rng, tree, paths, 20)
+    assert o_error <= 1e-5

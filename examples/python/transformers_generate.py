@@ -22,6 +22,17 @@ from transformers.integrations.sdpa_paged import sdpa_attention_paged_forward
 import treeattn.transformers_paged
 
 
+def add_model_arguments(parser):
+    """The device and the random Llama's shape (llama3-8b's heads, few layers)."""
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=32000)
+
+
 def random_llama(layers, hidden, heads, kv_heads, head_dim, vocab, device, dtype, seed):
     config = LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                          intermediate_size=2 * hidden, num_hidden_layers=layers, vocab_size=vocab,
@@ -78,18 +89,12 @@ def generate(model, implementation, prompts, new_tokens, block_size):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_model_arguments(parser)
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on the CPU by default")
     parser.add_argument("--prompt-tokens", type=int, default=4000, help="tokens of the shared prompt")
     parser.add_argument("--suffix-tokens", type=int, default=8, help="tokens of each request's own suffix")
     parser.add_argument("--branches", type=int, default=32, help="requests sharing the prompt")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--block-size", type=int, default=256, help="continuous batching's KV block size")
     parser.add_argument("--reference", default="paged|sdpa", help="transformers' attention to check against")
     parser.add_argument("--control", help="another of transformers' attentions, checked against the reference the same "

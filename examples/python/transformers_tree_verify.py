@@ -49,16 +49,10 @@ def timed(device, fn):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    example.add_model_arguments(parser)
     parser.add_argument("--dtype", default=None, help="float16 on CUDA, float32 on the CPU by default")
     parser.add_argument("--prefix-tokens", type=int, default=4000)
     parser.add_argument("--tree-size", type=int, default=64, choices=[32, 64, 128, 256])
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--logprob-tolerance", type=float, default=0.1,
                         help="largest log-probability difference accepted over every token and vocabulary entry")
     parser.add_argument("--json")

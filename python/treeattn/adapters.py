@@ -21,9 +21,14 @@ class _TrieNode:
         self.ends = []  # requests whose sequence ends here
 
 
+def _list(values):
+    """A Python list of an array's values (numpy, torch, a list)."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
 def _rows(table, lengths, what):
     rows = table.tolist() if hasattr(table, "tolist") else [list(row) for row in table]
-    lens = [int(n) for n in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
+    lens = [int(n) for n in _list(lengths)]
     if len(rows) != len(lens):
         raise ValueError(f"{what}: {len(rows)} rows but {len(lens)} sequence lengths")
     for r, n in enumerate(lens):
@@ -108,7 +113,7 @@ def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, 
     def add_pages(tree, node_id, parent, keys):
         tree.add_node_pages(node_id, parent, [page for page, _ in keys], page_size, keys[-1][1])
 
-    queries = None if new_tokens is None else [int(n) for n in (new_tokens.tolist() if hasattr(new_tokens, "tolist") else new_tokens)]
+    queries = None if new_tokens is None else [int(n) for n in _list(new_tokens)]
     return _tree(units, heads_q, heads_kv, head_dim, scale, add_pages, queries, tokens=lambda key: key[1])
 
 
@@ -118,8 +123,7 @@ def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, 
     for t < seq_lens[r]. Requests that begin with the same slots share them."""
     table = req_to_token.tolist() if hasattr(req_to_token, "tolist") else [list(row) for row in req_to_token]
     if req_pool_indices is not None:
-        indices = req_pool_indices.tolist() if hasattr(req_pool_indices, "tolist") else list(req_pool_indices)
-        table = [table[int(i)] for i in indices]
+        table = [table[int(i)] for i in _list(req_pool_indices)]
     rows, lens = _rows(table, seq_lens, "req_to_token")
     units = []
     for r, (row, n) in enumerate(zip(rows, lens)):
@@ -135,9 +139,7 @@ def tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, head
     in order, and its last cu_seq_lens_q[r+1] - cu_seq_lens_q[r] tokens are new, one
     query each (row cu_seq_lens_q[r] + j of Q), causal. Requests that begin with the
     same rows share them (prefix sharing)."""
-    flat = [int(x) for x in (rows.tolist() if hasattr(rows, "tolist") else rows)]
-    cu_k = [int(x) for x in (cu_seq_lens_k.tolist() if hasattr(cu_seq_lens_k, "tolist") else cu_seq_lens_k)]
-    cu_q = [int(x) for x in (cu_seq_lens_q.tolist() if hasattr(cu_seq_lens_q, "tolist") else cu_seq_lens_q)]
+    flat, cu_k, cu_q = ([int(x) for x in _list(a)] for a in (rows, cu_seq_lens_k, cu_seq_lens_q))
     if len(cu_k) != len(cu_q):
         raise ValueError(f"cu_seq_lens_k has {len(cu_k)} entries, cu_seq_lens_q {len(cu_q)}")
     if cu_k[-1] > len(flat):

@@ -116,13 +116,13 @@ struct Mma<__nv_bfloat16> {
 // Output elements `index` and `index + 1` (index even): one 4- or 8-byte store
 // where two scalar stores of 16-bit values made a warp's store instruction
 // twice as many and half as wide.
-__device__ __forceinline__ void store_out_pair(void* o, OutType type, std::int64_t index, float v0, float v1) {
+__device__ __forceinline__ void store_out_pair(void* o, ElementType type, std::int64_t index, float v0, float v1) {
   switch (type) {
-    case OutType::f16: reinterpret_cast<__half2*>(static_cast<__half*>(o) + index)[0] = __floats2half2_rn(v0, v1); break;
-    case OutType::bf16:
+    case ElementType::f16: reinterpret_cast<__half2*>(static_cast<__half*>(o) + index)[0] = __floats2half2_rn(v0, v1); break;
+    case ElementType::bf16:
       reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(o) + index)[0] = __floats2bfloat162_rn(v0, v1);
       break;
-    case OutType::f32: reinterpret_cast<float2*>(static_cast<float*>(o) + index)[0] = make_float2(v0, v1); break;
+    case ElementType::f32: reinterpret_cast<float2*>(static_cast<float*>(o) + index)[0] = make_float2(v0, v1); break;
   }
 }
 

@@ -2,7 +2,10 @@
 // the one switch that turns run-time shapes into template arguments.
 
 #include "attn_kernel.cuh"
+#include "attn_kernel_f32.cuh"
 #include "attn_launch.hpp"
+
+#include <type_traits>
 
 namespace treeattn::cuda {
 namespace {
@@ -22,13 +25,28 @@ cudaError_t set_shared_memory() {
                               Traits::kSmemBytes);
 }
 
+template <int HeadDim>
+cudaError_t set_shared_memory_f32() {
+  return cudaFuncSetAttribute(tree_attn_partial_f32_kernel<HeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              F32Layout<HeadDim>::kBytes);
+}
+
+// Stage 1 for one element type (f32 on the CUDA cores, attn_kernel_f32.cuh).
+template <int HeadDim, typename Element>
+void launch_stage1(const KernelParams& p, unsigned ctas, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Element, float>) {
+    tree_attn_partial_f32_kernel<HeadDim><<<ctas, kF32Warps * 32, F32Layout<HeadDim>::kBytes, stream>>>(p);
+  } else {
+    using Traits = AttnTraits<HeadDim, Element>;
+    tree_attn_partial_kernel<Traits><<<ctas, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  }
+}
+
 template <int HeadDim, typename Element>
 cudaError_t launch(const KernelParams& p, const LaunchGeometry& g, cudaStream_t stream) {
-  using Traits = AttnTraits<HeadDim, Element>;
   cudaError_t err = cudaSuccess;
   if (g.passes > 0) {
-    const unsigned ctas = unsigned(g.passes) * unsigned(p.heads_kv);
-    tree_attn_partial_kernel<Traits><<<ctas, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+    launch_stage1<HeadDim, Element>(p, unsigned(g.passes) * unsigned(p.heads_kv), stream);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   if (g.queries > 0) {
@@ -89,16 +107,21 @@ Stage1Occupancy stage1_occupancy(int head_dim) {
   return Stage1Occupancy{};
 }
 
-cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim, bool bf16,
-                                  cudaStream_t stream) {
-  return bf16 ? launch_for_dim<__nv_bfloat16>(params, geometry, head_dim, stream)
-              : launch_for_dim<__half>(params, geometry, head_dim, stream);
+cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim,
+                                  ElementType inputs, cudaStream_t stream) {
+  switch (inputs) {
+    case ElementType::f16: return launch_for_dim<__half>(params, geometry, head_dim, stream);
+    case ElementType::bf16: return launch_for_dim<__nv_bfloat16>(params, geometry, head_dim, stream);
+    case ElementType::f32: return launch_for_dim<float>(params, geometry, head_dim, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t prepare_kernels() {
   for (cudaError_t err : {set_shared_memory<64, __half>(), set_shared_memory<128, __half>(),
                           set_shared_memory<256, __half>(), set_shared_memory<64, __nv_bfloat16>(),
-                          set_shared_memory<128, __nv_bfloat16>(), set_shared_memory<256, __nv_bfloat16>()}) {
+                          set_shared_memory<128, __nv_bfloat16>(), set_shared_memory<256, __nv_bfloat16>(),
+                          set_shared_memory_f32<64>(), set_shared_memory_f32<128>(), set_shared_memory_f32<256>()}) {
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -40,9 +40,10 @@ struct LaunchGeometry {
 };
 
 // Stage 1 over every work item and KV head, then the stage-2 merge.
-// head_dim is 64, 128 or 256; bf16 selects bf16 inputs (else f16).
-cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim, bool bf16,
-                                  cudaStream_t stream);
+// head_dim is 64, 128 or 256; `inputs` is the element type of Q, K and V
+// (f16 and bf16 on the tensor cores, f32 on the CUDA cores).
+cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim,
+                                  ElementType inputs, cudaStream_t stream);
 
 // Builds the TileMaps from their sources (one CTA of 64 threads per tile);
 // ordered on `stream` before the layers that read them.

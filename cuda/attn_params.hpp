@@ -12,7 +12,8 @@ namespace treeattn::cuda {
 // merge at most that many (attn_kernel.cuh, tree_attn_merge_kernel).
 inline constexpr int kMergeLeanBatch = 4;
 
-enum class OutType : std::int32_t { f16 = 0, bf16 = 1, f32 = 2 };
+// The elements of Q, K and V (one type for the three) and, separately, of O.
+enum class ElementType : std::int32_t { f16 = 0, bf16 = 1, f32 = 2 };
 
 // The token map of one 64-token KV tile of a work item: each token's KV-pool
 // slot, and for each of the item's tile queries the tokens it sees (bit k of
@@ -66,7 +67,7 @@ static_assert(sizeof(PassInfo) == 32, "a pass is two 16-byte loads");
 struct KernelParams {
   // Tensors (DESIGN §2 layouts). Q and O rows (one per query) may be strided:
   // row i starts at element i * row stride; heads and head_dim are dense.
-  const void* q;      // [num_queries, heads_q, head_dim]  f16 or bf16
+  const void* q;      // [num_queries, heads_q, head_dim]  f16, bf16 or f32
   const void* k;      // [slots, heads_kv, head_dim]
   const void* v;
   void* o;            // [num_queries, heads_q, head_dim]  out_type
@@ -98,7 +99,7 @@ struct KernelParams {
   std::int32_t heads_q;
   std::int32_t heads_kv;
   std::int32_t group;       // heads_q / heads_kv
-  OutType out_type;
+  ElementType out_type;
   float scale_log2;         // softmax scale * log2(e): logits in base 2
 };
 

@@ -15,13 +15,6 @@
 namespace treeattn::cuda {
 namespace {
 
-void check_supported(const Plan& plan, const AttentionArgs& args) {
-  check_args(plan, args);
-  if (args.q.dtype == DType::f32) {
-    throw Error(ErrorCategory::InvalidArgument, "CUDA backend: Q, K and V must be f16 or bf16 (got f32)");
-  }
-}
-
 // Copies `rows` rows of `row_bytes` between memories whose rows are `from_pitch` and `to_pitch` bytes apart.
 void copy_rows(void* to, std::size_t to_pitch, const void* from, std::size_t from_pitch, std::size_t row_bytes,
                std::size_t rows, cudaMemcpyKind kind, cudaStream_t stream) {
@@ -58,7 +51,7 @@ CudaBackend::~CudaBackend() {
 }
 
 AttentionArgs CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a) {
-  check_supported(plan, a);
+  check_args(plan, a);
   workspace_.upload(plan, stream_);
   q_.reserve(std::max<std::size_t>(a.q.bytes(), 16));
   k_.reserve(std::max<std::size_t>(a.k.bytes(), 16));

@@ -77,13 +77,13 @@ std::string describe_heads(const HeadConfig& h) {
   return fmt::format("{}/{}/{} scale {}", h.heads_q, h.heads_kv, h.head_dim, h.effective_scale());
 }
 
-OutType out_type(DType dtype) {
+ElementType element_type(DType dtype) {
   switch (dtype) {
-    case DType::f16: return OutType::f16;
-    case DType::bf16: return OutType::bf16;
-    case DType::f32: return OutType::f32;
+    case DType::f16: return ElementType::f16;
+    case DType::bf16: return ElementType::bf16;
+    case DType::f32: return ElementType::f32;
   }
-  return OutType::f32;
+  return ElementType::f32;
 }
 
 }  // namespace
@@ -432,9 +432,6 @@ void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
   const State& s = *state_;
   if (!s.uploaded) throw Error(ErrorCategory::InvalidArgument, "enqueue before any plan was uploaded to the workspace");
   check_args(s.shape, a);
-  if (a.q.dtype == DType::f32) {
-    throw Error(ErrorCategory::InvalidArgument, "CUDA backend: Q, K and V must be f16 or bf16 (got f32)");
-  }
   DeviceScope scope(s.context.device());
   KernelParams p = s.params;
   p.q = a.q.data;
@@ -450,8 +447,8 @@ void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
                             describe(a.v)));
   }
   p.kv_row_stride = a.k.row_pitch();
-  p.out_type = out_type(a.o.dtype);
-  TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, s.limits.heads.head_dim, a.q.dtype == DType::bf16, stream));
+  p.out_type = element_type(a.o.dtype);
+  TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, s.limits.heads.head_dim, element_type(a.q.dtype), stream));
 }
 
 }  // namespace treeattn::cuda

@@ -114,7 +114,7 @@ class Context:
         """O [queries, heads_q, head_dim] and LSE [queries, heads_q] (float32, natural log).
 
         q [queries, heads_q, head_dim], k and v [slots, heads_kv, head_dim]: f16, bf16
-        (f32 on the CPU). `out` (q's dtype or float32) and `lse` may be given.
+        or f32 (not on Vulkan). `out` (q's dtype or float32) and `lse` may be given.
         """
         _namespace(q)  # a TypeError naming what was given, before its shape is read
         if out is None:

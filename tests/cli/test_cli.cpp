@@ -273,7 +273,7 @@ TEST_CASE("bench writes JSON rows per strategy") {
   CHECK(rows[0]["roofline_fraction"].get<double>() > 0.0);
   CHECK(rows[0]["plan_threads"] == 1);
   CHECK(rows[0]["dtype"] == "f16");
-  // bf16 inputs: the row says so; f32 is refused (the GPU backends take 16-bit inputs).
+  // bf16 inputs: the row says so; f32 is refused (the bench times the 16-bit inputs the kernels are tuned for).
   const nlohmann::json bf16 = bench("--workload random --nodes 300 --queries 50 --trees 3 --max-tokens 16 "
                                     "--strategy flatten --repeat 1 --backend cpu --dtype bf16").rows;
   REQUIRE(bf16.size() == 1);

@@ -13,19 +13,30 @@
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
 #include "treeattn/error.hpp"
+#include "treeattn/workloads.hpp"
 
 using namespace treeattn;
 using namespace treeattn::test;
 
 std::unique_ptr<Backend> treeattn::test::make_test_backend() { return make_backend(BackendKind::cuda); }
 
-TEST_CASE("f32 inputs are refused with the types named") {
+// f32 inputs run stage 1 on the CUDA cores (attn_kernel_f32.cuh): every head
+// dimension, blocks of one partial tile to several tiles (and a half-tile step
+// at head_dim 256), query tiles of 7 to 64 rows, groups of 1 and 4.
+TEST_CASE("f32 inputs at every head dimension agree with the oracle to f32 precision") {
   auto backend = make_test_backend();
-  Tree tree({4, 2, 64});
-  tree.add_node_range(0, kNoParent, 0, 1000);
-  tree.add_query(0);
-  Inputs f32 = make_inputs(tree, DType::f32, 1);
-  CHECK_THROWS_WITH_AS(run_backend(*backend, tree, f32, PlanOptions{}), doctest::Contains("must be f16 or bf16"), Error);
+  for (const HeadConfig heads : {HeadConfig{8, 2, 64}, HeadConfig{32, 8, 128}, HeadConfig{4, 4, 256}}) {
+    CAPTURE(heads.head_dim);
+    RandomForestOptions o;
+    o.seed = std::uint64_t(heads.head_dim);
+    o.nodes = 40;
+    o.queries = 30;
+    o.heads = heads;
+    for (const std::int32_t block_tokens : {16, 64, 200}) {
+      CAPTURE(block_tokens);
+      check_against_oracle(*backend, random_forest(o), DType::f32, 31, 1.0f, block_tokens, block_tokens == 64 ? 7 : 64);
+    }
+  }
 }
 
 TEST_CASE("the graph-replayed layers compute what run() computes") {

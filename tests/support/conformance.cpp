@@ -10,7 +10,14 @@
 
 namespace treeattn::test {
 
-double tolerance(DType inputs) { return inputs == DType::bf16 ? 1e-2 : 2e-3; }
+double tolerance(DType inputs) {
+  switch (inputs) {
+    case DType::f16: return 2e-3;
+    case DType::bf16: return 1e-2;
+    case DType::f32: return 1e-5;
+  }
+  return 0.0;
+}
 
 Tree determinism_forest() {
   RandomForestOptions o;

@@ -163,3 +163,16 @@ def test_torch_cuda_arrays_run_on_the_current_stream(rng):
     want_o, want_lse = reference_attention(q, k, v, paths, 1 / np.sqrt(HEADS[2]))
     assert np.abs(o.cpu().double().numpy() - want_o).max() <= 2e-3
     assert np.abs(lse.cpu().double().numpy() - want_lse).max() <= 2e-3
+
+
+def test_torch_cuda_f32_arrays_agree_to_f32_precision(rng):
+    torch = _cuda_library()
+    tree, paths = fewshot_tree()
+    ctx = treeattn.Context("cuda")
+    q, k, v = inputs(rng, np.float32)
+    o, lse = ctx.attention(ctx.plan(tree, block_tokens=32), *(torch.from_numpy(a).cuda() for a in (q, k, v)))
+    torch.cuda.synchronize()
+    assert o.dtype == torch.float32
+    want_o, want_lse = reference_attention(q, k, v, paths, 1 / np.sqrt(HEADS[2]))
+    assert np.abs(o.cpu().double().numpy() - want_o).max() <= 1e-5
+    assert np.abs(lse.cpu().double().numpy() - want_lse).max() <= 1e-5

@@ -84,11 +84,18 @@ Tree SequenceTree::to_tree(const HeadConfig& heads, const std::vector<TreeQuery>
   // Each node's pages handed over as they are: a page never mixes nodes, and a node's tokens fill its pages in order.
   Tree tree(heads);
   std::size_t pages = 0;
-  for (const auto& entry : nodes_) pages += entry.second.pages.size();
+  std::vector<std::int64_t> ids;
+  ids.reserve(nodes_.size());
+  for (const auto& [id, node] : nodes_) {
+    pages += node.pages.size();
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());  // creation order: a parent before its children
   tree.reserve(nodes_.size(), queries.size(), pages);
   std::vector<std::int64_t> page_ids;
   const std::int32_t page_size = cache_.page_size();
-  for (const auto& [id, node] : nodes_) {
+  for (const std::int64_t id : ids) {
+    const Node& node = nodes_.at(id);
     page_ids.assign(node.pages.begin(), node.pages.end());
     const std::int64_t used_pages = (node.length + page_size - 1) / page_size;
     page_ids.resize(std::size_t(used_pages));  // pages a node holds beyond its tokens are not its KV yet
@@ -104,7 +111,7 @@ void SequenceTree::sync(IncrementalPlanner& planner, const std::vector<TreeQuery
   removed_.clear();
   // Ids count up as nodes are made: the new nodes go in in creation order,
   // as to_tree() lists them, so the plans agree to the node index.
-  std::sort(changed_.begin(), changed_.end());
+  if (!std::is_sorted(changed_.begin(), changed_.end())) std::sort(changed_.begin(), changed_.end());
   const std::int32_t page_size = cache_.page_size();
   std::vector<std::int64_t> pages;
   for (std::int64_t id : changed_) {

@@ -6,7 +6,7 @@
 // sync() hands an IncrementalPlanner the changes since the last sync.
 
 #include <cstdint>
-#include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "treeattn/incremental_planner.hpp"
@@ -62,7 +62,7 @@ class SequenceTree {
   std::int32_t used_pages(std::int64_t length) const;
 
   PagedKvCache& cache_;
-  std::map<std::int64_t, Node> nodes_;
+  std::unordered_map<std::int64_t, Node> nodes_;  // by id: a decode step looks up each node it changes
   std::int64_t next_id_ = 0;
   std::vector<std::int64_t> changed_;  // nodes added or grown since the last sync
   std::vector<std::int64_t> removed_;  // synced nodes removed since (subtree roots)

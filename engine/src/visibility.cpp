@@ -176,8 +176,10 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
   }
   if (changes.empty()) return true;
   check_total(total);
-  // In flattened order (visible nodes have distinct first tokens).
-  std::sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) { return a.begin < b.begin; });
+  // In flattened order (visible nodes have distinct first tokens), which the
+  // grown nodes usually arrive in already.
+  const auto flattened = [](const Change& a, const Change& b) { return a.begin < b.begin; };
+  if (!std::is_sorted(changes.begin(), changes.end(), flattened)) std::sort(changes.begin(), changes.end(), flattened);
 
   // Token slots, in place from the back: each stretch between grown nodes
   // moves right by the tokens appended before its end, and the appended

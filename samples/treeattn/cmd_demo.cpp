@@ -265,7 +265,7 @@ void run_demo(const DemoOptions& o) {
              median(update_us), appended_only, steps, replaced, chosen, chosen == 1 ? "" : "s", median(plan_us));
   if (runner->overlaps()) {
     fmt::print("  treeattn on the host per step (median; the changes handed over, the update, the upload, the "
-               "launches): {:.1f} us, the upload {:.1f} us of it, while the GPU runs the step before: {} (then "
+               "layers queued): {:.1f} us, the upload {:.1f} us of it, while the GPU runs the step before: {} (then "
                "{:.1f} us waiting for the GPU, two steps ahead)\n",
                median(host_us), median(upload_us),
                median(host_us) < median(attention_us) ? "hidden behind it" : "longer than it", median(gpu_wait_us));

@@ -1,8 +1,11 @@
 // The demo's CUDA decode loop on the device path: the KV cache lives on the
 // GPU (new tokens' rows copied as they are written), each step's plan goes up
-// through a Workspace's double-buffered staging, and the layers are queued
-// on one stream without waiting, so the host plans the next step meanwhile.
-// Host buffers the copies read are pinned and reused only after their copy.
+// through a graph-stable Workspace's double-buffered staging, and the step's
+// layers are one CUDA graph, captured once and replayed on one stream without
+// waiting, so the host plans the next step meanwhile. A plan that outgrows
+// the workspace gets one with half as much room again, and the graph is
+// captured again for it. Host buffers the copies read are pinned and reused
+// only after their copy.
 
 #include <cuda_runtime_api.h>
 
@@ -10,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -76,7 +80,6 @@ class CudaRunner final : public StepRunner {
   CudaRunner(const BackendOptions& options, const HeadConfig& heads, HostArray& k, HostArray& v, std::int64_t max_queries)
       : context_(options.device < 0 ? 0 : options.device),
         device_(select(context_.device())),
-        workspace_(context_),
         k_host_(k),
         v_host_(v),
         k_(k.bytes.size()),
@@ -91,6 +94,7 @@ class CudaRunner final : public StepRunner {
   }
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);
+    if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
     for (const Pending& p : pending_) {
       cudaEventDestroy(p.start);
       cudaEventDestroy(p.stop);
@@ -135,7 +139,8 @@ class CudaRunner final : public StepRunner {
     if (queued_pending_[next_q_]) check(cudaEventSynchronize(queued_[next_q_]), "cudaEventSynchronize");
     const auto t0 = std::chrono::steady_clock::now();
     times.waited_us = std::chrono::duration<double, std::micro>(t0 - w0).count();
-    workspace_.upload(plan, stream_);
+    const bool regrown = fit_workspace(plan);
+    workspace_->upload(plan, stream_);
     times.upload_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 
     Staging& staging = q_staging_[next_q_];
@@ -154,11 +159,12 @@ class CudaRunner final : public StepRunner {
                           TensorRef{v_.get(), v_host_.dtype, v_host_.shape},
                           TensorRef{o_.get(), DType::f32, {nq, h.heads_q, h.head_dim}},
                           TensorRef{lse_.get(), DType::f32, {nq, h.heads_q}}};
+    if (regrown || layers != graph_layers_) capture(layers);
     Pending p;
     check(cudaEventCreate(&p.start), "cudaEventCreate");
     check(cudaEventCreate(&p.stop), "cudaEventCreate");
     check(cudaEventRecord(p.start, stream_), "cudaEventRecord");
-    for (int layer = 0; layer < layers; ++layer) workspace_.enqueue(last_, stream_);
+    check(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch");
     check(cudaEventRecord(p.stop, stream_), "cudaEventRecord");
     pending_.push_back(p);
     return times;
@@ -189,6 +195,46 @@ class CudaRunner final : public StepRunner {
   }
 
  private:
+  // A graph-stable workspace that holds `plan`: the one in use, or (the first
+  // step, or a plan beyond its limits) a new one with half as much room again
+  // as the largest plan so far, made after the steps queued on the old one.
+  // True when it is new: the graph of the layers is then captured again.
+  bool fit_workspace(const Plan& plan) {
+    const cuda::WorkspaceLimits need = cuda::WorkspaceLimits::of(plan);
+    if (workspace_ && workspace_->limits().first_excess(need).empty()) return false;
+    if (workspace_) {
+      largest_.include(need);
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // its last steps still read it
+    } else {
+      largest_ = need;
+    }
+    workspace_.reset();
+    workspace_ = std::make_unique<cuda::Workspace>(context_, largest_.with_headroom(1.5));
+    return true;
+  }
+
+  // The step's layers as one graph on the current workspace, Q, O and LSE
+  // (sized for the most queries a step has; each replay reads the uploaded
+  // plan's count).
+  void capture(int layers) {
+    if (graph_ != nullptr) check(cudaGraphExecDestroy(graph_), "cudaGraphExecDestroy");
+    graph_ = nullptr;
+    cudaGraph_t captured = nullptr;
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      for (int layer = 0; layer < layers; ++layer) workspace_->enqueue(last_, stream_);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &captured);
+      if (captured != nullptr) cudaGraphDestroy(captured);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream_, &captured), "cudaStreamEndCapture");
+    const cudaError_t made = cudaGraphInstantiate(&graph_, captured, 0);
+    cudaGraphDestroy(captured);
+    check(made, "cudaGraphInstantiate");
+    graph_layers_ = layers;
+  }
+
   // Makes the context's device current for the allocations that follow.
   static int select(int device) {
     check(cudaSetDevice(device), "cudaSetDevice");
@@ -200,7 +246,10 @@ class CudaRunner final : public StepRunner {
   };
   cuda::Context context_;
   int device_;
-  cuda::Workspace workspace_;
+  std::unique_ptr<cuda::Workspace> workspace_;  // graph-stable (fit_workspace)
+  cuda::WorkspaceLimits largest_;                // the largest counts of the plans so far
+  cudaGraphExec_t graph_ = nullptr;              // a step's layers on it (capture)
+  int graph_layers_ = 0;
   HostArray &k_host_, &v_host_;
   DeviceMemory k_, v_, q_, o_, lse_;
   cudaStream_t stream_ = nullptr;

@@ -45,9 +45,10 @@ struct LaunchGeometry {
 cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim,
                                   ElementType inputs, cudaStream_t stream);
 
-// Builds the TileMaps from their sources (one CTA of 64 threads per tile);
-// ordered on `stream` before the layers that read them.
-cudaError_t launch_expand_tile_maps(const TileExpansion& expansion, cudaStream_t stream);
+// An upload's device work (PlanUpload: the copies, then a CTA of 64 threads
+// per tile map); ordered on `stream` before the layers that read them. At
+// least one copy CTA: the last CTA to finish writes the ticket.
+cudaError_t launch_upload_plan(const PlanUpload& upload, cudaStream_t stream);
 
 // Sets the stage-1 kernels' shared-memory limit, once per process and device
 // before any launch (not per launch: a graph capture must hold kernels only).

@@ -31,26 +31,46 @@ struct TileMap {
 static_assert(sizeof(TileMap) % 16 == 0, "tile maps are copied in 16-byte pieces");
 
 // Where one tile's TileMap comes from: Workspace::upload writes this small
-// record per tile beside the plan's token and segment arrays, and
-// launch_expand_tile_maps builds the TileMaps from them on the device, so
+// record per tile beside the plan's token and segment arrays, and the upload
+// kernel (launch_upload_plan) builds the TileMaps from them on the device, so
 // the host neither builds nor copies 768 bytes per tile each step.
 struct alignas(16) TileSource {
-  std::int32_t segment_begin, segment_end;  // the item's block's segments
-  std::int32_t mask_begin;                  // the item's mask of segment_begin (Plan::item_mask_begin)
+  std::int32_t segment_first, segment_end;  // the block's segments from the first with a token of the tile
+  std::int32_t mask_first;                  // the item's mask of segment_first (from Plan::item_mask_begin)
   std::int32_t first_token;                 // the tile's first token, counted in the block
   std::int32_t block_tokens;                // the block's tokens: past them, the last slot again, seen by none
   std::int32_t unused[3];
 };
 static_assert(sizeof(TileSource) == 32, "a tile source is two 16-byte loads");
 
-struct TileExpansion {
-  const TileSource* sources;                // [tiles]
-  const std::int32_t* token_slot;           // Plan::token_slot
-  const std::int32_t* segment_token_begin;  // Plan::segment_token_begin
-  const std::int32_t* segment_offset;       // [segments] a segment's first token, counted in its block
-  const std::uint64_t* segment_mask;        // Plan::segment_mask
-  TileMap* tile_map;                        // [tiles] written
+// 16-byte words copied from the staging buffer into the workspace (both
+// 16-byte aligned).
+struct CopyRange {
+  const void* from;
+  void* to;
+  std::int64_t words;
+};
+inline constexpr int kUploadCopies = 4;  // tile_query, tile_partial, merge_begin, passes
+
+// One upload's device work, one kernel: the arrays the attention kernels read
+// copied from the pinned staging buffer into the workspace, and the TileMaps
+// built from the staged tokens, segments, masks and tile sources, read where
+// the host wrote them (mapped pinned memory: no copy of their own). The last
+// CTA to finish writes `ticket` to `done` (mapped pinned memory): the host
+// then knows the staging buffer is read without asking the driver.
+struct PlanUpload {
+  CopyRange copies[kUploadCopies];
+  const TileSource* sources;                // [tiles]              staging
+  const std::int32_t* token_slot;           // Plan::token_slot      staging
+  const std::int32_t* segment_token_begin;  // Plan::segment_token_begin, staging
+  const std::int32_t* segment_offset;       // [segments] a segment's first token, counted in its block; staging
+  const std::uint64_t* segment_mask;        // Plan::segment_mask    staging
+  TileMap* tile_map;                        // [tiles] written, device
+  std::uint32_t* finished_ctas;             // device, 0 between uploads
+  std::uint64_t* done;                      // mapped host word
+  std::uint64_t ticket;
   std::int32_t tiles;
+  std::int32_t copy_ctas;
 };
 
 // One stage-1 pass (a CTA per KV head): up to an item's tile rows of its
@@ -83,7 +103,7 @@ struct KernelParams {
   const std::int32_t* tile_partial;
   const std::int32_t* merge_begin;  // partial slots are numbered in CSR order (Workspace::upload renumbers a
                                     // plan that numbers them otherwise), so a query's are [begin, next begin)
-  // Built on the device at upload (launch_expand_tile_maps): each item's tokens as
+  // Built on the device at upload (launch_upload_plan): each item's tokens as
   // KV-pool slots and masks (item_token_map in plan.hpp), one record per 64-token tile, so a CTA
   // fetches each tile's map beside the tiles before it, at any block length;
   // and every item's passes, item-major, so the grid is exactly the passes.

@@ -57,14 +57,15 @@ struct DeviceMemory {
   static void free(void* data) { cudaFree(data); }
 };
 
-// Page-locked host memory: what cudaMemcpyAsync copies from without staging
-// it through the driver first (and so without waiting for the copy).
-struct PinnedMemory {
-  static cudaError_t allocate(void** data, std::size_t bytes) { return cudaHostAlloc(data, bytes, cudaHostAllocDefault); }
+// Page-locked host memory mapped into the device's address space: kernels
+// read and write it over the bus, with no copy of their own (cudaHostGetDevicePointer
+// gives its device address).
+struct MappedMemory {
+  static cudaError_t allocate(void** data, std::size_t bytes) { return cudaHostAlloc(data, bytes, cudaHostAllocMapped); }
   static void free(void* data) { cudaFreeHost(data); }
 };
 
 using DeviceBuffer = OwnedMemory<DeviceMemory>;
-using PinnedBuffer = OwnedMemory<PinnedMemory>;
+using MappedBuffer = OwnedMemory<MappedMemory>;
 
 }  // namespace treeattn::cuda

@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "../../cuda/attn_launch.hpp"
@@ -33,34 +35,45 @@ std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 // A growing workspace's room beyond the plan that outgrew it (Workspace::upload).
 constexpr double kGrowthHeadroom = 1.5;
 
-// The arrays of the plan workspace, in order. The staging buffers share the
-// layout up to the tile maps, which only the device holds (built there from
-// the token, segment and tile-source arrays).
+// The arrays of an uploaded plan. The first four are in the workspace and in
+// the staging buffers at the same offsets (the upload kernel copies them
+// across); then the workspace holds the tile maps, which the upload kernel
+// builds from the arrays the staging buffers hold there instead (read where
+// the host wrote them).
 enum Array {
-  kTileQuery, kTilePartial, kMergeBegin, kTokenSlot, kSegmentBegin, kSegmentOffset, kSegmentMask, kTileSource,
-  kPasses, kTileMap, kArrays
+  kTileQuery, kTilePartial, kMergeBegin, kPasses,                           // both
+  kTileMap,                                                                 // the workspace's
+  kTokenSlot, kSegmentBegin, kSegmentOffset, kSegmentMask, kTileSource,     // the staging buffers'
+  kArrays
 };
+constexpr int kShared = kTileMap;  // arrays in both
 
 struct Layout {
-  std::size_t offset[kArrays + 1] = {};  // offset[kArrays]: the total
+  std::size_t offset[kArrays] = {};
+  std::size_t finished_ctas = 0;  // the upload kernel's CTA counter (PlanUpload), after the device's arrays
+  std::size_t device_total = 0, staged_total = 0;
 
   explicit Layout(const WorkspaceLimits& l) {
     const std::size_t bytes[kArrays] = {
         std::size_t(l.tile_entries) * 4,
         std::size_t(l.tile_entries) * 4,
         std::size_t(l.queries + 1) * 4,
+        std::size_t(l.passes) * sizeof(PassInfo),
+        std::size_t(l.kv_tiles) * sizeof(TileMap),
         std::size_t(l.tokens) * 4,
         std::size_t(l.segments) * 4,
         std::size_t(l.segments) * 4,
         std::size_t(l.masks) * 8,
         std::size_t(l.kv_tiles) * sizeof(TileSource),
-        std::size_t(l.passes) * sizeof(PassInfo),
-        std::size_t(l.kv_tiles) * sizeof(TileMap),
     };
-    for (int a = 0; a < kArrays; ++a) offset[a + 1] = offset[a] + align256(bytes[a]);
+    std::size_t at = 0;
+    for (int a = 0; a < kShared; ++a) offset[a] = std::exchange(at, at + align256(bytes[a]));
+    offset[kTileMap] = at;
+    finished_ctas = at + align256(bytes[kTileMap]);
+    device_total = finished_ctas + 256;
+    for (int a = kTileMap + 1; a < kArrays; ++a) offset[a] = std::exchange(at, at + align256(bytes[a]));
+    staged_total = at;
   }
-  std::size_t total() const noexcept { return offset[kArrays]; }
-  std::size_t staged() const noexcept { return offset[kTileMap]; }
 };
 
 std::size_t partial_bytes(const WorkspaceLimits& l) {
@@ -161,15 +174,15 @@ std::string WorkspaceLimits::first_excess(const WorkspaceLimits& need) const {
 }
 
 std::size_t WorkspaceLimits::device_bytes() const noexcept {
-  return Layout(*this).total() + partial_bytes(*this);
+  return Layout(*this).device_total + partial_bytes(*this);
 }
 
 // --- Workspace ---------------------------------------------------------------
 
 struct Workspace::State {
   explicit State(const Context& c) : context(c) {}
-  // Released on the buffers' device, once their last copies are done; the
-  // caller's current device given back.
+  // Released on the buffers' device, once the last uploads have read them;
+  // the caller's current device given back.
   ~State() {
     int previous = 0;
     cudaGetDevice(&previous);
@@ -177,8 +190,9 @@ struct Workspace::State {
     for (int b = 0; b < 2; ++b) {
       if (copy_pending[b]) cudaEventSynchronize(copied[b]);
       if (copied[b]) cudaEventDestroy(copied[b]);
-      staging[b] = PinnedBuffer();
+      staging[b] = MappedBuffer();
     }
+    done = MappedBuffer();
     arrays = DeviceBuffer();
     partials = DeviceBuffer();
     cudaSetDevice(previous);
@@ -189,10 +203,17 @@ struct Workspace::State {
   Context context;
   bool graph_stable;
   WorkspaceLimits limits;
-  DeviceBuffer arrays;    // Layout(limits)
+  DeviceBuffer arrays;    // Layout(limits): the device's arrays, then the upload kernel's counter
   DeviceBuffer partials;  // partial O, then partial LSE
-  PinnedBuffer staging[2];
-  cudaEvent_t copied[2] = {nullptr, nullptr};  // each staging buffer's last copy
+  MappedBuffer staging[2];
+  unsigned char* staging_device[2] = {nullptr, nullptr};  // their device addresses
+  // Per staging buffer: the ticket of its last upload, which that upload's
+  // kernel writes into its word of `done` once it has read the buffer; and an
+  // event after that kernel, waited for only while the word says otherwise.
+  MappedBuffer done;
+  std::uint64_t* done_device = nullptr;  // its device address
+  std::uint64_t ticket[2] = {0, 0}, tickets = 0;
+  cudaEvent_t copied[2] = {nullptr, nullptr};
   bool copy_pending[2] = {false, false};
   int next = 0;
   std::size_t passes_filled = 0;  // pass records on the device that are not empty
@@ -202,18 +223,32 @@ struct Workspace::State {
   CallShape shape;            // of the uploaded plan, for enqueue's checks
   bool uploaded = false;
 
+  // What both constructors make: the events and the done words.
+  void create() {
+    for (cudaEvent_t& e : copied) TREEATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    done.reserve(2 * sizeof(std::uint64_t));
+    std::fill_n(done.as<std::uint64_t>(), 2, 0);
+    void* device = nullptr;
+    TREEATTN_CUDA_CHECK(cudaHostGetDevicePointer(&device, done.data(), 0));
+    done_device = static_cast<std::uint64_t*>(device);
+  }
+
   // (Re)allocates everything for `limits` and points the params at it; the
   // arrays are zeroed on `stream`, ahead of any upload ordered after it.
   void allocate(cudaStream_t stream) {
     const Layout layout(limits);
-    arrays.reserve(layout.total());
-    // Zero pass records are empty: a graph-stable grid's CTAs past a plan's passes return at once.
-    TREEATTN_CUDA_CHECK(cudaMemsetAsync(arrays.data(), 0, layout.total(), stream));
+    arrays.reserve(layout.device_total);
+    // Zero pass records are empty: a graph-stable grid's CTAs past a plan's
+    // passes return at once; and the upload kernel's counter starts at 0.
+    TREEATTN_CUDA_CHECK(cudaMemsetAsync(arrays.data(), 0, layout.device_total, stream));
     passes_filled = 0;
     partials.reserve(partial_bytes(limits));
     for (int b = 0; b < 2; ++b) {
       wait_for_copy(b);
-      staging[b].reserve(layout.staged());
+      staging[b].reserve(layout.staged_total);
+      void* device = nullptr;
+      TREEATTN_CUDA_CHECK(cudaHostGetDevicePointer(&device, staging[b].data(), 0));
+      staging_device[b] = static_cast<unsigned char*>(device);
     }
     const auto at = [&](Array a) { return arrays.as<unsigned char>() + layout.offset[a]; };
     params.tile_query = reinterpret_cast<const std::int32_t*>(at(kTileQuery));
@@ -231,8 +266,13 @@ struct Workspace::State {
     params.scale_log2 = limits.heads.effective_scale() * 1.4426950408889634f;
   }
 
+  // Staging buffer b may be written once the upload kernel that read it has
+  // finished: its done word says so without a driver call, else the event waits.
   void wait_for_copy(int b) {
-    if (copy_pending[b]) TREEATTN_CUDA_CHECK(cudaEventSynchronize(copied[b]));
+    if (!copy_pending[b]) return;
+    const volatile std::uint64_t* word = done.as<std::uint64_t>() + b;
+    if (*word != ticket[b]) TREEATTN_CUDA_CHECK(cudaEventSynchronize(copied[b]));
+    std::atomic_thread_fence(std::memory_order_acquire);  // the buffer's writes come after the kernel's reads
     copy_pending[b] = false;
   }
 };
@@ -247,7 +287,7 @@ Workspace::Workspace(const Context& context, const WorkspaceLimits& limits) : st
   s.graph_stable = true;
   s.limits = limits;
   DeviceScope scope(context.device());
-  for (cudaEvent_t& e : s.copied) TREEATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  s.create();
   // A stream of its own for the zeroing, waited for here: the caller's streams are not touched.
   cudaStream_t stream = nullptr;
   TREEATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -262,7 +302,7 @@ Workspace::Workspace(const Context& context) : state_(std::make_unique<State>(co
   State& s = *state_;
   s.graph_stable = false;
   DeviceScope scope(context.device());
-  for (cudaEvent_t& e : s.copied) TREEATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  s.create();
 }
 
 Workspace::~Workspace() = default;
@@ -298,7 +338,7 @@ void Workspace::upload(const Plan& plan, Stream stream) {
     s.allocate(stream);
   }
 
-  // The staging buffer filled now was last copied from two uploads back.
+  // The staging buffer filled now was last read two uploads back.
   const int b = s.next;
   s.wait_for_copy(b);
   unsigned char* host = s.staging[b].as<unsigned char>();
@@ -340,6 +380,8 @@ void Workspace::upload(const Plan& plan, Stream stream) {
       offset += plan.segment_token_end[std::size_t(g)] - plan.segment_token_begin[std::size_t(g)];
     }
   }
+  // A tile's record names the segment of its first token, so the device
+  // reads the tile's segments at once instead of searching the block's.
   auto* sources = reinterpret_cast<TileSource*>(host + layout.offset[kTileSource]);
   s.item_tile.resize(std::size_t(plan.num_items()) + 1);
   std::int32_t tiles = 0;
@@ -347,11 +389,13 @@ void Workspace::upload(const Plan& plan, Stream stream) {
     s.item_tile[std::size_t(item)] = tiles;
     const std::int32_t block = plan.item_block[std::size_t(item)];
     const std::int32_t first = plan.block_segment_begin[std::size_t(block)];
-    const std::int32_t last = plan.block_segment_begin[std::size_t(block) + 1] - 1;
+    const std::int32_t end = plan.block_segment_begin[std::size_t(block) + 1];
     const std::int32_t block_tokens =
-        segment_offset[last] + plan.segment_token_end[std::size_t(last)] - plan.segment_token_begin[std::size_t(last)];
+        segment_offset[end - 1] + plan.segment_token_end[std::size_t(end - 1)] - plan.segment_token_begin[std::size_t(end - 1)];
+    std::int32_t g = first;
     for (std::int32_t token = 0; token < block_tokens; token += kTileTokens) {
-      sources[tiles++] = TileSource{first, last + 1, plan.item_mask_begin[std::size_t(item)], token, block_tokens, {}};
+      while (g + 1 < end && segment_offset[g + 1] <= token) ++g;
+      sources[tiles++] = TileSource{g, end, plan.item_mask_begin[std::size_t(item)] + (g - first), token, block_tokens, {}};
     }
   }
   s.item_tile.back() = tiles;
@@ -372,50 +416,36 @@ void Workspace::upload(const Plan& plan, Stream stream) {
 
   // The records past this plan's that an earlier plan filled are emptied (a
   // graph-stable grid reaches them; the rest were zeroed at allocation).
-  std::fill(passes + pass, passes + std::max(pass, s.passes_filled), PassInfo{});
-
-  // One copy per array, of its used bytes (a graph-stable layout leaves room between them).
-  const std::size_t used[kArrays] = {plan.tile_query.size() * 4,
-                                     plan.tile_partial.size() * 4,
-                                     std::size_t(s.limits.queries + 1) * 4,
-                                     plan.token_slot.size() * 4,
-                                     plan.segment_token_begin.size() * 4,
-                                     plan.segment_token_begin.size() * 4,
-                                     plan.segment_mask.size() * 8,
-                                     std::size_t(tiles) * sizeof(TileSource),
-                                     std::max(pass, s.passes_filled) * sizeof(PassInfo),
-                                     0};
+  const std::size_t filled = std::max(pass, s.passes_filled);
+  std::fill(passes + pass, passes + filled, PassInfo{});
   s.passes_filled = pass;
-  // Arrays a short gap apart go in one copy, gap included (each copy costs the
-  // driver microseconds; a gap is bytes no kernel reads).
-  constexpr std::size_t kJoinGap = 64 << 10;
-  std::size_t begin = 0, end = 0;
-  auto flush = [&] {
-    if (end > begin) {
-      TREEATTN_CUDA_CHECK(cudaMemcpyAsync(s.arrays.as<unsigned char>() + begin, host + begin, end - begin,
-                                          cudaMemcpyHostToDevice, stream));
-    }
-  };
-  for (int a = 0; a < kArrays; ++a) {
-    if (used[a] == 0) continue;
-    if (end > begin && layout.offset[a] - end > kJoinGap) {
-      flush();
-      begin = layout.offset[a];
-    } else if (end == begin) {
-      begin = layout.offset[a];
-    }
-    end = layout.offset[a] + used[a];
+
+  // One kernel: the arrays the attention kernels read, each its used bytes,
+  // copied across (a graph-stable layout leaves room between them), and the
+  // tile maps built from the staged arrays where they are.
+  PlanUpload u{};
+  const std::size_t used[kShared] = {plan.tile_query.size() * 4, plan.tile_partial.size() * 4,
+                                     std::size_t(s.limits.queries + 1) * 4, filled * sizeof(PassInfo)};
+  std::int64_t words = 0;
+  for (int a = 0; a < kShared; ++a) {
+    u.copies[a] = CopyRange{s.staging_device[b] + layout.offset[a], s.arrays.as<unsigned char>() + layout.offset[a],
+                            std::int64_t((used[a] + 15) / 16)};  // within the array's 256-byte aligned room
+    words += u.copies[a].words;
   }
-  flush();
-  const auto device = [&](Array a) { return s.arrays.as<unsigned char>() + layout.offset[a]; };
-  const TileExpansion expansion{reinterpret_cast<const TileSource*>(device(kTileSource)),
-                                reinterpret_cast<const std::int32_t*>(device(kTokenSlot)),
-                                reinterpret_cast<const std::int32_t*>(device(kSegmentBegin)),
-                                reinterpret_cast<const std::int32_t*>(device(kSegmentOffset)),
-                                reinterpret_cast<const std::uint64_t*>(device(kSegmentMask)),
-                                reinterpret_cast<TileMap*>(device(kTileMap)),
-                                tiles};
-  TREEATTN_CUDA_CHECK(launch_expand_tile_maps(expansion, stream));
+  const auto staged = [&](Array a) { return s.staging_device[b] + layout.offset[a]; };
+  u.sources = reinterpret_cast<const TileSource*>(staged(kTileSource));
+  u.token_slot = reinterpret_cast<const std::int32_t*>(staged(kTokenSlot));
+  u.segment_token_begin = reinterpret_cast<const std::int32_t*>(staged(kSegmentBegin));
+  u.segment_offset = reinterpret_cast<const std::int32_t*>(staged(kSegmentOffset));
+  u.segment_mask = reinterpret_cast<const std::uint64_t*>(staged(kSegmentMask));
+  u.tile_map = reinterpret_cast<TileMap*>(s.arrays.as<unsigned char>() + layout.offset[kTileMap]);
+  u.finished_ctas = reinterpret_cast<std::uint32_t*>(s.arrays.as<unsigned char>() + layout.finished_ctas);
+  u.done = s.done_device + b;
+  u.ticket = s.ticket[b] = ++s.tickets;
+  u.tiles = tiles;
+  // A CTA copies 64 x 16 bytes a step: about four steps each, up to 64 CTAs.
+  u.copy_ctas = std::int32_t(std::clamp<std::int64_t>((words + 255) / 256, 1, 64));
+  TREEATTN_CUDA_CHECK(launch_upload_plan(u, stream));
   TREEATTN_CUDA_CHECK(cudaEventRecord(s.copied[b], stream));
   s.copy_pending[b] = true;
   s.next = 1 - b;

@@ -10,7 +10,7 @@
 //   treeattn::cuda::Workspace ws(ctx, limits);          // graph-stable capacities
 //   for each decode step:
 //     treeattn::Plan plan = planner.plan(tree, options);
-//     ws.upload(plan, stream);                          // one copy, no wait
+//     ws.upload(plan, stream);                          // one kernel, no wait
 //     for each layer: ws.enqueue({q, k[l], v[l], o, lse}, stream);   // or replay a graph
 //
 // Threads: a Context is immutable after construction and may be shared by any
@@ -118,11 +118,13 @@ class Workspace {
   Workspace(Workspace&&) noexcept;
   Workspace& operator=(Workspace&&) noexcept;
 
-  // Encodes `plan` into the next staging buffer on the host and enqueues, on
-  // `stream`, its copy to the device and the kernel that builds its 64-token
-  // tile maps there from the plan's slots, segments and masks. Returns without waiting for the GPU,
-  // unless the staging buffer it fills is still being copied from (two uploads
-  // back), which it then waits for. Throws InvalidArgument when the plan's
+  // Encodes `plan` into the next of two mapped pinned staging buffers on the
+  // host and enqueues, on `stream`, one kernel that copies the arrays the
+  // attention kernels read into the workspace and builds the 64-token tile
+  // maps there from the plan's slots, segments and masks, read in the staging
+  // buffer over the bus. Returns without waiting for the GPU, unless the
+  // kernel of two uploads back has not finished reading the buffer it fills,
+  // which it then waits for. Throws InvalidArgument when the plan's
   // heads differ from the limits', InvalidPlan (graph-stable) naming the count
   // that exceeds the limits. Call it outside any graph capture.
   void upload(const Plan& plan, Stream stream);

@@ -98,8 +98,8 @@ struct WorkspaceLimits {
 };
 
 // A plan on the device, the partial-result buffers and the host staging of
-// its upload (two pinned buffers: the host fills one while the GPU may still
-// be copying from the other).
+// its upload (two mapped pinned buffers: the host fills one while the GPU may
+// still be reading the other).
 //
 // Graph-stable (constructed with limits): every buffer is allocated once, the
 // kernels' grids are the limits' (the CTAs past the plan's work find empty

@@ -39,8 +39,7 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::
         plan_.segment_token_end.push_back(end);
         plan_.segment_node.push_back(p->node);
       }
-      lo_.push_back(p->viewer_lo);
-      hi_.push_back(p->viewer_hi);
+      add_segment_viewers(p->viewer_lo, p->viewer_hi);
       run_offset += end - begin;
       begin = end;
       if (run_offset == block_end) {
@@ -53,46 +52,53 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::
   }
 }
 
+void PlanBuilder::add_segment_viewers(std::int32_t lo, std::int32_t hi) {
+  by_lo_ = by_lo_ && (lo_.empty() || lo >= lo_.back());
+  lo_.push_back(lo);
+  hi_.push_back(hi);
+  if (!by_lo_) return;
+  add_to_union(lo, hi);
+  first_viewer_.push_back(intervals_.back().offset + (lo - intervals_.back().begin));
+}
+
+// Ranges added by lo: each starts in the last interval or after it.
+void PlanBuilder::add_to_union(std::int32_t lo, std::int32_t hi) {
+  if (!intervals_.empty() && lo <= intervals_.back().end) {
+    Interval& last = intervals_.back();
+    if (hi > last.end) {
+      viewers_ += hi - last.end;
+      last.end = hi;
+    }
+  } else {
+    intervals_.push_back(Interval{lo, hi, viewers_});
+    viewers_ += hi - lo;
+  }
+}
+
 void PlanBuilder::close_block() {
   const std::int32_t seg_count = std::int32_t(lo_.size());  // the open block's segments
-
-  // The block's viewers: the union of its segments' position ranges, as
-  // disjoint intervals in ascending order, each with its offset in the list.
-  ranges_.clear();
-  for (std::int32_t s = 0; s < seg_count; ++s) ranges_.emplace_back(lo_[std::size_t(s)], hi_[std::size_t(s)]);
-  // The sweep below needs the ranges by lo only, the order depth-first runs
-  // mostly emit them in: sorting is left to the blocks that need it.
-  if (!std::is_sorted(ranges_.begin(), ranges_.end(), [](const auto& a, const auto& b) { return a.first < b.first; })) {
+  if (!by_lo_) {  // the union and each segment's place in it, from the ranges sorted
+    ranges_.clear();
+    for (std::int32_t s = 0; s < seg_count; ++s) ranges_.emplace_back(lo_[std::size_t(s)], hi_[std::size_t(s)]);
     std::sort(ranges_.begin(), ranges_.end());
-  }
-  intervals_.clear();
-  std::int32_t viewers = 0;
-  for (const auto& [lo, hi] : ranges_) {
-    if (!intervals_.empty() && lo <= intervals_.back().end) {
-      Interval& last = intervals_.back();
-      if (hi > last.end) {
-        viewers += hi - last.end;
-        last.end = hi;
-      }
-    } else {
-      intervals_.push_back(Interval{lo, hi, viewers});
-      viewers += hi - lo;
+    intervals_.clear();
+    viewers_ = 0;
+    for (const auto& [lo, hi] : ranges_) add_to_union(lo, hi);
+    first_viewer_.resize(std::size_t(seg_count));
+    for (std::int32_t s = 0; s < seg_count; ++s) {
+      const std::int32_t lo = lo_[std::size_t(s)];
+      const auto in = std::upper_bound(intervals_.begin(), intervals_.end(), lo,
+                                       [](std::int32_t value, const Interval& i) { return value < i.begin; }) - 1;
+      first_viewer_[std::size_t(s)] = in->offset + (lo - in->begin);
     }
   }
+  const std::int32_t viewers = viewers_;
   if (shape_ != nullptr) {
     close_block_shape(viewers);
     return;
   }
   const std::int32_t block = plan_.num_blocks();
   plan_.block_segment_begin.push_back(plan_.num_segments());
-  // Each segment's viewers, as a range of indices into that list.
-  first_viewer_.resize(std::size_t(seg_count));
-  for (std::int32_t s = 0; s < seg_count; ++s) {
-    const std::int32_t lo = lo_[std::size_t(s)];
-    const auto in = std::upper_bound(intervals_.begin(), intervals_.end(), lo,
-                                     [](std::int32_t value, const Interval& i) { return value < i.begin; }) - 1;
-    first_viewer_[std::size_t(s)] = in->offset + (lo - in->begin);
-  }
 
   // One work item per query tile; within a tile, a segment's viewers are a
   // contiguous run of its queries, hence a contiguous run of mask bits.
@@ -117,8 +123,7 @@ void PlanBuilder::close_block() {
       plan_.segment_mask.push_back(b > a ? run << a : 0);
     }
   }
-  lo_.clear();
-  hi_.clear();
+  open_next_block();
 }
 
 // The one place both modes choose an item's tile rows, so a shape is the plan's.
@@ -138,8 +143,16 @@ void PlanBuilder::close_block_shape(std::int32_t viewers) {
     ++coverage_[std::size_t(i.begin)];
     --coverage_[std::size_t(i.end)];
   }
+  open_next_block();
+}
+
+void PlanBuilder::open_next_block() {
   lo_.clear();
   hi_.clear();
+  intervals_.clear();
+  first_viewer_.clear();
+  viewers_ = 0;
+  by_lo_ = true;
 }
 
 void PlanBuilder::finish() {

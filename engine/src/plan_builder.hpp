@@ -36,8 +36,11 @@ class PlanBuilder {
   void finish();
 
  private:
+  void add_segment_viewers(std::int32_t lo, std::int32_t hi);
+  void add_to_union(std::int32_t lo, std::int32_t hi);
   void close_block();
   void close_block_shape(std::int32_t viewers);
+  void open_next_block();
   std::int32_t item_tile_rows(std::int32_t queries) const;  // of an item of the open block
 
   Plan& plan_;
@@ -53,11 +56,16 @@ class PlanBuilder {
     std::int32_t begin, end;  // query positions [begin, end)
     std::int32_t offset;      // viewers of the block before this interval
   };
-  // Viewer ranges of the open block's segments, and scratch for its tiles.
+  // Viewer ranges of the open block's segments; their union as disjoint
+  // intervals in ascending order and each segment's first viewer in that
+  // list, kept as the segments come while their ranges come ordered by lo
+  // (as depth-first runs emit them), else found when the block closes.
   std::vector<std::int32_t> lo_, hi_;
-  std::vector<std::pair<std::int32_t, std::int32_t>> ranges_;
   std::vector<Interval> intervals_;
   std::vector<std::int32_t> first_viewer_;
+  std::int32_t viewers_ = 0;  // of intervals_
+  bool by_lo_ = true;         // the open block's ranges came ordered by lo
+  std::vector<std::pair<std::int32_t, std::int32_t>> ranges_;  // scratch for the others
 };
 
 }  // namespace treeattn

@@ -47,9 +47,13 @@ class IdMap {
     std::int32_t index;
   };
   // The slot holding `id`, or the empty one where it would go (linear probing).
+  // An id below the table's size starts at its own slot: the usual ids
+  // 0..n-1 never collide with each other, and a walk over them in order
+  // walks the table in order (a hashed start would miss the cache at each).
   std::size_t probe(std::int64_t id) const {
     const std::size_t mask = slots_.size() - 1;
-    std::size_t i = std::size_t((std::uint64_t(id) * 0x9e3779b97f4a7c15ull) >> 32) & mask;
+    std::size_t i = std::uint64_t(id) <= mask ? std::size_t(id)
+                                              : std::size_t((std::uint64_t(id) * 0x9e3779b97f4a7c15ull) >> 32) & mask;
     while (slots_[i].index != kEmpty && slots_[i].id != id) i = (i + 1) & mask;
     return i;
   }

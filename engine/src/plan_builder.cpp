@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "fail.hpp"
+
 namespace treeattn {
 
 PlanBuilder::PlanBuilder(Plan& plan, const Visibility& vis, const CostModel& model)
@@ -52,17 +54,17 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::
   }
 }
 
+// The open block's viewers: the union of its segments' position ranges, as
+// disjoint intervals in ascending order, each with its offset in the list.
+// Ranges come ordered by lo (every strategy emits its runs depth first), so
+// each starts in the last interval or after it, and a segment's viewers are a
+// range of indices into the list from the moment it is added.
 void PlanBuilder::add_segment_viewers(std::int32_t lo, std::int32_t hi) {
-  by_lo_ = by_lo_ && (lo_.empty() || lo >= lo_.back());
+  if (!lo_.empty() && lo < lo_.back()) {
+    fail(ErrorCategory::InvalidPlan, "PlanBuilder: a run's viewer ranges are not ordered ({} after {})", lo, lo_.back());
+  }
   lo_.push_back(lo);
   hi_.push_back(hi);
-  if (!by_lo_) return;
-  add_to_union(lo, hi);
-  first_viewer_.push_back(intervals_.back().offset + (lo - intervals_.back().begin));
-}
-
-// Ranges added by lo: each starts in the last interval or after it.
-void PlanBuilder::add_to_union(std::int32_t lo, std::int32_t hi) {
   if (!intervals_.empty() && lo <= intervals_.back().end) {
     Interval& last = intervals_.back();
     if (hi > last.end) {
@@ -73,25 +75,11 @@ void PlanBuilder::add_to_union(std::int32_t lo, std::int32_t hi) {
     intervals_.push_back(Interval{lo, hi, viewers_});
     viewers_ += hi - lo;
   }
+  first_viewer_.push_back(intervals_.back().offset + (lo - intervals_.back().begin));
 }
 
 void PlanBuilder::close_block() {
   const std::int32_t seg_count = std::int32_t(lo_.size());  // the open block's segments
-  if (!by_lo_) {  // the union and each segment's place in it, from the ranges sorted
-    ranges_.clear();
-    for (std::int32_t s = 0; s < seg_count; ++s) ranges_.emplace_back(lo_[std::size_t(s)], hi_[std::size_t(s)]);
-    std::sort(ranges_.begin(), ranges_.end());
-    intervals_.clear();
-    viewers_ = 0;
-    for (const auto& [lo, hi] : ranges_) add_to_union(lo, hi);
-    first_viewer_.resize(std::size_t(seg_count));
-    for (std::int32_t s = 0; s < seg_count; ++s) {
-      const std::int32_t lo = lo_[std::size_t(s)];
-      const auto in = std::upper_bound(intervals_.begin(), intervals_.end(), lo,
-                                       [](std::int32_t value, const Interval& i) { return value < i.begin; }) - 1;
-      first_viewer_[std::size_t(s)] = in->offset + (lo - in->begin);
-    }
-  }
   const std::int32_t viewers = viewers_;
   if (shape_ != nullptr) {
     close_block_shape(viewers);
@@ -152,7 +140,6 @@ void PlanBuilder::open_next_block() {
   intervals_.clear();
   first_viewer_.clear();
   viewers_ = 0;
-  by_lo_ = true;
 }
 
 void PlanBuilder::finish() {

@@ -28,7 +28,9 @@ class PlanBuilder {
 
   // Cuts the pieces [first, last), taken as one run of tokens, into KV blocks
   // (ceil(length / block_tokens) of them, or `min_blocks` when that is larger) and
-  // emits them with their work items.
+  // emits them with their work items. Within a block the pieces' viewer
+  // ranges must come ordered by viewer_lo, as a depth-first walk gives them
+  // (InvalidPlan otherwise).
   void emit_run(const Piece* first, const Piece* last, Cut cut, std::int64_t min_blocks = 0);
 
   // Assigns partial slots (kDirect for a query's only contribution) and builds
@@ -37,7 +39,6 @@ class PlanBuilder {
 
  private:
   void add_segment_viewers(std::int32_t lo, std::int32_t hi);
-  void add_to_union(std::int32_t lo, std::int32_t hi);
   void close_block();
   void close_block_shape(std::int32_t viewers);
   void open_next_block();
@@ -56,16 +57,12 @@ class PlanBuilder {
     std::int32_t begin, end;  // query positions [begin, end)
     std::int32_t offset;      // viewers of the block before this interval
   };
-  // Viewer ranges of the open block's segments; their union as disjoint
-  // intervals in ascending order and each segment's first viewer in that
-  // list, kept as the segments come while their ranges come ordered by lo
-  // (as depth-first runs emit them), else found when the block closes.
+  // Viewer ranges of the open block's segments, their union as disjoint
+  // intervals and each segment's first viewer in it (add_segment_viewers()).
   std::vector<std::int32_t> lo_, hi_;
   std::vector<Interval> intervals_;
   std::vector<std::int32_t> first_viewer_;
   std::int32_t viewers_ = 0;  // of intervals_
-  bool by_lo_ = true;         // the open block's ranges came ordered by lo
-  std::vector<std::pair<std::int32_t, std::int32_t>> ranges_;  // scratch for the others
 };
 
 }  // namespace treeattn

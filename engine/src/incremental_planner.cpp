@@ -33,6 +33,10 @@ struct IncrementalPlanner::State {
   // What the last update derived.
   std::optional<Topology> topo;
   std::optional<Visibility> vis;
+  // While greedy lays out its held edge decisions, its plans read only the
+  // visibility of its own children order (the memo's): this one, in the
+  // tree's order, is left behind and computed again when next read.
+  bool vis_behind = false;
   std::vector<std::int32_t> whole_begin, whole_queries;  // CSR: node -> queries that see the whole node
   std::vector<std::int64_t> analysed_length;  // [nodes] each node's length as the visibility has it
   struct Removal {  // apply_removals()' buffers
@@ -46,8 +50,27 @@ struct IncrementalPlanner::State {
   Plan plan;
   PlanUpdate last;
 
+  // Whether the next plan lays out greedy's held edge decisions (and reads
+  // no visibility but the memo's).
+  bool greedy_holds() const {
+    return held && held->strategy == Strategy::greedy && held->greedy_candidate == GreedyCandidate::own && memo &&
+           memo->hold_groups && memo->held && memo->reordered.cached() != nullptr;
+  }
+
+  const Visibility& visibility() {
+    if (vis_behind) {
+      vis = compute_visibility(tree, *topo);
+      vis_behind = false;
+    }
+    return *vis;
+  }
+
+  std::int64_t visible_tokens() const {
+    return std::int64_t((vis_behind ? *memo->reordered.cached() : *vis).token_slot.size());
+  }
+
   bool drifted() const {
-    const Size now{std::int64_t(vis->token_slot.size()), std::int64_t(tree.query_count()), std::int64_t(tree.node_count())};
+    const Size now{visible_tokens(), std::int64_t(tree.query_count()), std::int64_t(tree.node_count())};
     auto off = [&](std::int64_t at, std::int64_t is) {
       return std::abs(double(is - at)) > incremental.redecide_drift * double(std::max<std::int64_t>(at, 1));
     };
@@ -344,6 +367,7 @@ const Plan& IncrementalPlanner::update() {
   if (!s.topo || (s.reanalyse && !s.same_shape())) {
     s.topo = analyze(s.tree, s.options.kv_slots, s.checked_nodes);
     s.vis = compute_visibility(s.tree, *s.topo);
+    s.vis_behind = false;
     s.index_whole_queries();
     s.memo.reset();
     s.analysed_length.resize(n);
@@ -353,7 +377,11 @@ const Plan& IncrementalPlanner::update() {
     if (s.reanalyse) {  // the same shape: the nodes from `first` on hold other tokens
       for (std::size_t i = s.checked_nodes; i < n; ++i) check_slots(s.tree, std::int32_t(i), s.options.kv_slots, 0);
       const std::size_t first = std::min(s.first_moved, s.checked_nodes);
-      replace_slots(s.tree, *s.vis, first);
+      if (s.greedy_holds()) {
+        s.vis_behind = true;
+      } else if (!s.vis_behind) {
+        replace_slots(s.tree, *s.vis, first);
+      }
       if (s.memo) s.memo->replaced(s.tree, first);
       s.index_whole_queries();
       info.replaced_nodes = std::int64_t(n - first);
@@ -366,8 +394,12 @@ const Plan& IncrementalPlanner::update() {
         }
         s.analysed_length[std::size_t(g)] = length;
       }
-      if (!update_visibility(s.tree, *s.topo, *s.vis, s.grown)) s.vis = compute_visibility(s.tree, *s.topo);
-      if (s.memo) s.memo->appended(s.tree, *s.topo, *s.vis, s.grown);
+      if (s.greedy_holds()) {
+        s.vis_behind = true;
+      } else if (!s.vis_behind && !update_visibility(s.tree, *s.topo, *s.vis, s.grown)) {
+        s.vis = compute_visibility(s.tree, *s.topo);
+      }
+      if (s.memo) s.memo->appended(s.tree, *s.topo, s.vis_behind ? nullptr : &*s.vis, s.grown);
     }
   }
 
@@ -375,7 +407,7 @@ const Plan& IncrementalPlanner::update() {
                        (s.options.strategy == Strategy::greedy && s.options.greedy_candidate == GreedyCandidate::model);
   if (!s.held || (chooses && s.drifted())) {
     PlanChoices chosen;
-    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, s.options, s.pool.get(), nullptr, &chosen, nullptr);
+    s.plan = plan_analyzed(s.tree, *s.topo, s.visibility(), s.options, s.pool.get(), nullptr, &chosen, nullptr);
     s.held = s.options;
     s.held->block_tokens = chosen.block_tokens;
     if (s.options.launch_order == LaunchOrder::model) {
@@ -384,16 +416,18 @@ const Plan& IncrementalPlanner::update() {
     if (s.options.strategy == Strategy::greedy && s.options.greedy_candidate == GreedyCandidate::model) {
       s.held->greedy_candidate = chosen.greedy_candidate;
     }
-    s.chosen_at = {std::int64_t(s.vis->token_slot.size()), std::int64_t(s.tree.query_count()),
+    s.chosen_at = {s.visible_tokens(), std::int64_t(s.tree.query_count()),
                    std::int64_t(s.tree.node_count())};
     s.memo.reset();  // the next update prices greedy's edges with the held options
     info.chosen = true;
   } else {
     if (s.held->strategy == Strategy::greedy && !s.memo) {
-      s.memo.emplace(*s.topo, *s.vis);
+      s.memo.emplace(*s.topo, s.visibility());
       s.memo->hold_groups = s.incremental.hold_greedy_groups;
     }
-    s.plan = plan_analyzed(s.tree, *s.topo, *s.vis, *s.held, nullptr, s.memo ? &*s.memo : nullptr, nullptr, &s.plan);
+    // Greedy's held layout reads the memo's visibility only; any other plan this one.
+    const Visibility& vis = s.greedy_holds() ? *s.memo->reordered.cached() : s.visibility();
+    s.plan = plan_analyzed(s.tree, *s.topo, vis, *s.held, nullptr, s.memo ? &*s.memo : nullptr, nullptr, &s.plan);
   }
 
   for (std::int32_t g : s.grown) s.grown_from[std::size_t(g)] = -1;

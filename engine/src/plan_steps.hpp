@@ -34,6 +34,8 @@ class VisibilityCache {
   void appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown);
   // The nodes [first, nodes) took new slots, the shape kept (replace_slots()).
   void replaced(const Tree& tree, std::size_t first);
+  // The visibility of the last order asked for, null before the first.
+  const Visibility* cached() const noexcept { return vis_ ? &*vis_ : nullptr; }
 
  private:
   std::optional<Topology> order_;
@@ -52,10 +54,12 @@ class GreedyMemo {
   // arrive at the same layout (the same edges joined, the same units: the
   // same plan), which is then not timed again.
   const CostEstimate& own(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options);
-  // Tokens were appended to `grown` (`topo` and `vis` updated): the edges see
-  // the new counts (an edge whose shape changed is priced again), the
-  // reordered visibility follows, the own plan is timed again.
-  void appended(const Tree& tree, const Topology& topo, const Visibility& vis, const std::vector<std::int32_t>& grown);
+  // Tokens were appended to `grown` (`topo` updated, and `vis` when given):
+  // the reordered visibility follows, the edges see the new counts (an edge
+  // whose shape changed is priced again), the own plan is timed again. The
+  // counts are read from the reordered visibility, or from `vis` before
+  // there is one.
+  void appended(const Tree& tree, const Topology& topo, const Visibility* vis, const std::vector<std::int32_t>& grown);
   // The nodes [first, nodes) took new slots, the shape kept: only the
   // reordered visibility's slots change (no edge or time depends on them).
   void replaced(const Tree& tree, std::size_t first) { reordered.replaced(tree, first); }

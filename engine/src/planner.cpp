@@ -430,10 +430,11 @@ const CostEstimate& GreedyMemo::own(const Tree& tree, const GreedyChoice& choice
   return estimate_;
 }
 
-void GreedyMemo::appended(const Tree& tree, const Topology& topo, const Visibility& vis,
+void GreedyMemo::appended(const Tree& tree, const Topology& topo, const Visibility* vis,
                           const std::vector<std::int32_t>& grown) {
-  for (std::int32_t v : grown) edges.set_tokens(v, vis.node_visible[std::size_t(v)]);
   reordered.appended(tree, topo, grown);
+  const Visibility* counts = reordered.cached() != nullptr ? reordered.cached() : vis;  // a node's count is the same in any order
+  for (std::int32_t v : grown) edges.set_tokens(v, counts->node_visible[std::size_t(v)]);
   timed_ = false;
 }
 

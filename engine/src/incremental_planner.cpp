@@ -37,6 +37,9 @@ struct IncrementalPlanner::State {
   // visibility of its own children order (the memo's): this one, in the
   // tree's order, is left behind and computed again when next read.
   bool vis_behind = false;
+  // The visibility whose token slots the plan holds (plan_analyzed()'s
+  // lender), given back before the next update changes or reads it.
+  Visibility* lender = nullptr;
   std::vector<std::int32_t> whole_begin, whole_queries;  // CSR: node -> queries that see the whole node
   std::vector<std::int64_t> analysed_length;  // [nodes] each node's length as the visibility has it
   struct Removal {  // apply_removals()' buffers
@@ -57,7 +60,7 @@ struct IncrementalPlanner::State {
            memo->hold_groups && memo->held && memo->reordered.cached() != nullptr;
   }
 
-  const Visibility& visibility() {
+  Visibility& visibility() {
     if (vis_behind) {
       vis = compute_visibility(tree, *topo);
       vis_behind = false;
@@ -358,6 +361,10 @@ const Plan& IncrementalPlanner::update() {
   for (std::int32_t g : s.grown) {
     if (!s.removed[std::size_t(g)]) check_slots(s.tree, g, s.options.kv_slots, s.grown_from[std::size_t(g)]);
   }
+  if (s.lender != nullptr) {  // from here on the last plan is not valid (update()'s contract)
+    s.lender->token_slot.swap(s.plan.token_slot);
+    s.lender = nullptr;
+  }
   if (s.removals) apply_removals();
 
   PlanUpdate info;
@@ -426,8 +433,9 @@ const Plan& IncrementalPlanner::update() {
       s.memo->hold_groups = s.incremental.hold_greedy_groups;
     }
     // Greedy's held layout reads the memo's visibility only; any other plan this one.
-    const Visibility& vis = s.greedy_holds() ? *s.memo->reordered.cached() : s.visibility();
-    s.plan = plan_analyzed(s.tree, *s.topo, vis, *s.held, nullptr, s.memo ? &*s.memo : nullptr, nullptr, &s.plan);
+    Visibility& vis = s.greedy_holds() ? *s.memo->reordered.cached() : s.visibility();
+    s.plan = plan_analyzed(s.tree, *s.topo, vis, *s.held, nullptr, s.memo ? &*s.memo : nullptr, nullptr, &s.plan,
+                           &s.lender);
   }
 
   for (std::int32_t g : s.grown) s.grown_from[std::size_t(g)] = -1;

@@ -28,13 +28,14 @@ struct GreedyChoice {
 // candidates often reorder a tree the same way, and then it is not recomputed.
 class VisibilityCache {
  public:
-  const Visibility& get(const Tree& tree, const Topology& order);
+  Visibility& get(const Tree& tree, const Topology& order);
   // Tokens were appended to the nodes `grown` (`topo`: the tree's topology,
   // its query_upto updated): the cached visibility follows.
   void appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown);
   // The nodes [first, nodes) took new slots, the shape kept (replace_slots()).
   void replaced(const Tree& tree, std::size_t first);
   // The visibility of the last order asked for, null before the first.
+  Visibility* cached() noexcept { return vis_ ? &*vis_ : nullptr; }
   const Visibility* cached() const noexcept { return vis_ ? &*vis_ : nullptr; }
 
  private:
@@ -88,9 +89,12 @@ struct PlanChoices {
 // of `topo`. With `memo` (greedy at a fixed block size), greedy decides
 // through it. `chosen`, when given, receives the choices the plan was made
 // with. `reuse`, when given at a fixed block size, is a plan whose array
-// memory the new one takes.
-Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options, ThreadPool* pool,
-                   GreedyMemo* memo, PlanChoices* chosen, Plan* reuse);
+// memory the new one takes. `lender`, when given, receives the visibility
+// (`vis`, or the memo's of greedy's held order) whose token slots the plan
+// took instead of copying them, or null where it copied: until its caller
+// swaps them back, that visibility holds the old plan's array instead.
+Plan plan_analyzed(const Tree& tree, const Topology& topo, Visibility& vis, const PlanOptions& options, ThreadPool* pool,
+                   GreedyMemo* memo, PlanChoices* chosen, Plan* reuse, Visibility** lender = nullptr);
 
 // Throws InvalidArgument for options plan() refuses.
 void check_plan_options(const PlanOptions& options);

@@ -155,13 +155,19 @@ void emit_strategy(PlanBuilder& builder, const Topology& topo, const Visibility&
 
 // A strategy's plan from an analysed tree and its visibility; `greedy` is
 // greedy's choice (and `topo` its order), null for the other strategies.
+// With `lender` (`vis` itself), the plan takes the visibility's token slots
+// instead of copying them (plan_analyzed()).
 Plan assemble(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options,
-              const GreedyChoice* greedy, Plan* reuse = nullptr) {
+              const GreedyChoice* greedy, Plan* reuse = nullptr, Visibility* lender = nullptr) {
   Plan result = plan_header(tree, vis, options, greedy, reuse);
-  // A reused plan's tree grows every decode step: with room to spare the
-  // copy does not allocate (and fault in fresh pages) at each one.
-  if (result.token_slot.capacity() < vis.token_slot.size()) result.token_slot.reserve(vis.token_slot.size() * 5 / 4);
-  result.token_slot.assign(vis.token_slot.begin(), vis.token_slot.end());
+  if (lender != nullptr) {
+    result.token_slot.swap(lender->token_slot);
+  } else {
+    // A reused plan's tree grows every decode step: with room to spare the
+    // copy does not allocate (and fault in fresh pages) at each one.
+    if (result.token_slot.capacity() < vis.token_slot.size()) result.token_slot.reserve(vis.token_slot.size() * 5 / 4);
+    result.token_slot.assign(vis.token_slot.begin(), vis.token_slot.end());
+  }
   PlanBuilder builder(result, vis, options.cost);
   emit_strategy(builder, topo, vis, options.strategy, greedy);
   if (greedy != nullptr) {
@@ -395,14 +401,15 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibili
 Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
   check_plan_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
-  return plan_analyzed(tree, topo, compute_visibility(tree, topo), options, pool, nullptr, nullptr, nullptr);
+  Visibility vis = compute_visibility(tree, topo);
+  return plan_analyzed(tree, topo, vis, options, pool, nullptr, nullptr, nullptr);
 }
 
 }  // namespace
 
 // --- what greedy keeps between its passes (plan_steps.hpp) -------------------
 
-const Visibility& VisibilityCache::get(const Tree& tree, const Topology& order) {
+Visibility& VisibilityCache::get(const Tree& tree, const Topology& order) {
   if (!vis_ || order.children != order_->children) {
     vis_ = compute_visibility(tree, order);
     order_ = order;
@@ -438,8 +445,9 @@ void GreedyMemo::appended(const Tree& tree, const Topology& topo, const Visibili
   timed_ = false;
 }
 
-Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis, const PlanOptions& options, ThreadPool* pool,
-                   GreedyMemo* memo, PlanChoices* chosen, Plan* reuse) {
+Plan plan_analyzed(const Tree& tree, const Topology& topo, Visibility& vis, const PlanOptions& options, ThreadPool* pool,
+                   GreedyMemo* memo, PlanChoices* chosen, Plan* reuse, Visibility** lender) {
+  if (lender != nullptr) *lender = nullptr;
   if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, vis, options, pool, chosen);
   if (chosen != nullptr) chosen->block_tokens = options.block_tokens;
   if (options.strategy == Strategy::greedy) {
@@ -451,13 +459,16 @@ Plan plan_analyzed(const Tree& tree, const Topology& topo, const Visibility& vis
       regroup(held.order, held.groups, m.edges);
       held.layout = layout_greedy(held.order, held.groups, options, tree.heads);
       if (chosen != nullptr) chosen->greedy_candidate = GreedyCandidate::own;
-      return assemble(tree, held.order, m.reordered.get(tree, held.order), options, &held, reuse);
+      Visibility& reordered = m.reordered.get(tree, held.order);
+      if (lender != nullptr) *lender = &reordered;
+      return assemble(tree, held.order, reordered, options, &held, reuse, lender != nullptr ? &reordered : nullptr);
     }
     GreedyDecision decision = decide_greedy(tree, topo, vis, options, m, kNoBound, /*timed=*/false);
     if (m.hold_groups && decision.own) m.held = *decision.own;
     return build_greedy(tree, topo, vis, options, std::move(decision), m.reordered, reuse, chosen);
   }
-  return assemble(tree, topo, vis, options, nullptr, reuse);
+  if (lender != nullptr) *lender = &vis;
+  return assemble(tree, topo, vis, options, nullptr, reuse, lender != nullptr ? &vis : nullptr);
 }
 
 

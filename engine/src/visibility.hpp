@@ -50,7 +50,7 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo);
 // After tokens were appended to the nodes `grown` (topo.query_upto already
 // set for the queries that see whole nodes), brings `vis` to what
 // compute_visibility() returns now, in time linear in the pieces and the
-// grown nodes' own queries plus one copy of the token slots. Returns false,
+// grown nodes' own queries plus one move of the token slots. Returns false,
 // leaving `vis` as it was, where an append changes more than token counts
 // (the order of a node's own queries, or its number of pieces): the caller
 // then computes it again.

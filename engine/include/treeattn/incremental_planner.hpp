@@ -11,7 +11,7 @@
 //     (with hold_greedy_groups off, it re-prices only the edges whose token
 //     counts changed); no candidate plan is timed and nothing else in the
 //     tree is looked at again. Linear in the pieces (about one per node and
-//     query) plus one copy of the token slots, not in the tree's tokens.
+//     query) plus one move of the token slots, not in the tree's tokens.
 //   * nodes removed and others added in their place with the same shape
 //     (a speculative step's new token tree: the same parents, lengths and
 //     queries by node index, new slots): the topology and visibility are

@@ -152,6 +152,16 @@ void split_long_units(std::vector<Unit>& units, const UnitCost& cost) {
   for (auto it = since_best.rbegin(); it != since_best.rend(); ++it) units[it->first].blocks = it->second;
 }
 
+// Each node its own group: the queries below it, its own visible tokens.
+void ungrouped_counts(std::size_t n, GreedyGroups& g, const GreedyEdges& edges) {
+  g.queries.resize(n);
+  g.tokens.resize(n);
+  for (std::size_t v = 0; v < n; ++v) {
+    g.queries[v] = edges.queries_below(std::int32_t(v));
+    g.tokens[v] = edges.tokens(std::int32_t(v));
+  }
+}
+
 }  // namespace
 
 GreedyEdges::GreedyEdges(const Topology& topo, const Visibility& vis)
@@ -195,12 +205,7 @@ GreedyGroups choose_greedy_groups(Topology& topo, const PlanOptions& options, co
   // far) with the child's subtree.
   GreedyGroups g;
   g.joined.assign(n, 0);
-  g.queries.resize(n);
-  g.tokens.resize(n);
-  for (std::size_t v = 0; v < n; ++v) {
-    g.queries[v] = edges.queries_below(std::int32_t(v));
-    g.tokens[v] = edges.tokens(std::int32_t(v));
-  }
+  ungrouped_counts(n, g, edges);
   g.probe_agrees = probe_weight > 0.0;
   std::vector<std::int32_t> order(topo.roots);
   for (std::size_t i = 0; i < order.size(); ++i) {
@@ -226,11 +231,7 @@ GreedyGroups choose_greedy_groups(Topology& topo, const PlanOptions& options, co
 }
 
 void regroup(const Topology& topo, GreedyGroups& g, const GreedyEdges& edges) {
-  const std::size_t n = topo.parent.size();
-  for (std::size_t v = 0; v < n; ++v) {
-    g.queries[v] = edges.queries_below(std::int32_t(v));
-    g.tokens[v] = edges.tokens(std::int32_t(v));
-  }
+  ungrouped_counts(topo.parent.size(), g, edges);
   for (std::int32_t v : topo.preorder) {  // a parent's chain is complete before its children join it
     const std::int32_t p = topo.parent[std::size_t(v)];
     if (p < 0 || !g.joined[std::size_t(v)]) continue;

@@ -153,6 +153,14 @@ void emit_strategy(PlanBuilder& builder, const Topology& topo, const Visibility&
   builder.finish();
 }
 
+// `vis` as the lender of its token slots where plan_analyzed() was asked to
+// borrow them (`lender` given, and told so), else null: copy them.
+Visibility* lend(Visibility& vis, Visibility** lender) {
+  if (lender == nullptr) return nullptr;
+  *lender = &vis;
+  return &vis;
+}
+
 // A strategy's plan from an analysed tree and its visibility; `greedy` is
 // greedy's choice (and `topo` its order), null for the other strategies.
 // With `lender` (`vis` itself), the plan takes the visibility's token slots
@@ -460,15 +468,13 @@ Plan plan_analyzed(const Tree& tree, const Topology& topo, Visibility& vis, cons
       held.layout = layout_greedy(held.order, held.groups, options, tree.heads);
       if (chosen != nullptr) chosen->greedy_candidate = GreedyCandidate::own;
       Visibility& reordered = m.reordered.get(tree, held.order);
-      if (lender != nullptr) *lender = &reordered;
-      return assemble(tree, held.order, reordered, options, &held, reuse, lender != nullptr ? &reordered : nullptr);
+      return assemble(tree, held.order, reordered, options, &held, reuse, lend(reordered, lender));
     }
     GreedyDecision decision = decide_greedy(tree, topo, vis, options, m, kNoBound, /*timed=*/false);
     if (m.hold_groups && decision.own) m.held = *decision.own;
     return build_greedy(tree, topo, vis, options, std::move(decision), m.reordered, reuse, chosen);
   }
-  if (lender != nullptr) *lender = &vis;
-  return assemble(tree, topo, vis, options, nullptr, reuse, lender != nullptr ? &vis : nullptr);
+  return assemble(tree, topo, vis, options, nullptr, reuse, lend(vis, lender));
 }
 
 

@@ -1,8 +1,8 @@
 // An uploaded plan's device work (PlanUpload), one kernel: the arrays the
 // attention kernels read copied from the pinned staging buffer, and the
 // TileMaps built from the plan's slots, segments and masks where the host
-// staged them: what the host would otherwise build and copy at 768 bytes a
-// tile every decode step, and one copy call and one event query fewer.
+// staged them: the host neither builds nor copies 768 bytes a tile each
+// decode step, and an upload is one launch.
 
 #include "attn_launch.hpp"
 

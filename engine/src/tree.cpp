@@ -12,10 +12,10 @@ float HeadConfig::effective_scale() const noexcept {
 }
 
 void Tree::add_node(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& slots) {
-  nodes_.push_back(TreeNode{id, parent, std::int64_t(slots.size()),
-                            std::int64_t(listed_slots_.size()), true});
+  const std::int64_t first = claim_listed(std::int64_t(slots.size()));
+  nodes_.push_back(TreeNode{id, parent, std::int64_t(slots.size()), first, true});
   reserved_.push_back(std::int64_t(slots.size()));
-  listed_slots_.insert(listed_slots_.end(), slots.begin(), slots.end());
+  std::copy(slots.begin(), slots.end(), listed_slots_.begin() + first);
 }
 
 void Tree::add_node_range(std::int64_t id, std::int64_t parent, std::int64_t first_slot,
@@ -29,12 +29,12 @@ void Tree::add_node_pages(std::int64_t id, std::int64_t parent, const std::vecto
   // The length as given; plan() checks that it fits the pages (topology.cpp).
   const std::int64_t length =
       pages.empty() ? last_page_tokens : std::int64_t(pages.size() - 1) * page_size + last_page_tokens;
-  TreeNode node{id, parent, length, std::int64_t(listed_slots_.size()), true};
+  TreeNode node{id, parent, length, claim_listed(std::int64_t(pages.size())), true};
   node.page_size = page_size;
   node.pages = std::int64_t(pages.size());
   nodes_.push_back(node);
   reserved_.push_back(std::int64_t(pages.size()));
-  listed_slots_.insert(listed_slots_.end(), pages.begin(), pages.end());
+  std::copy(pages.begin(), pages.end(), listed_slots_.begin() + node.first);
 }
 
 void Tree::add_query(std::int64_t node_id, std::int64_t upto) {
@@ -45,22 +45,32 @@ namespace {
 std::int64_t listed_entries(const TreeNode& node) { return node.page_size > 0 ? node.pages : node.length; }
 }  // namespace
 
+std::int64_t Tree::claim_listed(std::int64_t count) {
+  const std::int64_t first = listed_end_;
+  listed_end_ += count;
+  if (listed_end_ > std::int64_t(listed_slots_.size())) {
+    // Written (and so faulted in) here, all at once: the entries claimed at
+    // later steps are then in memory the process already has.
+    listed_slots_.resize(std::size_t(std::max(listed_end_, 2 * std::int64_t(listed_slots_.size()))));
+  }
+  return first;
+}
+
 void Tree::make_room(std::size_t index, std::int64_t more) {
   TreeNode& node = nodes_[index];
   const std::int64_t entries = listed_entries(node);
   std::int64_t& reserved = reserved_[index];
   if (entries + more <= reserved) return;
-  if (node.first + reserved == std::int64_t(listed_slots_.size())) {  // last in the list: it grows there
+  if (node.first + reserved == listed_end_) {  // last in the list: it grows there
+    claim_listed(2 * (entries + more) - reserved);
     reserved = 2 * (entries + more);
-    listed_slots_.resize(std::size_t(node.first + reserved));
     return;
   }
   // Packs the list first when most of it is dead: growth stays amortised O(1).
-  if (dead_listed_ > std::int64_t(listed_slots_.size()) / 2) pack();
-  const std::int64_t first = std::int64_t(listed_slots_.size());
+  if (dead_listed_ > listed_end_ / 2) pack();
   dead_listed_ += reserved;
   reserved = 2 * (entries + more);
-  listed_slots_.resize(std::size_t(first + reserved));
+  const std::int64_t first = claim_listed(reserved);
   std::copy_n(listed_slots_.begin() + node.first, entries, listed_slots_.begin() + first);
   node.first = first;
 }
@@ -68,9 +78,8 @@ void Tree::make_room(std::size_t index, std::int64_t more) {
 std::vector<std::int64_t>::iterator Tree::appended_slots(std::size_t index, std::int64_t count) {
   TreeNode& node = nodes_[index];
   if (!node.listed) {  // a range becomes a list
-    const std::int64_t first = std::int64_t(listed_slots_.size());
     reserved_[index] = 2 * (node.length + count);
-    listed_slots_.resize(std::size_t(first + reserved_[index]));
+    const std::int64_t first = claim_listed(reserved_[index]);
     for (std::int64_t t = 0; t < node.length; ++t) listed_slots_[std::size_t(first + t)] = node.first + t;
     node.first = first;
     node.listed = true;
@@ -118,31 +127,32 @@ void Tree::remove_nodes(const std::vector<std::uint8_t>& removed) {
   }
   nodes_.resize(kept);
   reserved_.resize(kept);
-  if (dead_listed_ > std::int64_t(listed_slots_.size()) / 2) pack();
+  if (dead_listed_ > listed_end_ / 2) pack();
 }
 
 void Tree::pack() {
   // Room for as much again: the nodes packed without spare room move to the
   // end as they grow.
-  std::vector<std::int64_t> packed;
-  packed.reserve(2 * (listed_slots_.size() - std::size_t(dead_listed_)));
+  std::vector<std::int64_t> packed(std::size_t(std::max<std::int64_t>(2 * (listed_end_ - dead_listed_), 1)));
+  std::int64_t end = 0;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     TreeNode& node = nodes_[i];
     if (!node.listed) continue;
     const std::int64_t entries = listed_entries(node);
-    const std::int64_t first = std::int64_t(packed.size());
-    packed.insert(packed.end(), listed_slots_.begin() + node.first, listed_slots_.begin() + node.first + entries);
-    node.first = first;
+    std::copy_n(listed_slots_.begin() + node.first, entries, packed.begin() + end);
+    node.first = end;
     reserved_[i] = entries;
+    end += entries;
   }
   listed_slots_ = std::move(packed);
+  listed_end_ = end;
   dead_listed_ = 0;
 }
 
 void Tree::reserve(std::size_t nodes, std::size_t queries, std::size_t listed_slots) {
   nodes_.reserve(nodes);
   queries_.reserve(queries);
-  listed_slots_.reserve(listed_slots);
+  if (std::int64_t(listed_slots) > std::int64_t(listed_slots_.size())) listed_slots_.resize(listed_slots);
 }
 
 }  // namespace treeattn

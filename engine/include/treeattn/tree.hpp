@@ -108,10 +108,15 @@ class Tree {
   // Room for `more` entries after the listed node's own: in place, else the
   // entries move to the end of listed_slots_ with as many again to spare.
   void make_room(std::size_t index, std::int64_t more);
+  // `count` entries at the end of the list's used part: where they start.
+  std::int64_t claim_listed(std::int64_t count);
 
   std::vector<TreeNode> nodes_;
   std::vector<TreeQuery> queries_;
+  // Entries [0, listed_end_) are in use; the rest is room, already written
+  // so that growing into it touches no fresh memory.
   std::vector<std::int64_t> listed_slots_;
+  std::int64_t listed_end_ = 0;
   std::vector<std::int64_t> reserved_;  // [nodes] entries of listed_slots_ from a listed node's first that are its
   std::int64_t dead_listed_ = 0;        // entries of listed_slots_ no node refers to any more
 };

@@ -60,11 +60,10 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::
 // each starts in the last interval or after it, and a segment's viewers are a
 // range of indices into the list from the moment it is added.
 void PlanBuilder::add_segment_viewers(std::int32_t lo, std::int32_t hi) {
-  if (!lo_.empty() && lo < lo_.back()) {
-    fail(ErrorCategory::InvalidPlan, "PlanBuilder: a run's viewer ranges are not ordered ({} after {})", lo, lo_.back());
+  if (!open_.empty() && lo < open_.back().lo) {
+    fail(ErrorCategory::InvalidPlan, "PlanBuilder: a run's viewer ranges are not ordered ({} after {})", lo,
+         open_.back().lo);
   }
-  lo_.push_back(lo);
-  hi_.push_back(hi);
   if (!intervals_.empty() && lo <= intervals_.back().end) {
     Interval& last = intervals_.back();
     if (hi > last.end) {
@@ -75,11 +74,10 @@ void PlanBuilder::add_segment_viewers(std::int32_t lo, std::int32_t hi) {
     intervals_.push_back(Interval{lo, hi, viewers_});
     viewers_ += hi - lo;
   }
-  first_viewer_.push_back(intervals_.back().offset + (lo - intervals_.back().begin));
+  open_.push_back(OpenSegment{lo, hi, intervals_.back().offset + (lo - intervals_.back().begin)});
 }
 
 void PlanBuilder::close_block() {
-  const std::int32_t seg_count = std::int32_t(lo_.size());  // the open block's segments
   const std::int32_t viewers = viewers_;
   if (shape_ != nullptr) {
     close_block_shape(viewers);
@@ -103,10 +101,9 @@ void PlanBuilder::close_block() {
       plan_.tile_query.push_back(vis_.query_at[std::size_t(position)]);
     }
     plan_.item_query_begin.push_back(std::int32_t(plan_.tile_query.size()));
-    for (std::int32_t s = 0; s < seg_count; ++s) {
-      const std::int32_t first = first_viewer_[std::size_t(s)];
-      const std::int32_t a = std::clamp(first - t0, 0, t1 - t0);
-      const std::int32_t b = std::clamp(first + (hi_[std::size_t(s)] - lo_[std::size_t(s)]) - t0, 0, t1 - t0);
+    for (const OpenSegment& s : open_) {
+      const std::int32_t a = std::clamp(s.first_viewer - t0, 0, t1 - t0);
+      const std::int32_t b = std::clamp(s.first_viewer + (s.hi - s.lo) - t0, 0, t1 - t0);
       const std::uint64_t run = b - a == 64 ? ~std::uint64_t(0) : ((std::uint64_t(1) << (b - a)) - 1);
       plan_.segment_mask.push_back(b > a ? run << a : 0);
     }
@@ -135,10 +132,8 @@ void PlanBuilder::close_block_shape(std::int32_t viewers) {
 }
 
 void PlanBuilder::open_next_block() {
-  lo_.clear();
-  hi_.clear();
+  open_.clear();
   intervals_.clear();
-  first_viewer_.clear();
   viewers_ = 0;
 }
 

@@ -57,11 +57,14 @@ class PlanBuilder {
     std::int32_t begin, end;  // query positions [begin, end)
     std::int32_t offset;      // viewers of the block before this interval
   };
-  // Viewer ranges of the open block's segments, their union as disjoint
-  // intervals and each segment's first viewer in it (add_segment_viewers()).
-  std::vector<std::int32_t> lo_, hi_;
+  // The open block's segments: each one's viewer range and its first viewer
+  // in the block's list (an index into the union of the ranges, kept as
+  // disjoint intervals by add_segment_viewers()).
+  struct OpenSegment {
+    std::int32_t lo, hi, first_viewer;
+  };
+  std::vector<OpenSegment> open_;
   std::vector<Interval> intervals_;
-  std::vector<std::int32_t> first_viewer_;
   std::int32_t viewers_ = 0;  // of intervals_
 };
 

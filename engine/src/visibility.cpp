@@ -150,7 +150,9 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
     std::size_t pieces;  // its recomputed pieces start here in `fresh`
   };
   std::vector<Change> changes;
-  std::vector<Piece> fresh;
+  std::vector<Piece> fresh;  // a grown node has a piece or two, rarely more
+  changes.reserve(grown.size());
+  fresh.reserve(2 * grown.size());
   std::int64_t total = std::int64_t(vis.token_slot.size());
   for (std::int32_t v : grown) {
     const std::size_t i = std::size_t(v);

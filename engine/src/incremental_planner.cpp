@@ -23,9 +23,11 @@ struct IncrementalPlanner::State {
 
   // Pending changes.
   bool reanalyse = true;                 // nodes added or removed, queries changed
+  bool reshaped = false;                 // a node replaced at another length: the topology is rebuilt
   std::size_t checked_nodes = 0;         // nodes [0, checked_nodes) were checked at an update
   std::vector<std::int32_t> grown;       // nodes with appended tokens, in the order of their first append
   std::vector<std::int64_t> grown_from;  // [nodes] length at the last update, or -1 if not grown
+  std::vector<std::int32_t> replaced;    // nodes given other pages at their length (replace_pages), checked before
   std::vector<std::uint8_t> removed;     // [nodes] removal asked for (the subtree follows at update)
   bool removals = false;
   std::size_t first_moved = SIZE_MAX;    // nodes from this index on are not at their index of the last update
@@ -266,6 +268,16 @@ void IncrementalPlanner::append_pages(std::int64_t id, std::int64_t count, const
   state_->tree.append_pages(std::size_t(index), count, new_pages);
 }
 
+void IncrementalPlanner::replace_pages(std::int64_t id, const std::vector<std::int64_t>& pages, std::int32_t page_size,
+                                       std::int32_t last_page_tokens) {
+  State& s = *state_;
+  const std::int32_t index = index_of(id, "replace_pages");
+  const std::int64_t length = s.tree.nodes()[std::size_t(index)].length;
+  s.tree.replace_pages(std::size_t(index), pages, page_size, last_page_tokens);
+  if (s.tree.nodes()[std::size_t(index)].length != length) s.reanalyse = s.reshaped = true;
+  if (std::size_t(index) < s.checked_nodes) s.replaced.push_back(index);  // a node added since is checked whole
+}
+
 void IncrementalPlanner::remove_node(std::int64_t id) {
   State& s = *state_;
   s.removed[std::size_t(index_of(id, "remove_node"))] = 1;
@@ -346,6 +358,11 @@ void IncrementalPlanner::apply_removals() {
     if (r.new_index[std::size_t(g)] >= 0) s.grown[grown++] = r.new_index[std::size_t(g)];
   }
   s.grown.resize(grown);
+  std::size_t replaced = 0;
+  for (std::int32_t v : s.replaced) {
+    if (r.new_index[std::size_t(v)] >= 0) s.replaced[replaced++] = r.new_index[std::size_t(v)];
+  }
+  s.replaced.resize(replaced);
   s.tree.remove_nodes(s.removed);
   s.index.reset(n);  // room for as many ids as before: removed nodes are often replaced
   for (std::size_t i = 0; i < s.tree.node_count(); ++i) s.index.insert(s.tree.nodes()[i].id, std::int32_t(i));
@@ -361,6 +378,9 @@ const Plan& IncrementalPlanner::update() {
   for (std::int32_t g : s.grown) {
     if (!s.removed[std::size_t(g)]) check_slots(s.tree, g, s.options.kv_slots, s.grown_from[std::size_t(g)]);
   }
+  for (std::int32_t v : s.replaced) {
+    if (!s.removed[std::size_t(v)]) check_slots(s.tree, v, s.options.kv_slots, 0);
+  }
   if (s.lender != nullptr) {  // from here on the last plan is not valid (update()'s contract)
     s.lender->token_slot.swap(s.plan.token_slot);
     s.lender = nullptr;
@@ -371,7 +391,7 @@ const Plan& IncrementalPlanner::update() {
   info.grown_nodes = std::int64_t(s.grown.size());
   for (std::int32_t g : s.grown) info.appended_tokens += s.tree.nodes()[std::size_t(g)].length - s.grown_from[std::size_t(g)];
   const std::size_t n = s.tree.node_count();
-  if (!s.topo || (s.reanalyse && !s.same_shape())) {
+  if (!s.topo || s.reshaped || (s.reanalyse && !s.same_shape())) {
     s.topo = analyze(s.tree, s.options.kv_slots, s.checked_nodes);
     s.vis = compute_visibility(s.tree, *s.topo);
     s.vis_behind = false;
@@ -408,6 +428,15 @@ const Plan& IncrementalPlanner::update() {
       }
       if (s.memo) s.memo->appended(s.tree, *s.topo, s.vis_behind ? nullptr : &*s.vis, s.grown);
     }
+    if (!s.replaced.empty()) {  // after the appends: a node both grew and was replaced takes its new slots whole
+      if (s.greedy_holds()) {
+        s.vis_behind = true;
+      } else if (!s.vis_behind) {
+        replace_slots(s.tree, *s.vis, s.replaced);
+      }
+      if (s.memo) s.memo->replaced(s.tree, s.replaced);
+      info.replaced_nodes += std::int64_t(s.replaced.size());
+    }
   }
 
   const bool chooses = s.options.block_tokens == kAutoBlockTokens || s.options.launch_order == LaunchOrder::model ||
@@ -440,6 +469,8 @@ const Plan& IncrementalPlanner::update() {
 
   for (std::int32_t g : s.grown) s.grown_from[std::size_t(g)] = -1;
   s.grown.clear();
+  s.replaced.clear();
+  s.reshaped = false;
   s.checked_nodes = s.tree.node_count();
   s.first_moved = SIZE_MAX;
   s.reanalyse = false;

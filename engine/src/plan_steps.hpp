@@ -34,6 +34,7 @@ class VisibilityCache {
   void appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown);
   // The nodes [first, nodes) took new slots, the shape kept (replace_slots()).
   void replaced(const Tree& tree, std::size_t first);
+  void replaced(const Tree& tree, const std::vector<std::int32_t>& nodes);  // the nodes listed, each its length kept
   // The visibility of the last order asked for, null before the first.
   Visibility* cached() noexcept { return vis_ ? &*vis_ : nullptr; }
   const Visibility* cached() const noexcept { return vis_ ? &*vis_ : nullptr; }
@@ -64,6 +65,7 @@ class GreedyMemo {
   // The nodes [first, nodes) took new slots, the shape kept: only the
   // reordered visibility's slots change (no edge or time depends on them).
   void replaced(const Tree& tree, std::size_t first) { reordered.replaced(tree, first); }
+  void replaced(const Tree& tree, const std::vector<std::int32_t>& nodes) { reordered.replaced(tree, nodes); }
 
   // Set by an IncrementalPlanner that keeps greedy's edge decisions between
   // its choices: the first plan through this memo decides them (its own

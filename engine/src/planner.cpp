@@ -435,6 +435,10 @@ void VisibilityCache::replaced(const Tree& tree, std::size_t first) {
   if (vis_) replace_slots(tree, *vis_, first);
 }
 
+void VisibilityCache::replaced(const Tree& tree, const std::vector<std::int32_t>& nodes) {
+  if (vis_) replace_slots(tree, *vis_, nodes);
+}
+
 const CostEstimate& GreedyMemo::own(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options) {
   if (!timed_ || choice.groups.joined != joined_ || choice.layout.units != units_) {
     estimate_ = predict(tree, choice.order, reordered.get(tree, choice.order), options, &choice);

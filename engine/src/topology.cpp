@@ -86,7 +86,7 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots, st
            node_name(tree, index), node.pages, node.page_size, node.length - std::max<std::int64_t>(full, 0),
            node.page_size);
     }
-    for (std::int64_t p = from_token / node.page_size; p < node.pages; ++p) {
+    for (std::int64_t p = from_token == 0 ? 0 : from_token / node.page_size; p < node.pages; ++p) {
       const std::int64_t page = tree.page(std::size_t(index), p);
       if (page < 0) fail(ErrorCategory::InvalidTree, "{}: pages[{}] = {} is negative", node_name(tree, index), p, page);
       const std::int64_t used = p + 1 < node.pages ? node.page_size : node.length - full;

@@ -115,6 +115,26 @@ void Tree::append_pages(std::size_t index, std::int64_t count, const std::vector
   node.length += count;
 }
 
+void Tree::replace_pages(std::size_t index, const std::vector<std::int64_t>& pages, std::int32_t page_size,
+                         std::int32_t last_page_tokens) {
+  TreeNode& node = nodes_[index];
+  const std::int64_t entries = std::int64_t(pages.size());
+  if (!node.listed || reserved_[index] < entries) {  // its room is too small: new room at the end
+    if (node.listed) {  // its room is given up (a pack drops it)
+      dead_listed_ += reserved_[index];
+      node.listed = false;
+    }
+    if (dead_listed_ > listed_end_ / 2) pack();
+    node.first = claim_listed(entries);
+    node.listed = true;
+    reserved_[index] = entries;
+  }
+  std::copy(pages.begin(), pages.end(), listed_slots_.begin() + node.first);
+  node.page_size = page_size;
+  node.pages = entries;
+  node.length = pages.empty() ? last_page_tokens : (entries - 1) * page_size + last_page_tokens;
+}
+
 void Tree::remove_nodes(const std::vector<std::uint8_t>& removed) {
   std::size_t kept = 0;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {

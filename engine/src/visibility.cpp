@@ -31,14 +31,15 @@ std::int64_t write_slots(const Tree& tree, std::size_t index, std::int32_t from,
   if (from >= to) return -1;
   const TreeNode& node = tree.nodes()[index];
   if (node.page_size > 0) {
-    // Page by page: a page's slots are consecutive.
+    // Page by page: a page's slots are consecutive (one division, where the
+    // tokens start inside the node).
     std::int64_t largest = -1;
-    for (std::int32_t t = from; t < to;) {
-      const std::int64_t base = tree.page(index, t / node.page_size) * node.page_size;
-      const std::int32_t end = std::min(to, (t / node.page_size + 1) * node.page_size);
-      for (std::int32_t offset_in_page = t % node.page_size; t < end; ++t, ++offset_in_page) {
-        out[t] = std::int32_t(base + offset_in_page);
-      }
+    std::int64_t page = from == 0 ? 0 : from / node.page_size;
+    std::int32_t offset_in_page = std::int32_t(from - page * node.page_size);
+    for (std::int32_t t = from; t < to; ++page, offset_in_page = 0) {
+      const std::int64_t base = tree.page(index, page) * node.page_size;
+      const std::int32_t end = std::min(to, t + (node.page_size - offset_in_page));
+      for (; t < end; ++t, ++offset_in_page) out[t] = std::int32_t(base + offset_in_page);
       largest = std::max<std::int64_t>(largest, out[end - 1]);
     }
     return largest;
@@ -249,18 +250,43 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
   return true;
 }
 
-void replace_slots(const Tree& tree, Visibility& vis, std::size_t first) {
-  bool gave_up_largest = false;
-  std::int64_t largest = -1;
-  for (std::size_t i = first; i < tree.node_count(); ++i) {
-    if (vis.node_visible[i] == 0) continue;
-    gave_up_largest = gave_up_largest || vis.node_max_slot[i] == vis.max_slot;
-    std::int32_t* slots = vis.token_slot.data() + vis.pieces[std::size_t(vis.node_piece_begin[i])].token_begin;
-    vis.node_max_slot[i] = write_slots(tree, i, 0, vis.node_visible[i], slots);
-    largest = std::max(largest, vis.node_max_slot[i]);
+namespace {
+
+// replace_slots(), one node at a time, then max_slot brought up to date.
+class SlotRewrite {
+ public:
+  SlotRewrite(const Tree& tree, Visibility& vis) : tree_(tree), vis_(vis) {}
+  void node(std::size_t i) {
+    if (vis_.node_visible[i] == 0) return;
+    gave_up_largest_ = gave_up_largest_ || vis_.node_max_slot[i] == vis_.max_slot;
+    std::int32_t* slots = vis_.token_slot.data() + vis_.pieces[std::size_t(vis_.node_piece_begin[i])].token_begin;
+    vis_.node_max_slot[i] = write_slots(tree_, i, 0, vis_.node_visible[i], slots);
+    largest_ = std::max(largest_, vis_.node_max_slot[i]);
   }
-  vis.max_slot = gave_up_largest ? *std::max_element(vis.node_max_slot.begin(), vis.node_max_slot.end())
-                                 : std::max(vis.max_slot, largest);
+  void finish() {
+    vis_.max_slot = gave_up_largest_ ? *std::max_element(vis_.node_max_slot.begin(), vis_.node_max_slot.end())
+                                     : std::max(vis_.max_slot, largest_);
+  }
+
+ private:
+  const Tree& tree_;
+  Visibility& vis_;
+  bool gave_up_largest_ = false;
+  std::int64_t largest_ = -1;
+};
+
+}  // namespace
+
+void replace_slots(const Tree& tree, Visibility& vis, std::size_t first) {
+  SlotRewrite rewrite(tree, vis);
+  for (std::size_t i = first; i < tree.node_count(); ++i) rewrite.node(i);
+  rewrite.finish();
+}
+
+void replace_slots(const Tree& tree, Visibility& vis, const std::vector<std::int32_t>& nodes) {
+  SlotRewrite rewrite(tree, vis);
+  for (std::int32_t v : nodes) rewrite.node(std::size_t(v));
+  rewrite.finish();
 }
 
 }  // namespace treeattn

@@ -61,5 +61,7 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
 // their visible tokens (and in the nodes, when the largest slot was one they
 // gave up).
 void replace_slots(const Tree& tree, Visibility& vis, std::size_t first);
+// The same for the nodes listed (each took other slots, its length kept).
+void replace_slots(const Tree& tree, Visibility& vis, const std::vector<std::int32_t>& nodes);
 
 }  // namespace treeattn

@@ -12,10 +12,11 @@
 //     counts changed); no candidate plan is timed and nothing else in the
 //     tree is looked at again. Linear in the pieces (about one per node and
 //     query) plus one move of the token slots, not in the tree's tokens.
-//   * nodes removed and others added in their place with the same shape
-//     (a speculative step's new token tree: the same parents, lengths and
+//   * nodes given other pages at the same length (replace_pages), or
+//     removed and others added in their place with the same shape (a
+//     speculative step's new token tree: the same parents, lengths and
 //     queries by node index, new slots): the topology and visibility are
-//     kept, only the new nodes' slots checked and written, as with appends.
+//     kept, only the new slots checked and written, as with appends.
 //   * other changes to nodes or queries: the topology is rebuilt, the slots
 //     of the nodes added are checked, no other node's again.
 //
@@ -76,8 +77,9 @@ struct IncrementalOptions {
 // What the last update() did.
 struct PlanUpdate {
   bool reanalysed = false;       // the topology was rebuilt: the tree's shape or its queries changed
-  std::int64_t replaced_nodes = 0;  // nodes that came in place of removed ones of the same shape
-                                    // (parents, lengths and queries by node index): only their slots were redone
+  std::int64_t replaced_nodes = 0;  // nodes given other pages at their length (replace_pages), or come in place
+                                    // of removed ones of the same shape (parents, lengths and queries by node
+                                    // index): only their slots were redone
   bool chosen = false;           // the cost model's choices were made (a from-scratch plan)
   std::int64_t grown_nodes = 0;  // nodes with appended tokens
   std::int64_t appended_tokens = 0;
@@ -105,6 +107,14 @@ class IncrementalPlanner {
   void append(std::int64_t id, const std::vector<std::int64_t>& slots);
   void append_range(std::int64_t id, std::int64_t first_slot, std::int64_t count);
   void append_pages(std::int64_t id, std::int64_t count, const std::vector<std::int64_t>& new_pages);
+  // A node's tokens are now in other pages, as add_node_pages' (its id,
+  // parent, children and queries kept): a token tree verified every step
+  // keeps its nodes and takes each step's draft tokens in place, where
+  // removing it and adding a new one of the same shape would change every
+  // id. With its length kept only its slots are redone at the update;
+  // another length makes it a change of shape.
+  void replace_pages(std::int64_t id, const std::vector<std::int64_t>& pages, std::int32_t page_size,
+                     std::int32_t last_page_tokens);
   // Removes a node and its whole subtree.
   void remove_node(std::int64_t id);
   // This step's queries (row i of Q is queries[i]); the same list as the

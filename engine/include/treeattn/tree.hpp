@@ -97,6 +97,9 @@ class Tree {
   void append_slots(std::size_t index, const std::int64_t* slots, std::int64_t count);
   void append_range(std::size_t index, std::int64_t first_slot, std::int64_t count);
   void append_pages(std::size_t index, std::int64_t count, const std::vector<std::int64_t>& new_pages);
+  // The node at `index` holds other tokens: these pages, as add_node_pages' (its id, parent and children kept).
+  void replace_pages(std::size_t index, const std::vector<std::int64_t>& pages, std::int32_t page_size,
+                     std::int32_t last_page_tokens);
   // Keeps the nodes whose flag is 0, in order; the removed nodes' listed
   // slots become dead entries (packed away once they are half of them).
   void remove_nodes(const std::vector<std::uint8_t>& removed);

@@ -47,25 +47,25 @@ void SequenceTree::mark_changed(std::int64_t id, Node& node) {
   changed_.push_back(id);
 }
 
-std::int32_t SequenceTree::used_pages(std::int64_t length) const {
-  return std::int32_t((length + cache_.page_size() - 1) / cache_.page_size());
-}
-
 void SequenceTree::remove(std::int64_t node) {
   const Node& victim = at(node);
-  if (victim.synced_length >= 0) removed_.push_back(node);  // its subtree goes with it
+  if (victim.synced_length >= 0) removed_.push_back(victim.planner_id);  // its subtree goes with it
+  const std::int64_t parent_planner_id = victim.parent == kNoParent ? kNoParent : nodes_[victim.parent].planner_id;
   if (victim.parent != kNoParent) {
     auto& siblings = nodes_[victim.parent].children;
     siblings.erase(std::find(siblings.begin(), siblings.end(), node));
   }
-  std::vector<std::int64_t> stack = {node};
+  std::vector<std::pair<std::int64_t, std::int64_t>> stack = {{node, parent_planner_id}};  // node, its parent's planner id
   while (!stack.empty()) {
-    const std::int64_t id = stack.back();
+    const auto [id, parent] = stack.back();
     stack.pop_back();
     auto it = nodes_.find(id);
-    for (std::int32_t page : it->second.pages) cache_.release(page);
-    tokens_ -= it->second.length;
-    stack.insert(stack.end(), it->second.children.begin(), it->second.children.end());
+    const Node& n = it->second;
+    if (n.synced_length >= 0) gone_.push_back(Gone{id, n.planner_id, parent, n.synced_length});
+    if (n.planner_id >= 0 && n.planner_id != id) --mapped_;
+    for (std::int32_t page : n.pages) cache_.release(page);
+    tokens_ -= n.length;
+    for (std::int64_t child : n.children) stack.emplace_back(child, n.planner_id);
     nodes_.erase(it);
   }
 }
@@ -106,31 +106,112 @@ Tree SequenceTree::to_tree(const HeadConfig& heads, const std::vector<TreeQuery>
   return tree;
 }
 
-void SequenceTree::sync(IncrementalPlanner& planner, const std::vector<TreeQuery>& queries) {
-  for (std::int64_t id : removed_) planner.remove_node(id);
-  removed_.clear();
+std::int64_t SequenceTree::planner_id(std::int64_t id) const {
+  // A new node's place is found among the new ones (in creation order, most
+  // often consecutive ids) without a lookup by id.
+  if (!fresh_.empty() && id >= fresh_.front().first && id <= fresh_.back().first) {
+    const std::int64_t first = fresh_.front().first;
+    if (fresh_.back().first - first + 1 == std::int64_t(fresh_.size())) return fresh_[std::size_t(id - first)].second->planner_id;
+    const auto it = std::lower_bound(fresh_.begin(), fresh_.end(), id,
+                                     [](const std::pair<std::int64_t, Node*>& f, std::int64_t v) { return f.first < v; });
+    if (it != fresh_.end() && it->first == id) return it->second->planner_id;
+  }
+  return at(id).planner_id;
+}
+
+bool SequenceTree::take_places() {
+  if (gone_.empty() || gone_.size() != fresh_.size() || handed_.size() < gone_.size()) return false;
+  std::sort(gone_.begin(), gone_.end(), [](const Gone& a, const Gone& b) { return a.id < b.id; });
+  // The planner's order is creation order: the nodes gone must be its last,
+  // for the new ones (the newest) to stand where to_tree() puts them.
+  const auto last = handed_.end() - std::ptrdiff_t(gone_.size());
+  if (!std::equal(gone_.begin(), gone_.end(), last, [](const Gone& g, std::int64_t id) { return g.id == id; })) return false;
+  for (std::size_t k = 0; k < fresh_.size(); ++k) {
+    Node& node = *fresh_[k].second;
+    const std::int64_t parent = node.parent == kNoParent ? kNoParent : planner_id(node.parent);
+    if (parent != gone_[k].parent_planner_id || node.length != gone_[k].synced_length) {
+      for (std::size_t j = 0; j < k; ++j) fresh_[j].second->planner_id = -1;
+      return false;
+    }
+    node.planner_id = gone_[k].planner_id;  // its parent, if new, took its place just before it
+  }
+  return true;
+}
+
+void SequenceTree::sync(IncrementalPlanner& planner, const std::vector<TreeQuery>& queries,
+                        std::vector<std::int64_t>* handed_slots) {
   // Ids count up as nodes are made: the new nodes go in in creation order,
   // as to_tree() lists them, so the plans agree to the node index.
   if (!std::is_sorted(changed_.begin(), changed_.end())) std::sort(changed_.begin(), changed_.end());
-  const std::int32_t page_size = cache_.page_size();
-  std::vector<std::int64_t> pages;
+  changed_nodes_.clear();
+  fresh_.clear();
   for (std::int64_t id : changed_) {
     auto it = nodes_.find(id);
     if (it == nodes_.end()) continue;  // added and removed between two syncs
-    Node& node = it->second;
+    changed_nodes_.emplace_back(id, &it->second);
+    if (it->second.synced_length < 0) fresh_.emplace_back(id, &it->second);
+  }
+  // New nodes of the removed ones' shape take their places (and planner
+  // ids) with other pages: the planner redoes only their slots.
+  const bool replaced = take_places();
+  if (replaced) {
+    mapped_ += std::int64_t(fresh_.size());
+    std::size_t at = handed_.size() - fresh_.size();
+    for (const auto& f : fresh_) handed_[at++] = f.first;
+  } else {
+    for (std::int64_t id : removed_) planner.remove_node(id);
+    if (!gone_.empty()) {  // the planner's order closes up
+      std::sort(gone_.begin(), gone_.end(), [](const Gone& a, const Gone& b) { return a.id < b.id; });
+      std::size_t kept = 0, g = 0;
+      for (std::int64_t id : handed_) {
+        while (g < gone_.size() && gone_[g].id < id) ++g;
+        if (g == gone_.size() || gone_[g].id != id) handed_[kept++] = id;
+      }
+      handed_.resize(kept);
+    }
+  }
+  removed_.clear();
+  gone_.clear();
+
+  const std::int32_t page_size = cache_.page_size();
+  std::vector<std::int64_t> pages;
+  for (const auto& [id, node_ptr] : changed_nodes_) {
+    Node& node = *node_ptr;
     node.changed = false;
-    const std::int32_t from = node.synced_length < 0 ? 0 : used_pages(node.synced_length);
-    pages.assign(node.pages.begin() + from, node.pages.begin() + used_pages(node.length));
+    // append() holds exactly the pages a node's tokens fill: the new ones
+    // follow those handed over.
+    pages.assign(node.pages.begin() + std::ptrdiff_t(node.synced_pages), node.pages.end());
     if (node.synced_length < 0) {
       const std::int32_t last = node.length == 0 ? 0 : std::int32_t(node.length - (std::int64_t(pages.size()) - 1) * page_size);
-      planner.add_node_pages(id, node.parent, pages, page_size, last);
+      if (replaced) {
+        planner.replace_pages(node.planner_id, pages, page_size, last);
+      } else {
+        const std::int64_t parent = node.parent == kNoParent || mapped_ == 0 ? node.parent : planner_id(node.parent);
+        node.planner_id = id;
+        planner.add_node_pages(id, parent, pages, page_size, last);
+        handed_.push_back(id);
+      }
     } else {
-      planner.append_pages(id, node.length - node.synced_length, pages);
+      planner.append_pages(node.planner_id, node.length - node.synced_length, pages);
+    }
+    if (handed_slots != nullptr) {
+      for (std::int64_t t = std::max<std::int64_t>(node.synced_length, 0); t < node.length; ++t) {
+        handed_slots->push_back(std::int64_t(node.pages[std::size_t(t / page_size)]) * page_size + t % page_size);
+      }
     }
     node.synced_length = node.length;
+    node.synced_pages = node.pages.size();
   }
   changed_.clear();
-  planner.set_queries(queries);
+  if (mapped_ == 0) {
+    planner.set_queries(queries);
+  } else {  // the planner knows a node that took another's place by that one's id
+    planner_queries_.resize(queries.size());
+    for (std::size_t q = 0; q < queries.size(); ++q) planner_queries_[q] = {planner_id(queries[q].node), queries[q].upto};
+    planner.set_queries(planner_queries_);
+  }
+  fresh_.clear();
+  changed_nodes_.clear();
 }
 
 }  // namespace treeattn

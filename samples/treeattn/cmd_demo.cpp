@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <memory>
 
 #include <fmt/format.h>
@@ -46,10 +45,10 @@ struct DemoOptions {
   std::string json;
 };
 
-// Synthetic K/V: a fixed function of (node, token, head, channel), so the same
-// logical token has the same K and V wherever the cache put it.
-float synthetic(std::uint64_t node, std::uint64_t token, std::uint64_t lane, std::uint64_t which) {
-  Rng rng((node * 0x9e3779b97f4a7c15ull) ^ (token << 20) ^ (lane << 4) ^ which);
+// Synthetic K/V: a fixed function of (slot, head, channel): a replay writes the
+// same data for every strategy and backend.
+float synthetic(std::uint64_t slot, std::uint64_t lane, std::uint64_t which) {
+  Rng rng((slot * 0x9e3779b97f4a7c15ull) ^ (lane << 4) ^ which);
   return float(2.0 * rng.unit() - 1.0);
 }
 
@@ -137,7 +136,6 @@ void run_demo(const DemoOptions& o) {
              named.name, model.name, layers, heads.heads_q, heads.heads_kv, heads.head_dim, backend->name(),
              runner->name(), o.plan.strategy, peak_pages, o.page_size);
 
-  std::map<std::int64_t, std::int64_t> written;  // node -> tokens whose K/V rows are filled
   std::vector<TreeQuery> queries;
   const PlanOptions options = o.plan.options(cache.slots(), backend->cost_model());
   // The plan each step runs comes from an IncrementalPlanner fed the tree's
@@ -161,27 +159,19 @@ void run_demo(const DemoOptions& o) {
     StepRecord record;
     generated += scenario.advance(live, queries);
     const auto sync_start = std::chrono::steady_clock::now();
-    live.sync(incremental, queries);
+    new_slots.clear();
+    live.sync(incremental, queries, &new_slots);
     record.host_us = since(sync_start);
     const Tree& tree = incremental.tree();
 
-    // New tokens get their K/V rows; pruned nodes simply stop being referenced.
-    std::map<std::int64_t, std::int64_t> now;
-    new_slots.clear();
-    for (const TreeNode& node : tree.nodes()) {
-      const std::int64_t from = written.count(node.id) ? written[node.id] : 0;
-      for (std::int64_t t = from; t < node.length; ++t) {
-        const std::int64_t slot = live.slot(node.id, t);
-        new_slots.push_back(slot);
-        const std::size_t row = std::size_t(slot) * std::size_t(heads.heads_kv * heads.head_dim);
-        for (std::size_t e = 0; e < std::size_t(heads.heads_kv * heads.head_dim); ++e) {
-          store_from_float(k.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(node.id), std::uint64_t(t), e, 1));
-          store_from_float(v.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(node.id), std::uint64_t(t), e, 2));
-        }
+    // The tokens handed over get their K/V rows; pruned nodes simply stop being referenced.
+    for (const std::int64_t slot : new_slots) {
+      const std::size_t row = std::size_t(slot) * std::size_t(heads.heads_kv * heads.head_dim);
+      for (std::size_t e = 0; e < std::size_t(heads.heads_kv * heads.head_dim); ++e) {
+        store_from_float(k.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(slot), e, 1));
+        store_from_float(v.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(slot), e, 2));
       }
-      now[node.id] = node.length;
     }
-    written = std::move(now);
     runner->kv_written(new_slots);
 
     const auto t0 = std::chrono::steady_clock::now();

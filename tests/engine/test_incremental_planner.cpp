@@ -287,6 +287,127 @@ TEST_CASE("a subtree replaced by one of the same shape: only slots are redone, n
   }
 }
 
+TEST_CASE("replace_pages: a node takes other pages in place, its id and shape kept") {
+  for (Strategy s : kIncremental) {
+    CAPTURE(to_string(s));
+    PlanOptions options{s, 32};
+    options.kv_slots = 1000;
+    IncrementalPlanner planner(kHeads, options);
+    planner.add_node_range(0, kNoParent, 0, 40);
+    planner.add_node_pages(1, 0, {10, 11}, 16, 5);
+    planner.add_node_pages(2, 1, {12}, 16, 3);
+    planner.add_node_pages(3, 0, {13}, 16, 16);
+    planner.set_queries({{2}, {3}, {1, 7}});
+    planner.update();
+
+    // A speculative step: nodes 1 and 2 take other pages at their lengths,
+    // the root grows; only slots are redone.
+    planner.replace_pages(1, {20, 21}, 16, 5);
+    planner.replace_pages(2, {22}, 16, 3);
+    planner.append_range(0, 40, 2);
+    const Plan& replaced = planner.update();
+    CHECK_FALSE(planner.last_update().reanalysed);
+    CHECK(planner.last_update().replaced_nodes == 2);
+    CHECK(test::plan_difference(replaced, plan(planner.tree(), planner.held_options())) == "");
+    CHECK(test::coverage_error(planner.tree(), replaced) == "");
+    CHECK(planner.tree().nodes()[1].id == 1);
+    CHECK(planner.tree().slot(1, 0) == 20 * 16);
+
+    // At another length the tree has another shape: it is analysed again.
+    planner.replace_pages(2, {23, 24}, 16, 1);
+    const Plan& longer = planner.update();
+    CHECK(planner.last_update().reanalysed);
+    CHECK(test::plan_difference(longer, plan(planner.tree(), planner.held_options())) == "");
+
+    // Replaced and then removed with its parent in the same step: nothing of it is left.
+    planner.replace_pages(2, {25, 26}, 16, 1);
+    planner.remove_node(1);
+    planner.set_queries({{3}, {0, 10}});
+    const Plan& removed = planner.update();
+    CHECK(planner.tree().node_count() == 2);
+    CHECK(test::plan_difference(removed, plan(planner.tree(), planner.held_options())) == "");
+
+    // Pages past the pool are refused at the update naming the node; the
+    // replacement stays pending until replaced again.
+    planner.replace_pages(3, {70}, 16, 16);
+    CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("node 3 (nodes[1])"), Error);
+    CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("out of range for a KV pool of 1000 slots"), Error);
+    planner.replace_pages(3, {30}, 16, 16);
+    const Plan& recovered = planner.update();
+    CHECK_FALSE(planner.last_update().reanalysed);
+    CHECK(test::plan_difference(recovered, plan(planner.tree(), planner.held_options())) == "");
+    CHECK_THROWS_WITH_AS(planner.replace_pages(9, {1}, 16, 1), doctest::Contains("replace_pages: node 9 is not in the tree"),
+                         Error);
+  }
+}
+
+TEST_CASE("a SequenceTree's new token tree takes the removed one's places only where those were the planner's last") {
+  PagedKvCache cache(16, 0);
+  SequenceTree live(cache);
+  IncrementalPlanner planner(kHeads, PlanOptions{Strategy::flatten, 32});
+  const std::int64_t root = live.add_node(kNoParent);
+  live.append(root, 40);
+  const std::int64_t a = live.add_node(root);
+  live.append(a, 3);
+  const std::int64_t a1 = live.add_node(a);
+  live.append(a1, 1);
+  const std::int64_t b = live.add_node(root);
+  live.append(b, 2);
+  std::vector<TreeQuery> queries = {{a1}, {b}};
+  live.sync(planner, queries);
+  planner.update();
+  auto agrees = [&] {
+    return test::plan_difference(planner.plan(), plan(live.to_tree(kHeads, queries), planner.held_options()));
+  };
+  CHECK(agrees() == "");
+
+  // Node a's subtree goes and one of its shape comes, but node b came after
+  // it: the new nodes would stand elsewhere in the planner than in
+  // to_tree(), so they are added as nodes of their own.
+  live.remove(a);
+  const std::int64_t c = live.add_node(root);
+  live.append(c, 3);
+  const std::int64_t c1 = live.add_node(c);
+  live.append(c1, 1);
+  queries = {{c1}, {b}};
+  std::vector<std::int64_t> handed;
+  live.sync(planner, queries, &handed);
+  planner.update();
+  CHECK(planner.last_update().reanalysed);
+  CHECK(planner.tree().nodes()[2].id == c);
+  CHECK(agrees() == "");
+  CHECK(handed.size() == 4);  // c's three tokens and c1's one
+
+  // Now c's subtree is the planner's last: its successor takes its places
+  // (and ids) in other pages, the root grown in the same step.
+  live.remove(c);
+  live.append(root, 2);
+  const std::int64_t d = live.add_node(root);
+  live.append(d, 3);
+  const std::int64_t d1 = live.add_node(d);
+  live.append(d1, 1);
+  queries = {{d1}, {b}};
+  handed.clear();
+  live.sync(planner, queries, &handed);
+  planner.update();
+  CHECK_FALSE(planner.last_update().reanalysed);
+  CHECK(planner.last_update().replaced_nodes == 2);
+  CHECK(planner.tree().nodes()[2].id == c);
+  CHECK(planner.tree().nodes()[3].id == c1);
+  CHECK(agrees() == "");
+  CHECK(handed.size() == 6);  // the root's two new tokens, d's three, d1's one
+  CHECK(handed[2] == live.slot(d, 0));
+
+  // Later changes reach the nodes by the ids the planner keeps.
+  live.append(d1, 2);
+  live.remove(b);
+  queries = {{d1}};
+  live.sync(planner, queries);
+  planner.update();
+  CHECK(planner.tree().node_count() == 3);
+  CHECK(agrees() == "");
+}
+
 TEST_CASE("removing a node takes its subtree; a query left on it is reported by update") {
   IncrementalPlanner planner(kHeads, PlanOptions{Strategy::flatten, 64});
   planner.add_node_range(10, kNoParent, 0, 100);

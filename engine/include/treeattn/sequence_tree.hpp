@@ -43,10 +43,18 @@ class SequenceTree {
   Tree to_tree(const HeadConfig& heads, const std::vector<TreeQuery>& queries) const;
 
   // Gives `planner` the nodes added, grown and removed since the last sync
-  // (all of them at the first) and `queries`; its tree is then to_tree()'s.
-  // One planner per SequenceTree: the changes are handed over once. Costs
-  // the changed nodes' new pages, not the tree's.
-  void sync(IncrementalPlanner& planner, const std::vector<TreeQuery>& queries);
+  // (all of them at the first) and `queries`; its tree is then to_tree()'s,
+  // node for node. Where the nodes added have the shape of the ones removed
+  // (a speculative step's new token tree: the same parents and lengths in
+  // creation order) and those were the planner's last, they take the removed
+  // ones' places and ids in the planner with their own pages
+  // (IncrementalPlanner::replace_pages), so the planner's tree keeps the
+  // first ids of such nodes. One planner per SequenceTree: the changes are
+  // handed over once. Costs the changed nodes' new pages, not the tree's.
+  // With `handed_slots`, the slots of the tokens handed over (the new nodes'
+  // and the appended ones) are appended to it, node by node.
+  void sync(IncrementalPlanner& planner, const std::vector<TreeQuery>& queries,
+            std::vector<std::int64_t>* handed_slots = nullptr);
 
  private:
   struct Node {
@@ -55,17 +63,32 @@ class SequenceTree {
     std::vector<std::int32_t> pages;
     std::vector<std::int64_t> children;
     std::int64_t synced_length = -1;  // tokens at the last sync, -1: not synced yet
+    std::size_t synced_pages = 0;     // pages at the last sync
+    std::int64_t planner_id = -1;     // its id in the planner: its own, or the one of the node whose place it took
     bool changed = false;             // in changed_
+  };
+  struct Gone {  // a removed node the planner has
+    std::int64_t id, planner_id, parent_planner_id, synced_length;
   };
   const Node& at(std::int64_t node) const;
   void mark_changed(std::int64_t id, Node& node);
-  std::int32_t used_pages(std::int64_t length) const;
+  // Whether the nodes in fresh_ take the places of those gone; if so each
+  // has the planner id it takes.
+  bool take_places();
+  // The id the planner knows a live node by (sync()'s new nodes included).
+  std::int64_t planner_id(std::int64_t id) const;
 
   PagedKvCache& cache_;
   std::unordered_map<std::int64_t, Node> nodes_;  // by id: a decode step looks up each node it changes
   std::int64_t next_id_ = 0;
   std::vector<std::int64_t> changed_;  // nodes added or grown since the last sync
-  std::vector<std::int64_t> removed_;  // synced nodes removed since (subtree roots)
+  std::vector<std::int64_t> removed_;  // planner ids of the synced nodes removed since (subtree roots)
+  std::vector<Gone> gone_;             // every synced node removed since, its subtree's included
+  std::vector<std::int64_t> handed_;   // the live synced nodes, in the planner's order (ascending ids)
+  std::int64_t mapped_ = 0;            // live nodes whose planner id is not their own
+  std::vector<TreeQuery> planner_queries_;  // sync()'s queries by planner id
+  // sync()'s changed nodes, and those of them not handed over before, by id.
+  std::vector<std::pair<std::int64_t, Node*>> changed_nodes_, fresh_;
   std::int64_t tokens_ = 0;
 };
 

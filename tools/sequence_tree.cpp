@@ -116,7 +116,8 @@ std::int64_t SequenceTree::planner_id(std::int64_t id) const {
                                      [](const std::pair<std::int64_t, Node*>& f, std::int64_t v) { return f.first < v; });
     if (it != fresh_.end() && it->first == id) return it->second->planner_id;
   }
-  return at(id).planner_id;
+  const auto it = nodes_.find(id);
+  return it == nodes_.end() ? id : it->second.planner_id;  // an id not in the tree: the planner names it
 }
 
 bool SequenceTree::take_places() {

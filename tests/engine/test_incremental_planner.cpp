@@ -406,6 +406,13 @@ TEST_CASE("a SequenceTree's new token tree takes the removed one's places only w
   planner.update();
   CHECK(planner.tree().node_count() == 3);
   CHECK(agrees() == "");
+
+  // A query on a node not in the tree reaches the planner as it is, which names it.
+  live.sync(planner, {{d1}, {999}});
+  CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("queries[1]: node 999 is not a node id"), Error);
+  live.sync(planner, queries);
+  planner.update();
+  CHECK(agrees() == "");
 }
 
 TEST_CASE("removing a node takes its subtree; a query left on it is reported by update") {

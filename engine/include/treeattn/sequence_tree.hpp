@@ -75,7 +75,8 @@ class SequenceTree {
   // Whether the nodes in fresh_ take the places of those gone; if so each
   // has the planner id it takes.
   bool take_places();
-  // The id the planner knows a live node by (sync()'s new nodes included).
+  // The id the planner knows a live node by (sync()'s new nodes included);
+  // an id not in the tree as it is, for the planner to refuse.
   std::int64_t planner_id(std::int64_t id) const;
 
   PagedKvCache& cache_;

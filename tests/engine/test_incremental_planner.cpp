@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -413,6 +414,80 @@ TEST_CASE("a SequenceTree's new token tree takes the removed one's places only w
   live.sync(planner, queries);
   planner.update();
   CHECK(agrees() == "");
+}
+
+TEST_CASE("random SequenceTree steps (growth, forks, pruning, token trees replaced) plan bitwise what to_tree() plans") {
+  for (Strategy s : kIncremental) {
+    CAPTURE(to_string(s));
+    std::mt19937_64 rng(7);
+    auto pick = [&](std::size_t n) { return std::size_t(rng() % n); };
+    PagedKvCache cache(4, 0);
+    SequenceTree live(cache);
+    IncrementalOptions incremental;
+    incremental.hold_greedy_groups = false;  // every plan bitwise
+    IncrementalPlanner planner(kHeads, PlanOptions{s, 16}, incremental);
+    std::vector<std::int64_t> nodes = {live.add_node(kNoParent)};
+    live.append(nodes[0], 9);
+    // The last token tree: its root and its nodes' parents (as indices into it) and lengths.
+    std::int64_t draft_root = -1;
+    std::vector<std::pair<std::int64_t, std::int64_t>> draft_shape;
+    std::int64_t replaced_steps = 0;
+    for (int step = 0; step < 120; ++step) {
+      CAPTURE(step);
+      const std::size_t op = pick(5);
+      if (op == 0 && draft_root >= 0 && live.contains(draft_root)) {  // the token tree again, in other pages
+        const std::int64_t parent = live.parent(draft_root);
+        live.remove(draft_root);
+        std::vector<std::int64_t> made;
+        for (const auto& [p, length] : draft_shape) {
+          made.push_back(live.add_node(p < 0 ? parent : made[std::size_t(p)]));
+          live.append(made.back(), length);
+        }
+        draft_root = made[0];
+      } else if (op == 1 || op == 4) {  // a new token tree under a random node, or (4) one as large in the last's place
+        const bool instead = op == 4 && draft_root >= 0 && live.contains(draft_root);
+        const std::int64_t parent = instead ? live.parent(draft_root) : nodes[pick(nodes.size())];
+        const std::size_t size = instead ? draft_shape.size() : 1 + pick(6);
+        if (instead) live.remove(draft_root);
+        draft_shape.clear();
+        std::vector<std::int64_t> made;
+        for (std::size_t k = 0, n = size; k < n; ++k) {
+          const std::int64_t p = k == 0 ? -1 : std::int64_t(pick(k));
+          made.push_back(live.add_node(p < 0 ? parent : made[std::size_t(p)]));
+          draft_shape.emplace_back(p, 1 + std::int64_t(pick(3)));
+          live.append(made.back(), draft_shape.back().second);
+        }
+        draft_root = made[0];
+        nodes.insert(nodes.end(), made.begin(), made.end());
+      } else if (op == 2 && nodes.size() > 1) {  // a branch pruned
+        live.remove(nodes[1 + pick(nodes.size() - 1)]);
+      } else {  // growth
+        for (std::size_t k = 0; k < 3; ++k) live.append(nodes[pick(nodes.size())], 1 + std::int64_t(pick(5)));
+      }
+      std::vector<std::int64_t> alive;
+      for (std::int64_t id : nodes) {
+        if (live.contains(id)) alive.push_back(id);
+      }
+      nodes = alive;
+      if (draft_root >= 0 && live.contains(draft_root)) {  // the token tree's nodes join the list once
+        for (std::int64_t id = draft_root; id < draft_root + std::int64_t(draft_shape.size()); ++id) {
+          if (live.contains(id) && std::find(nodes.begin(), nodes.end(), id) == nodes.end()) nodes.push_back(id);
+        }
+      }
+      std::vector<TreeQuery> queries;  // every node: a token tree taken again keeps the planner's queries
+      for (std::int64_t id : nodes) queries.push_back({id});
+      live.sync(planner, queries);
+      const Plan& updated = planner.update();
+      if (!planner.last_update().reanalysed && planner.last_update().replaced_nodes > 0) ++replaced_steps;
+      const std::string difference =
+          test::plan_difference(updated, plan(live.to_tree(kHeads, queries), planner.held_options()));
+      if (!difference.empty()) {
+        FAIL_CHECK(difference);
+        break;
+      }
+    }
+    CHECK(replaced_steps > 5);
+  }
 }
 
 TEST_CASE("removing a node takes its subtree; a query left on it is reported by update") {

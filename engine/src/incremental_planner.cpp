@@ -27,7 +27,8 @@ struct IncrementalPlanner::State {
   std::size_t checked_nodes = 0;         // nodes [0, checked_nodes) were checked at an update
   std::vector<std::int32_t> grown;       // nodes with appended tokens, in the order of their first append
   std::vector<std::int64_t> grown_from;  // [nodes] length at the last update, or -1 if not grown
-  std::vector<std::int32_t> replaced;    // nodes given other pages at their length (replace_pages), checked before
+  std::vector<std::int32_t> replaced;    // nodes that took other slots at their length (replace_pages, or a
+                                         // same-shape replacement), checked before their slots are written
   std::vector<std::uint8_t> removed;     // [nodes] removal asked for (the subtree follows at update)
   bool removals = false;
   std::size_t first_moved = SIZE_MAX;    // nodes from this index on are not at their index of the last update
@@ -401,17 +402,10 @@ const Plan& IncrementalPlanner::update() {
     for (std::size_t i = 0; i < n; ++i) s.analysed_length[i] = s.tree.nodes()[i].length;
     info.reanalysed = true;
   } else {
-    if (s.reanalyse) {  // the same shape: the nodes from `first` on hold other tokens
+    if (s.reanalyse) {  // the same shape: the nodes from `first` on hold other tokens, taken below
       for (std::size_t i = s.checked_nodes; i < n; ++i) check_slots(s.tree, std::int32_t(i), s.options.kv_slots, 0);
-      const std::size_t first = std::min(s.first_moved, s.checked_nodes);
-      if (s.greedy_holds()) {
-        s.vis_behind = true;
-      } else if (!s.vis_behind) {
-        replace_slots(s.tree, *s.vis, first);
-      }
-      if (s.memo) s.memo->replaced(s.tree, first);
+      for (std::size_t i = std::min(s.first_moved, s.checked_nodes); i < n; ++i) s.replaced.push_back(std::int32_t(i));
       s.index_whole_queries();
-      info.replaced_nodes = std::int64_t(n - first);
     }
     if (!s.grown.empty()) {
       for (std::int32_t g : s.grown) {
@@ -435,7 +429,7 @@ const Plan& IncrementalPlanner::update() {
         replace_slots(s.tree, *s.vis, s.replaced);
       }
       if (s.memo) s.memo->replaced(s.tree, s.replaced);
-      info.replaced_nodes += std::int64_t(s.replaced.size());
+      info.replaced_nodes = std::int64_t(s.replaced.size());
     }
   }
 

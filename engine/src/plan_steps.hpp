@@ -32,9 +32,8 @@ class VisibilityCache {
   // Tokens were appended to the nodes `grown` (`topo`: the tree's topology,
   // its query_upto updated): the cached visibility follows.
   void appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown);
-  // The nodes [first, nodes) took new slots, the shape kept (replace_slots()).
-  void replaced(const Tree& tree, std::size_t first);
-  void replaced(const Tree& tree, const std::vector<std::int32_t>& nodes);  // the nodes listed, each its length kept
+  // The nodes listed took new slots, their lengths kept (replace_slots()).
+  void replaced(const Tree& tree, const std::vector<std::int32_t>& nodes);
   // The visibility of the last order asked for, null before the first.
   Visibility* cached() noexcept { return vis_ ? &*vis_ : nullptr; }
   const Visibility* cached() const noexcept { return vis_ ? &*vis_ : nullptr; }
@@ -62,9 +61,8 @@ class GreedyMemo {
   // counts are read from the reordered visibility, or from `vis` before
   // there is one.
   void appended(const Tree& tree, const Topology& topo, const Visibility* vis, const std::vector<std::int32_t>& grown);
-  // The nodes [first, nodes) took new slots, the shape kept: only the
-  // reordered visibility's slots change (no edge or time depends on them).
-  void replaced(const Tree& tree, std::size_t first) { reordered.replaced(tree, first); }
+  // The nodes listed took new slots, their lengths kept: only the reordered
+  // visibility's slots change (no edge or time depends on them).
   void replaced(const Tree& tree, const std::vector<std::int32_t>& nodes) { reordered.replaced(tree, nodes); }
 
   // Set by an IncrementalPlanner that keeps greedy's edge decisions between

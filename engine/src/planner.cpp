@@ -431,10 +431,6 @@ void VisibilityCache::appended(const Tree& tree, const Topology& topo, const std
   if (!update_visibility(tree, *order_, *vis_, grown)) vis_ = compute_visibility(tree, *order_);
 }
 
-void VisibilityCache::replaced(const Tree& tree, std::size_t first) {
-  if (vis_) replace_slots(tree, *vis_, first);
-}
-
 void VisibilityCache::replaced(const Tree& tree, const std::vector<std::int32_t>& nodes) {
   if (vis_) replace_slots(tree, *vis_, nodes);
 }

@@ -250,43 +250,19 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
   return true;
 }
 
-namespace {
-
-// replace_slots(), one node at a time, then max_slot brought up to date.
-class SlotRewrite {
- public:
-  SlotRewrite(const Tree& tree, Visibility& vis) : tree_(tree), vis_(vis) {}
-  void node(std::size_t i) {
-    if (vis_.node_visible[i] == 0) return;
-    gave_up_largest_ = gave_up_largest_ || vis_.node_max_slot[i] == vis_.max_slot;
-    std::int32_t* slots = vis_.token_slot.data() + vis_.pieces[std::size_t(vis_.node_piece_begin[i])].token_begin;
-    vis_.node_max_slot[i] = write_slots(tree_, i, 0, vis_.node_visible[i], slots);
-    largest_ = std::max(largest_, vis_.node_max_slot[i]);
-  }
-  void finish() {
-    vis_.max_slot = gave_up_largest_ ? *std::max_element(vis_.node_max_slot.begin(), vis_.node_max_slot.end())
-                                     : std::max(vis_.max_slot, largest_);
-  }
-
- private:
-  const Tree& tree_;
-  Visibility& vis_;
-  bool gave_up_largest_ = false;
-  std::int64_t largest_ = -1;
-};
-
-}  // namespace
-
-void replace_slots(const Tree& tree, Visibility& vis, std::size_t first) {
-  SlotRewrite rewrite(tree, vis);
-  for (std::size_t i = first; i < tree.node_count(); ++i) rewrite.node(i);
-  rewrite.finish();
-}
-
 void replace_slots(const Tree& tree, Visibility& vis, const std::vector<std::int32_t>& nodes) {
-  SlotRewrite rewrite(tree, vis);
-  for (std::int32_t v : nodes) rewrite.node(std::size_t(v));
-  rewrite.finish();
+  bool gave_up_largest = false;
+  std::int64_t largest = -1;
+  for (std::int32_t v : nodes) {
+    const std::size_t i = std::size_t(v);
+    if (vis.node_visible[i] == 0) continue;
+    gave_up_largest = gave_up_largest || vis.node_max_slot[i] == vis.max_slot;
+    std::int32_t* slots = vis.token_slot.data() + vis.pieces[std::size_t(vis.node_piece_begin[i])].token_begin;
+    vis.node_max_slot[i] = write_slots(tree, i, 0, vis.node_visible[i], slots);
+    largest = std::max(largest, vis.node_max_slot[i]);
+  }
+  vis.max_slot = gave_up_largest ? *std::max_element(vis.node_max_slot.begin(), vis.node_max_slot.end())
+                                 : std::max(vis.max_slot, largest);
 }
 
 }  // namespace treeattn

@@ -55,13 +55,11 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo);
 // (the order of a node's own queries, or its number of pieces): the caller
 // then computes it again.
 bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, const std::vector<std::int32_t>& grown);
-// After the nodes [first, nodes) took new slots (a subtree replaced by one of
-// the same shape: the same parents, lengths and queries by node index), writes
-// their slots where their tokens are and brings max_slot up to date; linear in
-// their visible tokens (and in the nodes, when the largest slot was one they
-// gave up).
-void replace_slots(const Tree& tree, Visibility& vis, std::size_t first);
-// The same for the nodes listed (each took other slots, its length kept).
+// After the nodes listed took new slots at their lengths (replace_pages, or
+// a subtree replaced by one of the same shape: the same parents, lengths and
+// queries by node index), writes their slots where their tokens are and
+// brings max_slot up to date; linear in their visible tokens (and in the
+// nodes, when the largest slot was one they gave up).
 void replace_slots(const Tree& tree, Visibility& vis, const std::vector<std::int32_t>& nodes);
 
 }  // namespace treeattn

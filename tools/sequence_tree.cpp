@@ -122,7 +122,6 @@ std::int64_t SequenceTree::planner_id(std::int64_t id) const {
 
 bool SequenceTree::take_places() {
   if (gone_.empty() || gone_.size() != fresh_.size() || handed_.size() < gone_.size()) return false;
-  std::sort(gone_.begin(), gone_.end(), [](const Gone& a, const Gone& b) { return a.id < b.id; });
   // The planner's order is creation order: the nodes gone must be its last,
   // for the new ones (the newest) to stand where to_tree() puts them.
   const auto last = handed_.end() - std::ptrdiff_t(gone_.size());
@@ -154,6 +153,7 @@ void SequenceTree::sync(IncrementalPlanner& planner, const std::vector<TreeQuery
   }
   // New nodes of the removed ones' shape take their places (and planner
   // ids) with other pages: the planner redoes only their slots.
+  std::sort(gone_.begin(), gone_.end(), [](const Gone& a, const Gone& b) { return a.id < b.id; });  // creation order
   const bool replaced = take_places();
   if (replaced) {
     mapped_ += std::int64_t(fresh_.size());
@@ -162,7 +162,6 @@ void SequenceTree::sync(IncrementalPlanner& planner, const std::vector<TreeQuery
   } else {
     for (std::int64_t id : removed_) planner.remove_node(id);
     if (!gone_.empty()) {  // the planner's order closes up
-      std::sort(gone_.begin(), gone_.end(), [](const Gone& a, const Gone& b) { return a.id < b.id; });
       std::size_t kept = 0, g = 0;
       for (std::int64_t id : handed_) {
         while (g < gone_.size() && gone_[g].id < id) ++g;

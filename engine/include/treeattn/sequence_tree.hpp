@@ -72,8 +72,8 @@ class SequenceTree {
   };
   const Node& at(std::int64_t node) const;
   void mark_changed(std::int64_t id, Node& node);
-  // Whether the nodes in fresh_ take the places of those gone; if so each
-  // has the planner id it takes.
+  // Whether the nodes in fresh_ take the places of those gone (in creation
+  // order); if so each has the planner id it takes.
   bool take_places();
   // The id the planner knows a live node by (sync()'s new nodes included);
   // an id not in the tree as it is, for the planner to refuse.

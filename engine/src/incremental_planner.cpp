@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "fail.hpp"
+#include "held_blocks.hpp"
 #include "id_map.hpp"
 #include "plan_steps.hpp"
 #include "thread_pool.hpp"
@@ -49,6 +50,12 @@ struct IncrementalPlanner::State {
     std::vector<std::int32_t> parent, child_begin, children, fill, stack, new_index;
   } removal;
   std::optional<GreedyMemo> memo;
+  // Whether `plan` is flatten's layout of the pieces `vis` had after the
+  // last update (built or held): the blocks a step that only lengthens
+  // nodes may keep. `growth` is this step's record of those lengthenings.
+  bool flatten_layout = false;
+  VisibleGrowth growth;
+  std::vector<HeldBlock> held_blocks;  // grow_held_blocks()' buffer
   std::optional<PlanOptions> held;  // the options with the cost model's choices made
   struct Size {
     std::int64_t tokens = 0, queries = 0, nodes = 0;
@@ -373,6 +380,26 @@ void IncrementalPlanner::apply_removals() {
   s.reanalyse = true;
 }
 
+// The last plan's blocks kept (held_blocks.hpp) while every block stays
+// within redecide_drift of the block size; false where one would pass it, or
+// a node changed otherwise than by lengthening its last piece: the plan is
+// then built again.
+bool IncrementalPlanner::hold_flatten_blocks() {
+  State& s = *state_;
+  if (!s.grown.empty() && !s.growth.tails_only) return false;
+  static const std::vector<VisibleGrowth::Tail> kNone;
+  const std::int32_t limit = std::int32_t(std::min<double>(
+      kMaxBlockTokens, std::floor(double(s.held->block_tokens) * (1.0 + s.incremental.redecide_drift))));
+  if (!grow_held_blocks(s.plan, s.grown.empty() ? kNone : s.growth.tails, limit, s.held->cost, s.held_blocks)) {
+    return false;
+  }
+  s.plan.token_slot.swap(s.vis->token_slot);
+  s.lender = &*s.vis;
+  s.plan.min_kv_slots = s.vis->max_slot + 1;
+  s.plan.launch_order = plan_launch_order(s.plan, s.held->cost, s.held->launch_order);
+  return true;
+}
+
 const Plan& IncrementalPlanner::update() {
   State& s = *state_;
   // The appended tokens first: an error leaves every change pending.
@@ -398,6 +425,7 @@ const Plan& IncrementalPlanner::update() {
     s.vis_behind = false;
     s.index_whole_queries();
     s.memo.reset();
+    s.flatten_layout = false;
     s.analysed_length.resize(n);
     for (std::size_t i = 0; i < n; ++i) s.analysed_length[i] = s.tree.nodes()[i].length;
     info.reanalysed = true;
@@ -417,9 +445,10 @@ const Plan& IncrementalPlanner::update() {
       }
       if (s.greedy_holds()) {
         s.vis_behind = true;
-      } else if (!s.vis_behind && !update_visibility(s.tree, *s.topo, *s.vis, s.grown)) {
+      } else if (!s.vis_behind && !update_visibility(s.tree, *s.topo, *s.vis, s.grown, &s.growth)) {
         s.vis = compute_visibility(s.tree, *s.topo);
       }
+      s.flatten_layout = s.flatten_layout && s.growth.tails_only;
       if (s.memo) s.memo->appended(s.tree, *s.topo, s.vis_behind ? nullptr : &*s.vis, s.grown);
     }
     if (!s.replaced.empty()) {  // after the appends: a node both grew and was replaced takes its new slots whole
@@ -449,7 +478,10 @@ const Plan& IncrementalPlanner::update() {
     s.chosen_at = {s.visible_tokens(), std::int64_t(s.tree.query_count()),
                    std::int64_t(s.tree.node_count())};
     s.memo.reset();  // the next update prices greedy's edges with the held options
+    s.flatten_layout = s.held->strategy == Strategy::flatten;
     info.chosen = true;
+  } else if (s.incremental.hold_flatten_blocks && s.flatten_layout && hold_flatten_blocks()) {
+    info.held_layout = true;
   } else {
     if (s.held->strategy == Strategy::greedy && !s.memo) {
       s.memo.emplace(*s.topo, s.visibility());
@@ -457,8 +489,10 @@ const Plan& IncrementalPlanner::update() {
     }
     // Greedy's held layout reads the memo's visibility only; any other plan this one.
     Visibility& vis = s.greedy_holds() ? *s.memo->reordered.cached() : s.visibility();
+    info.held_layout = s.memo && s.memo->held && s.held->greedy_candidate == GreedyCandidate::own;
     s.plan = plan_analyzed(s.tree, *s.topo, vis, *s.held, nullptr, s.memo ? &*s.memo : nullptr, nullptr, &s.plan,
                            &s.lender);
+    s.flatten_layout = s.held->strategy == Strategy::flatten;
   }
 
   for (std::int32_t g : s.grown) s.grown_from[std::size_t(g)] = -1;

@@ -52,6 +52,19 @@ std::int64_t write_slots(const Tree& tree, std::size_t index, std::int32_t from,
   return node.first + to - 1;
 }
 
+// Whether a node's recomputed pieces are its old ones with only the last
+// longer: the same viewers, and the same starts relative to its first token.
+bool only_last_piece_longer(const Piece* old, const Piece* fresh, std::size_t count) {
+  for (std::size_t k = 0; k < count; ++k) {
+    if (fresh[k].viewer_lo != old[k].viewer_lo || fresh[k].viewer_hi != old[k].viewer_hi ||
+        fresh[k].token_begin - fresh[0].token_begin != old[k].token_begin - old[0].token_begin) {
+      return false;
+    }
+    if (k + 1 < count && fresh[k].token_end - fresh[0].token_begin != old[k].token_end - old[0].token_begin) return false;
+  }
+  return true;
+}
+
 void check_total(std::int64_t total_visible) {
   if (total_visible > std::numeric_limits<std::int32_t>::max()) {
     fail(ErrorCategory::InvalidTree, "the tree holds {} visible tokens, more than the limit of {}", total_visible,
@@ -144,7 +157,8 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
   return vis;
 }
 
-bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, const std::vector<std::int32_t>& grown) {
+bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, const std::vector<std::int32_t>& grown,
+                       VisibleGrowth* growth) {
   struct Change {
     std::int32_t node, old_visible, new_visible;
     std::int32_t begin;  // its first token in the flattened order, as it was
@@ -155,6 +169,11 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
   changes.reserve(grown.size());
   fresh.reserve(2 * grown.size());
   std::int64_t total = std::int64_t(vis.token_slot.size());
+  bool tails_only = true;
+  if (growth != nullptr) {
+    growth->tails_only = false;
+    growth->tails.clear();
+  }
   for (std::int32_t v : grown) {
     const std::size_t i = std::size_t(v);
     const std::int32_t first = vis.node_position[i], own_end = vis.node_own_end[i];
@@ -175,9 +194,12 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
     append_pieces(topo, vis, v, begin, fresh);
     vis.node_visible[i] = old_visible;
     if (std::int32_t(fresh.size() - at) != vis.node_piece_end[i] - vis.node_piece_begin[i]) return false;
+    tails_only = tails_only && only_last_piece_longer(vis.pieces.data() + vis.node_piece_begin[i], fresh.data() + at,
+                                                      fresh.size() - at);
     changes.push_back(Change{v, old_visible, new_visible, begin, at});
     total += new_visible - old_visible;
   }
+  if (growth != nullptr) growth->tails_only = tails_only;
   if (changes.empty()) return true;
   check_total(total);
   // In flattened order (visible nodes have distinct first tokens), which the
@@ -247,6 +269,9 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
     vis.node_visible[i] = c.new_visible;
   }
   shift_to(vis.pieces.size());
+  if (growth != nullptr && tails_only) {
+    for (const Change& c : changes) growth->tails.push_back({c.begin + c.old_visible, c.new_visible - c.old_visible});
+  }
   return true;
 }
 

@@ -54,7 +54,22 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo);
 // leaving `vis` as it was, where an append changes more than token counts
 // (the order of a node's own queries, or its number of pieces): the caller
 // then computes it again.
-bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, const std::vector<std::int32_t>& grown);
+//
+// `growth`, when given, receives what a plan laid out on the old pieces needs
+// to follow them (flatten's held blocks).
+struct VisibleGrowth {
+  struct Tail {
+    std::int32_t old_end;  // a grown node's visible tokens ended here, in the old flattened order
+    std::int32_t added;    // visible tokens appended behind them
+  };
+  // Whether every grown node's new tokens only lengthen its last piece (its
+  // other pieces and every viewer range as they were); then `tails` holds
+  // each node whose visible tokens grew, in flattened order.
+  bool tails_only = false;
+  std::vector<Tail> tails;
+};
+bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, const std::vector<std::int32_t>& grown,
+                       VisibleGrowth* growth = nullptr);
 // After the nodes listed took new slots at their lengths (replace_pages, or
 // a subtree replaced by one of the same shape: the same parents, lengths and
 // queries by node index), writes their slots where their tokens are and

@@ -2,8 +2,10 @@
 // speculative with accepted tokens, tree-of-thought with forks and pruning)
 // its plan is bitwise the from-scratch plan of the same tree at its block
 // size and launch order, for flatten and greedy; random appends on random forests agree and
-// cover exactly; bad changes are refused naming the node or token, and
-// nothing pending is lost.
+// cover exactly; where it holds a layout (flatten's blocks, greedy's edge
+// decisions) every plan covers every query's tokens exactly, within the
+// limits it holds them to; bad changes are refused naming the node or
+// token, and nothing pending is lost.
 
 #include <doctest/doctest.h>
 
@@ -27,25 +29,51 @@ namespace {
 const std::string kWorkloads = test::workloads_dir();
 const HeadConfig kHeads{32, 8, 128, 0.0f};
 
+// Every update bitwise plan(tree(), held_options()): no layout held.
+IncrementalOptions bitwise() {
+  IncrementalOptions incremental;
+  incremental.hold_flatten_blocks = false;
+  incremental.hold_greedy_groups = false;
+  return incremental;
+}
+
 // What a replay's updates did, for the checks that the fast path ran.
 struct ReplayCounts {
   std::int64_t steps = 0, appends_only = 0, chosen = 0;
   std::int64_t replaced = 0;  // steps that replaced nodes by ones of the same shape (no reanalysis)
-  std::int64_t held = 0;      // greedy steps on edge decisions kept from an earlier step
+  std::int64_t held = 0;      // steps on a layout kept from an earlier step (PlanUpdate::held_layout)
 };
+
+// A held plan: valid, every query's tokens covered exactly, and flatten's
+// blocks no longer than the planner holds them to.
+std::string held_plan_error(const IncrementalPlanner& planner, const IncrementalOptions& incremental, const Tree& tree,
+                            const Plan& held) {
+  try {
+    validate(held);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (planner.held_options().strategy == Strategy::flatten) {
+    const auto limit = std::int32_t(double(planner.block_tokens()) * (1.0 + incremental.redecide_drift));
+    std::int32_t longest = planner.block_tokens();
+    for (std::int32_t b = 0; b < held.num_blocks(); ++b) longest = std::max(longest, held.block_token_count(b));
+    if (longest > limit) return "a held block of " + std::to_string(longest) + " tokens > " + std::to_string(limit);
+    if (held.block_tokens != longest) return "block_tokens is not the longest held block";
+  }
+  return test::coverage_error(tree, held);
+}
 
 // Replays `scenario` to its end, syncing a SequenceTree into an
 // IncrementalPlanner each step. Every plan must equal the from-scratch plan
 // of the same tree with the planner's held options (and, where it made the
-// cost model's choices, the plan of the options as given), except greedy's
-// plans on edge decisions held from an earlier step (hold_greedy_groups):
-// those must be valid and cover every query's tokens exactly.
+// cost model's choices, the plan of the options as given), except plans on a
+// layout held from an earlier step (`incremental`'s holds): those must be
+// valid and cover every query's tokens exactly. Greedy holds its edge
+// decisions at every step between the ones that decide them.
 ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, std::int64_t max_steps = 0,
-                                bool hold_greedy_groups = false) {
+                                const IncrementalOptions& incremental = bitwise()) {
   PagedKvCache cache(16, 0);
   SequenceTree live(cache);
-  IncrementalOptions incremental;
-  incremental.hold_greedy_groups = hold_greedy_groups;
   IncrementalPlanner planner(kHeads, options, incremental);
   std::vector<TreeQuery> queries;
   ReplayCounts counts;
@@ -57,15 +85,16 @@ ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, 
     const Plan& updated = planner.update();
     const PlanUpdate& did = planner.last_update();
     const Tree tree = live.to_tree(kHeads, queries);
-    const bool held = hold_greedy_groups && options.strategy == Strategy::greedy && !decides && !did.chosen &&
-                      !did.reanalysed && planner.held_options().greedy_candidate == GreedyCandidate::own;
+    if (options.strategy == Strategy::greedy) {
+      CHECK(did.held_layout == (incremental.hold_greedy_groups && !decides && !did.chosen && !did.reanalysed &&
+                                planner.held_options().greedy_candidate == GreedyCandidate::own));
+    }
     decides = did.chosen || did.reanalysed;
-    if (held) {
+    if (did.held_layout) {
       ++counts.held;
-      CHECK_NOTHROW(validate(updated));
-      const std::string uncovered = test::coverage_error(tree, updated);
-      if (!uncovered.empty()) {
-        FAIL_CHECK(scenario.name(), " step ", step, " (held greedy groups): ", uncovered);
+      const std::string error = held_plan_error(planner, incremental, tree, updated);
+      if (!error.empty()) {
+        FAIL_CHECK(scenario.name(), " step ", step, " (held layout): ", error);
         return counts;
       }
     } else {
@@ -129,9 +158,9 @@ TEST_CASE("greedy on held edge decisions: every replay step covers exactly, the 
     auto fewshot = few_shot_scenario(1000, 12, 60);
     auto speculative = speculative_scenario(w, 0, 600);
     auto reasoning = reasoning_scenario(trees.front());
-    const ReplayCounts f = replay_and_compare(*fewshot, options, 0, true);
-    const ReplayCounts s = replay_and_compare(*speculative, options, 0, true);
-    const ReplayCounts r = replay_and_compare(*reasoning, options, 400, true);
+    const ReplayCounts f = replay_and_compare(*fewshot, options, 0, IncrementalOptions{});
+    const ReplayCounts s = replay_and_compare(*speculative, options, 0, IncrementalOptions{});
+    const ReplayCounts r = replay_and_compare(*reasoning, options, 400, IncrementalOptions{});
     CHECK(f.steps == 60);
     CHECK(s.steps == speculative->steps());
     CHECK(r.steps > 0);
@@ -178,6 +207,121 @@ TEST_CASE("held greedy edge decisions on random forests: appends keep coverage e
   CHECK(differed > 0);
 }
 
+TEST_CASE("flatten's held blocks: replay steps cover exactly, and the blocks are cut again past the drift") {
+  const MedusaWorkload w = load_medusa(kWorkloads + "/speculative/APPS_tree_size64.json");
+  const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/keywordToT.json");
+  for (std::int32_t block : {64, 256, kAutoBlockTokens}) {
+    CAPTURE(block);
+    const PlanOptions options{Strategy::flatten, block};
+    auto fewshot = few_shot_scenario(1000, 12, 60);
+    auto speculative = speculative_scenario(w, 0, 600);
+    auto reasoning = reasoning_scenario(trees.front());
+    const ReplayCounts f = replay_and_compare(*fewshot, options, 0, IncrementalOptions{});
+    const ReplayCounts s = replay_and_compare(*speculative, options, 0, IncrementalOptions{});
+    const ReplayCounts r = replay_and_compare(*reasoning, options, 400, IncrementalOptions{});
+    CHECK(f.steps == 60);
+    CHECK(s.steps == speculative->steps());
+    // Held at most steps; each of the others (cut again, bitwise) was one
+    // where a block would have passed the drift, the tree changed shape or
+    // the cost model chose again.
+    CHECK(f.held > f.steps / 2);
+    CHECK(s.held > s.steps / 2);
+    CHECK(r.held > r.steps / 4);
+    CHECK(f.held + f.chosen < f.steps);
+  }
+}
+
+TEST_CASE("flatten's held blocks: new tokens join the block of their node's last token, items and masks kept") {
+  IncrementalPlanner planner(kHeads, PlanOptions{Strategy::flatten, 32});
+  planner.add_node_range(0, kNoParent, 0, 70);  // blocks of 26, 27 and 27 tokens
+  planner.add_node_range(1, 0, 70, 6);
+  planner.add_node_range(2, 0, 76, 4);
+  planner.set_queries({{1}, {2}});
+  const Plan first = planner.update();
+  REQUIRE(first.num_blocks() == 3);
+  REQUIRE(first.block_token_count(2) == 27);  // the root's last 17 tokens and both leaves
+
+  // Both leaves grow; the last block takes their tokens, node 2's behind node 1's.
+  planner.append_range(1, 80, 2);
+  planner.append_range(2, 82, 1);
+  const Plan& held = planner.update();
+  CHECK(planner.last_update().held_layout);
+  CHECK(held.num_blocks() == 3);
+  CHECK(held.block_token_count(2) == 30);
+  CHECK(held.block_tokens == 32);
+  CHECK(held.segment_token_end.back() == 83);
+  CHECK(held.item_query_begin == first.item_query_begin);
+  CHECK(held.tile_query == first.tile_query);
+  CHECK(held.segment_mask == first.segment_mask);
+  CHECK(held.tile_partial == first.tile_partial);
+  CHECK(held.merge_begin == first.merge_begin);
+  CHECK(test::coverage_error(planner.tree(), held) == "");
+  CHECK(test::plan_difference(held, plan(planner.tree(), planner.held_options())) != "");  // plan() cuts 27/28/28
+
+  // The block may grow to 32 * 1.25 = 40 tokens; 41 cut every block again, as plan() does.
+  planner.append_range(1, 83, 10);
+  CHECK(planner.update().block_tokens == 40);
+  CHECK(planner.last_update().held_layout);
+  planner.append_range(2, 93, 1);
+  const Plan& cut = planner.update();
+  CHECK_FALSE(planner.last_update().held_layout);
+  CHECK(test::plan_difference(cut, plan(planner.tree(), planner.held_options())) == "");
+
+  // A query that sees node 2 up to its present length (6): node 2's next token
+  // has fewer viewers than its last, a piece of its own, and the blocks are
+  // cut again.
+  planner.set_queries({{1}, {2}, {2, 6}});
+  planner.update();
+  planner.append_range(1, 94, 1);
+  planner.update();
+  CHECK(planner.last_update().held_layout);
+  planner.append_range(2, 95, 1);
+  const Plan& pieced = planner.update();
+  CHECK_FALSE(planner.last_update().held_layout);
+  CHECK(test::plan_difference(pieced, plan(planner.tree(), planner.held_options())) == "");
+}
+
+TEST_CASE("flatten's held blocks on random forests: appends cover exactly, held or cut again") {
+  std::int64_t held = 0, cut = 0;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    RandomForestOptions forest;
+    forest.seed = seed;
+    forest.nodes = 60;
+    forest.roots = 3;
+    forest.queries = 30;
+    forest.max_tokens = 40;
+    const Tree start = random_forest(forest);
+    std::int64_t next_slot = total_tokens(start);
+    CAPTURE(seed);
+    const IncrementalOptions incremental;
+    IncrementalPlanner planner(start.heads, PlanOptions{Strategy::flatten, 48}, incremental);
+    planner.add_tree(start);
+    planner.update();
+    std::mt19937_64 rng(seed);
+    for (int step = 0; step < 30; ++step) {
+      CAPTURE(step);
+      for (int k = 0; k < 4; ++k) {  // nodes seen whole or in part, seen by no one, and leaves
+        const TreeNode& n = start.nodes()[rng() % start.node_count()];
+        const std::int64_t count = 1 + std::int64_t(rng() % 6);
+        planner.append_range(n.id, next_slot, count);
+        next_slot += count;
+      }
+      const Plan& updated = planner.update();
+      const PlanUpdate& did = planner.last_update();
+      REQUIRE_FALSE(did.reanalysed);
+      if (did.held_layout) {
+        ++held;
+        REQUIRE(held_plan_error(planner, incremental, planner.tree(), updated) == "");
+      } else {
+        ++cut;
+        REQUIRE(test::plan_difference(updated, plan(planner.tree(), planner.held_options())) == "");
+      }
+    }
+  }
+  CHECK(held > 60);
+  CHECK(cut > 10);
+}
+
 TEST_CASE("tree-of-thought replays: forks and pruning between steps of appends") {
   for (const char* file : {"keywordToT.json", "docmergeToT.json"}) {
     const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/" + file);
@@ -208,7 +352,7 @@ TEST_CASE("random appends to listed, ranged and partly seen nodes agree with fro
     for (Strategy s : kIncremental) {
       CAPTURE(seed);
       CAPTURE(to_string(s));
-      IncrementalPlanner planner(start.heads, PlanOptions{s, 48});
+      IncrementalPlanner planner(start.heads, PlanOptions{s, 48}, bitwise());
       planner.add_tree(start);  // its nodes listed and ranged
       REQUIRE(test::plan_difference(planner.update(), plan(start, PlanOptions{s, 48})) == "");
       std::mt19937_64 rng(seed);
@@ -240,7 +384,7 @@ TEST_CASE("a subtree replaced by one of the same shape: only slots are redone, n
     CAPTURE(to_string(s));
     PlanOptions options{s, 32};
     options.kv_slots = 1000;
-    IncrementalPlanner planner(kHeads, options);
+    IncrementalPlanner planner(kHeads, options, bitwise());
     planner.add_node_range(0, kNoParent, 0, 40);
     planner.add_node(1, 0, {90, 91, 92, 99});  // holds the largest slot
     planner.add_node_pages(2, 0, {5}, 16, 4);
@@ -293,7 +437,7 @@ TEST_CASE("replace_pages: a node takes other pages in place, its id and shape ke
     CAPTURE(to_string(s));
     PlanOptions options{s, 32};
     options.kv_slots = 1000;
-    IncrementalPlanner planner(kHeads, options);
+    IncrementalPlanner planner(kHeads, options, bitwise());
     planner.add_node_range(0, kNoParent, 0, 40);
     planner.add_node_pages(1, 0, {10, 11}, 16, 5);
     planner.add_node_pages(2, 1, {12}, 16, 3);
@@ -345,7 +489,7 @@ TEST_CASE("replace_pages: a node takes other pages in place, its id and shape ke
 TEST_CASE("a SequenceTree's new token tree takes the removed one's places only where those were the planner's last") {
   PagedKvCache cache(16, 0);
   SequenceTree live(cache);
-  IncrementalPlanner planner(kHeads, PlanOptions{Strategy::flatten, 32});
+  IncrementalPlanner planner(kHeads, PlanOptions{Strategy::flatten, 32}, bitwise());
   const std::int64_t root = live.add_node(kNoParent);
   live.append(root, 40);
   const std::int64_t a = live.add_node(root);
@@ -423,9 +567,7 @@ TEST_CASE("random SequenceTree steps (growth, forks, pruning, token trees replac
     auto pick = [&](std::size_t n) { return std::size_t(rng() % n); };
     PagedKvCache cache(4, 0);
     SequenceTree live(cache);
-    IncrementalOptions incremental;
-    incremental.hold_greedy_groups = false;  // every plan bitwise
-    IncrementalPlanner planner(kHeads, PlanOptions{s, 16}, incremental);
+    IncrementalPlanner planner(kHeads, PlanOptions{s, 16}, bitwise());
     std::vector<std::int64_t> nodes = {live.add_node(kNoParent)};
     live.append(nodes[0], 9);
     // The last token tree: its root and its nodes' parents (as indices into it) and lengths.

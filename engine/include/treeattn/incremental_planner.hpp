@@ -7,11 +7,13 @@
 //
 //   * appends only (the common decode step): the appended slots are checked,
 //     the grown nodes' visibility redone and every later token shifted;
-//     greedy lays out the groups of its held edge decisions at the new counts
-//     (with hold_greedy_groups off, it re-prices only the edges whose token
-//     counts changed); no candidate plan is timed and nothing else in the
-//     tree is looked at again. Linear in the pieces (about one per node and
-//     query) plus one move of the token slots, not in the tree's tokens.
+//     flatten keeps its blocks, the new tokens joining the block of their
+//     node's last token (hold_flatten_blocks), and greedy lays out the
+//     groups of its held edge decisions at the new counts (with
+//     hold_greedy_groups off, it re-prices only the edges whose token counts
+//     changed); no candidate plan is timed and nothing else in the tree is
+//     looked at again. Linear in the pieces (about one per node and query)
+//     plus one move of the token slots, not in the tree's tokens.
 //   * nodes given other pages at the same length (replace_pages), or
 //     removed and others added in their place with the same shape (a
 //     speculative step's new token tree: the same parents, lengths and
@@ -26,10 +28,14 @@
 // the first update and kept while the tree stays near the size they were made
 // for (IncrementalOptions::redecide_drift); the first update past it makes
 // them again. The plan is bitwise plan(tree(), held_options()): the options
-// with those choices filled in; greedy's, by default, only at the update
-// that decides its edges (the first after a choice or a change of shape),
-// its later updates keeping those decisions (IncrementalOptions::
-// hold_greedy_groups says what that keeps).
+// with those choices filled in; by default, except where it keeps an
+// earlier update's layout (PlanUpdate::held_layout): flatten's blocks over
+// the updates that only lengthen nodes, until a block grows past the drift,
+// and greedy's edge decisions after the update that decides them (the
+// first after a choice or a change of shape). Those plans cover every
+// query's tokens exactly (IncrementalOptions::hold_flatten_blocks and
+// hold_greedy_groups say what they keep); with both off every plan is
+// bitwise.
 //
 //   treeattn::IncrementalPlanner planner(heads, options);
 //   planner.add_node_range(0, treeattn::kNoParent, 0, 4000);  // step 1: the whole tree
@@ -69,6 +75,18 @@ struct IncrementalOptions {
   // decide an edge otherwise. false: every update is bitwise plan(tree(),
   // held_options()), greedy's included.
   bool hold_greedy_groups = true;
+  // Flatten keeps its blocks over the updates that only lengthen nodes or
+  // give them other slots at their lengths (replace_pages, a token tree of
+  // the same shape): a node's new tokens join the block that holds its last
+  // token, later tokens shift, and every item, mask and partial stays, so
+  // the plan is not emitted again. The blocks are cut evenly again, bitwise
+  // plan(), at the first update where a block would pass block_tokens *
+  // (1 + redecide_drift) tokens (kMaxBlockTokens at most), or that changes
+  // more than that. Such plans cover every query's tokens exactly and differ
+  // from a from-scratch plan in where blocks end (so in rounding); their
+  // block_tokens is their longest block. false: every update is bitwise
+  // plan(tree(), held_options()).
+  bool hold_flatten_blocks = true;
   // Threads for choosing a block size (Planner's meaning: 0 one per hardware
   // thread); updates between choices run on the calling thread.
   int threads = 1;
@@ -81,6 +99,9 @@ struct PlanUpdate {
                                     // of removed ones of the same shape (parents, lengths and queries by node
                                     // index): only their slots were redone
   bool chosen = false;           // the cost model's choices were made (a from-scratch plan)
+  // The plan keeps an earlier update's layout (hold_flatten_blocks,
+  // hold_greedy_groups) where a from-scratch plan may lay the tree out otherwise.
+  bool held_layout = false;
   std::int64_t grown_nodes = 0;  // nodes with appended tokens
   std::int64_t appended_tokens = 0;
 };
@@ -141,6 +162,7 @@ class IncrementalPlanner {
   void added(std::int64_t id);
   void grew(std::int32_t index, std::int64_t count);
   void apply_removals();
+  bool hold_flatten_blocks();
 
   struct State;
   std::unique_ptr<State> state_;

@@ -154,6 +154,19 @@ const char* const kPlanThreadsHelp =
     "Threads that time the block-size candidates of --block-tokens auto in parallel (0: one per hardware thread); "
     "the plan is the same on any number, only the planning time changes";
 
+const char* const kBitwiseUpdatesHelp =
+    "Make every incremental update bitwise a from-scratch plan of the same tree: no flatten blocks or greedy edge "
+    "decisions held between updates (those cover every query's tokens exactly, but round differently from a "
+    "from-scratch plan's blocks)";
+
+IncrementalOptions incremental_options(bool bitwise, int plan_threads) {
+  IncrementalOptions incremental;
+  incremental.hold_flatten_blocks = !bitwise;
+  incremental.hold_greedy_groups = !bitwise;
+  incremental.threads = plan_threads;
+  return incremental;
+}
+
 PlanOptions PlanFlags::options(std::int64_t kv_slots, const CostModel& base) const {
   PlanOptions o;
   o.strategy = parse_strategy(strategy);

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "treeattn/backend.hpp"
+#include "treeattn/incremental_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/tensor.hpp"
 
@@ -70,6 +71,12 @@ CLI::Validator block_tokens_validator();
 extern const char* const kBlockTokensHelp;
 extern const char* const kCostHelp;
 extern const char* const kPlanThreadsHelp;
+
+// --bitwise-updates (demo, bench): an IncrementalPlanner's options with
+// `bitwise` (no layout held: every update is a from-scratch plan's, bit for
+// bit) and the planner's threads.
+extern const char* const kBitwiseUpdatesHelp;
+IncrementalOptions incremental_options(bool bitwise, int plan_threads);
 
 // "16.6 MB", "512 B": decimal units, as bandwidths are quoted.
 std::string format_bytes(double bytes);

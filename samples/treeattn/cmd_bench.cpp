@@ -31,6 +31,7 @@ struct BenchOptions {
   std::vector<std::string> costs = {""};  // cost-model variants, each KEY=VALUE,...
   int repeat = 20;
   int plan_threads = 1;
+  bool bitwise_updates = false;
   int run_repeat = 3;
   int layers = 1;
   std::string dtype = "f16";  // of the timed runs' Q, K, V and O: f16 or bf16
@@ -145,19 +146,18 @@ void run_bench(const BenchOptions& o) {
       // The same tree kept by an IncrementalPlanner, then the workload's next
       // decode steps, one per repetition: the changes handed over and the
       // update timed (a step past the drift makes the model's choices again).
-      IncrementalOptions incremental;
-      incremental.threads = o.plan_threads;
-      IncrementalPlanner updater(h, options, incremental);
+      IncrementalPlanner updater(h, options, incremental_options(o.bitwise_updates, o.plan_threads));
       trees[w].next->start(updater, tree);
       updater.update();
       std::vector<double> update_us;
-      std::int64_t choices = 0;
+      std::int64_t choices = 0, held = 0;
       for (int r = 0; r < o.repeat && trees[w].next->next(); ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         trees[w].next->hand_over(updater);
         updater.update();
         update_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
         choices += updater.last_update().chosen ? 1 : 0;
+        held += updater.last_update().held_layout ? 1 : 0;
       }
       std::sort(update_us.begin(), update_us.end());
       const Timing update_time = update_us.empty() ? Timing{0.0, 0.0} : Timing{update_us.front(), update_us[update_us.size() / 2]};
@@ -184,6 +184,7 @@ void run_bench(const BenchOptions& o) {
                             {"plan_update_min_us", update_time.min_us}, {"plan_update_median_us", update_time.median_us},
                             {"plan_update_block_tokens", updater.block_tokens()},
                             {"plan_update_steps", update_us.size()}, {"plan_update_choices", choices},
+                            {"plan_update_held", held}, {"bitwise_updates", o.bitwise_updates},
                             {"plan_threads", planner.threads()}};
       // The block size the plan runs, and that auto chose it; greedy's is its longest block.
       const std::string block_cell = options.block_tokens == kAutoBlockTokens
@@ -280,6 +281,7 @@ Command add_bench_command(CLI::App& app) {
                   std::string(kCostHelp) + ". Give --cost several times to sweep: every strategy runs once per model");
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--plan-threads", o->plan_threads, kPlanThreadsHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_flag("--bitwise-updates", o->bitwise_updates, kBitwiseUpdatesHelp);
   sub->add_option("--run-repeat", o->run_repeat, "Run repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--layers", o->layers, "Back-to-back calls per run (a model's layers)")->check(CLI::Range(1, 1000))->capture_default_str();
   sub->add_option("--dtype", o->dtype,

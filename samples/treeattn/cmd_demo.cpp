@@ -43,6 +43,7 @@ struct DemoOptions {
   std::int64_t dump_step = 0;
   std::string dump_dir;
   std::string json;
+  bool bitwise_updates = false;
 };
 
 // Synthetic K/V: a fixed function of (slot, head, channel): a replay writes the
@@ -94,7 +95,7 @@ struct StepRecord {
   double host_us = 0.0;         // treeattn's host part: the changes handed over, the update, upload and queueing
                                 // (waiting for the GPU left out)
   double attention_us = 0.0;    // every layer's attention (GPU time on the device path)
-  bool reanalysed = false, chosen = false;
+  bool reanalysed = false, chosen = false, held_layout = false;
   std::int64_t replaced_nodes = 0;  // nodes that came in place of ones of the same shape
 };
 
@@ -140,9 +141,7 @@ void run_demo(const DemoOptions& o) {
   const PlanOptions options = o.plan.options(cache.slots(), backend->cost_model());
   // The plan each step runs comes from an IncrementalPlanner fed the tree's
   // changes; a from-scratch Planner plans the same tree beside it, timed for comparison.
-  IncrementalOptions incremental_options;
-  incremental_options.threads = o.plan.plan_threads;
-  IncrementalPlanner incremental(heads, options, incremental_options);
+  IncrementalPlanner incremental(heads, options, incremental_options(o.bitwise_updates, o.plan.plan_threads));
   Planner planner(o.plan.plan_threads);
   ProgressBar progress(steps);
   std::vector<StepRecord> records;
@@ -180,6 +179,7 @@ void run_demo(const DemoOptions& o) {
     record.reanalysed = incremental.last_update().reanalysed;
     record.replaced_nodes = incremental.last_update().replaced_nodes;
     record.chosen = incremental.last_update().chosen;
+    record.held_layout = incremental.last_update().held_layout;
     const std::int64_t nq = plan.num_queries;
     const HostArray q = random_array(DType::f16, {nq, heads.heads_q, heads.head_dim}, std::uint64_t(step));
     const auto t1 = std::chrono::steady_clock::now();
@@ -236,13 +236,14 @@ void run_demo(const DemoOptions& o) {
   const std::vector<double> update_us = column(&StepRecord::plan_update_us), plan_us = column(&StepRecord::plan_us),
                             upload_us = column(&StepRecord::upload_us), host_us = column(&StepRecord::host_us),
                             attention_us = column(&StepRecord::attention_us), gpu_wait_us = column(&StepRecord::gpu_wait_us);
-  std::int64_t max_nodes = 0, max_queries = 0, appended_only = 0, replaced = 0, chosen = 0;
+  std::int64_t max_nodes = 0, max_queries = 0, appended_only = 0, replaced = 0, chosen = 0, held = 0;
   for (const StepRecord& r : records) {
     max_nodes = std::max(max_nodes, r.nodes);
     max_queries = std::max(max_queries, r.queries);
     appended_only += !r.reanalysed && r.replaced_nodes == 0 ? 1 : 0;
     replaced += !r.reanalysed && r.replaced_nodes > 0 ? 1 : 0;
     chosen += r.chosen ? 1 : 0;
+    held += r.held_layout ? 1 : 0;
   }
   fmt::print("demo: {} on {}, backend {} ({}), strategy {}\n", named.name, model.name, backend->name(), runner->name(),
              o.plan.strategy);
@@ -251,8 +252,9 @@ void run_demo(const DemoOptions& o) {
   fmt::print("  attention per step {:.3f} ms for {} layer{} (median; {})\n", median(attention_us) / 1e3, layers,
              layers == 1 ? "" : "s", runner->overlaps() ? "GPU time" : "wall time of the backend's calls");
   fmt::print("  planning per step (median): {:.1f} us updated incrementally ({} of {} steps by appends alone, {} by "
-             "same-shape replacements, the cost model's choices made {} time{}), {:.1f} us from scratch\n",
-             median(update_us), appended_only, steps, replaced, chosen, chosen == 1 ? "" : "s", median(plan_us));
+             "same-shape replacements, {} on a held layout, the cost model's choices made {} time{}), {:.1f} us from "
+             "scratch\n",
+             median(update_us), appended_only, steps, replaced, held, chosen, chosen == 1 ? "" : "s", median(plan_us));
   if (runner->overlaps()) {
     fmt::print("  treeattn on the host per step (median; the changes handed over, the update, the upload, the "
                "layers queued): {:.1f} us, the upload {:.1f} us of it, while the GPU runs the step before: {} (then "
@@ -272,7 +274,7 @@ void run_demo(const DemoOptions& o) {
       per_step.push_back({{"step", i + 1}, {"nodes", r.nodes}, {"queries", r.queries}, {"tokens", r.tokens},
                           {"plan_update_us", r.plan_update_us}, {"plan_us", r.plan_us}, {"upload_us", r.upload_us},
                           {"gpu_wait_us", r.gpu_wait_us}, {"host_us", r.host_us}, {"attention_us", r.attention_us}, {"reanalysed", r.reanalysed},
-                          {"replaced_nodes", r.replaced_nodes}, {"chosen", r.chosen}});
+                          {"replaced_nodes", r.replaced_nodes}, {"chosen", r.chosen}, {"held_layout", r.held_layout}});
     }
     const nlohmann::json summary = {{"workload", named.name},
                                     {"model", model.name},
@@ -295,6 +297,8 @@ void run_demo(const DemoOptions& o) {
                                     {"steps_by_appends", appended_only},
                                     {"steps_by_replacement", replaced},
                                     {"choices_made", chosen},
+                                    {"steps_on_held_layout", held},
+                                    {"bitwise_updates", o.bitwise_updates},
                                     {"unique_kv_bytes", unique_bytes},
                                     {"sequence_kv_bytes", sequence_bytes},
                                     {"peak_pages", cache.peak_pages_in_use()},
@@ -337,6 +341,8 @@ Command add_demo_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--dump-dir", o->dump_dir, "Existing directory for --dump-step")->check(CLI::ExistingDirectory);
   sub->add_option("--json", o->json, "Also write the summary as JSON");
+  sub->add_flag("--bitwise-updates", o->bitwise_updates,
+                std::string(kBitwiseUpdatesHelp) + "; a --dump-step is then reproduced bit for bit by treeattn run");
   o->workloads.add_to(*sub);
   return {sub, [o] { run_demo(*o); }};
 }

@@ -5,6 +5,8 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -363,23 +365,46 @@ TEST_CASE("bench snapshots a reasoning tree at any iteration") {
 TEST_CASE("demo replays a workload; its attention equals `run` on the dumped snapshot") {
   TempDir dir;
   Result r = cli("demo --workload fewshot --branches 3 --prompt 100 --generated 10 --layers 2 --block-tokens 32 "
-                 "--dump-step 7 --dump-dir " + dir.path + " --svg " + (dir / "demo.svg") + " --json " + (dir / "demo.json"));
+                 "--bitwise-updates --dump-step 7 --dump-dir " + dir.path + " --svg " + (dir / "demo.svg") +
+                 " --json " + (dir / "demo.json"));
   REQUIRE_MESSAGE(r.status == 0, r.output);
   CHECK(r.output.find("tokens generated 30") != std::string::npos);
   const nlohmann::json summary = read_json(dir / "demo.json");
   CHECK(summary["steps"] == 10);
+  CHECK(summary["steps_on_held_layout"] == 0);
   CHECK(summary["peak_pages"] == 7 + 3);  // the 100-token prompt in 16-token pages, one page per branch
   CHECK(summary["unique_kv_bytes"].get<std::int64_t>() < summary["sequence_kv_bytes"].get<std::int64_t>());
   CHECK(exists(dir / "demo.svg"));
 
-  r = cli("run --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") + " --v " +
-          (dir / "v.npy") + " --out " + (dir / "o_run.npy") + " --lse " + (dir / "lse_run.npy") + " --block-tokens 32");
+  const std::string run = "run --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") +
+                          " --v " + (dir / "v.npy") + " --out " + (dir / "o_run.npy") + " --lse " + (dir / "lse_run.npy") +
+                          " --block-tokens 32";
+  r = cli(run);
   REQUIRE_MESSAGE(r.status == 0, r.output);
   const Tree tree = load_tree_json(dir / "tree.json");
   CHECK(tree.query_count() == 3);
   CHECK(total_tokens(tree) == 100 + 3 * 7);
   CHECK(read_npy(dir / "o_run.npy").bytes == read_npy(dir / "o.npy").bytes);
   CHECK(read_npy(dir / "lse_run.npy").bytes == read_npy(dir / "lse.npy").bytes);
+
+  // With flatten's blocks held (the default), step 7 runs on blocks kept from
+  // step 1: the same attention, rounded over other blocks.
+  r = cli("demo --workload fewshot --branches 3 --prompt 100 --generated 10 --layers 2 --block-tokens 32 "
+          "--dump-step 7 --dump-dir " + dir.path + " --json " + (dir / "demo.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  const nlohmann::json held = read_json(dir / "demo.json");
+  CHECK(held["per_step"][6]["held_layout"] == true);
+  CHECK(held["steps_on_held_layout"].get<std::int64_t>() >= 5);
+  REQUIRE(cli(run).status == 0);
+  const HostArray o_run = read_npy(dir / "o_run.npy"), o_held = read_npy(dir / "o.npy");
+  CHECK(o_run.bytes != o_held.bytes);
+  REQUIRE(o_run.numel() == o_held.numel());
+  float most = 0.0f;
+  for (std::int64_t i = 0; i < o_run.numel(); ++i) {
+    most = std::max(most, std::abs(load_as_float(o_run.bytes.data(), o_run.dtype, std::size_t(i)) -
+                                   load_as_float(o_held.bytes.data(), o_held.dtype, std::size_t(i))));
+  }
+  CHECK(most < 2e-3f);
 
   r = cli("demo --workload speculative --tree-size 32 --steps 3 --layers 1 --dump-step 5 --dump-dir " + dir.path, true);
   CHECK(r.status == 1);

@@ -225,9 +225,10 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
     changes = std::move(ordered);
   }
 
-  // Token slots, in place from the back: each stretch between grown nodes
-  // moves right by the tokens appended before its end, and the appended
-  // tokens are written behind their node's (no allocation once capacity suffices).
+  // Token slots, in place from the back: the tokens between two grown nodes'
+  // ends move right by the tokens appended before them (a grown node's old
+  // tokens with the stretch before it), and the appended tokens are written
+  // into the gap behind their node's (no allocation once capacity suffices).
   const std::size_t old_total = vis.token_slot.size();
   vis.token_slot.resize(std::size_t(total));
   std::int32_t* slots = vis.token_slot.data();
@@ -236,13 +237,12 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
     const std::int64_t old_end = c->begin + c->old_visible;
     std::copy_backward(slots + old_end, slots + end, slots + end + shift);
     shift -= c->new_visible - c->old_visible;
-    // The node's slots now start at begin + shift; its new tokens follow its old ones.
+    // The node's slots will start at begin + shift; its new tokens follow its old ones.
     std::int32_t* node_slots = slots + c->begin + shift;
-    std::copy_backward(slots + c->begin, slots + old_end, node_slots + c->old_visible);
     std::int64_t& node_max = vis.node_max_slot[std::size_t(c->node)];
     node_max = std::max(node_max, write_slots(tree, std::size_t(c->node), c->old_visible, c->new_visible, node_slots));
     vis.max_slot = std::max(vis.max_slot, node_max);
-    end = c->begin;
+    end = old_end;
   }
 
   // Pieces: between grown nodes shifted by the tokens appended before them,

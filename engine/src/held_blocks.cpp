@@ -1,6 +1,7 @@
 #include "held_blocks.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "treeattn/cost_model.hpp"
 
@@ -53,6 +54,19 @@ bool grow_held_blocks(Plan& plan, const std::vector<VisibleGrowth::Tail>& tails,
         choose_tile(model, std::int64_t(queries) * plan.heads.group_size(), grown[g].tokens).rows;
   }
   return true;
+}
+
+std::int32_t held_block_limit(const Plan& plan, const CostModel& model, std::int32_t block_tokens, double drift) {
+  double total_ns = 0.0, longest_ns = 0.0;
+  for (std::int32_t i = 0; i < plan.num_items(); ++i) {
+    const std::int32_t queries = plan.item_query_begin[std::size_t(i) + 1] - plan.item_query_begin[std::size_t(i)];
+    const TileChoice tile = choose_tile(model, std::int64_t(queries) * plan.heads.group_size(),
+                                        plan.block_token_count(plan.item_block[std::size_t(i)]));
+    total_ns += tile.cost_ns * plan.heads.heads_kv;
+    longest_ns = std::max(longest_ns, tile.max_pass_ns);
+  }
+  if (total_ns / model.slots < (1.0 + drift) * longest_ns / model.solo_speedup) return block_tokens;
+  return std::int32_t(std::min<double>(kMaxBlockTokens, std::floor(double(block_tokens) * (1.0 + drift))));
 }
 
 }  // namespace treeattn

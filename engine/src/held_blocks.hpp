@@ -32,4 +32,13 @@ struct HeldBlock {
 bool grow_held_blocks(Plan& plan, const std::vector<VisibleGrowth::Tail>& tails, std::int32_t limit,
                       const CostModel& model, std::vector<HeldBlock>& grown);
 
+// How long the blocks of `plan`, a flatten plan cut evenly at `block_tokens`,
+// may grow while held. In the cost model a step takes max(all passes' cost /
+// slots, the longest pass / solo_speedup): where the first term exceeds the
+// second with room for the longest pass to grow by `drift`, the device is
+// full and a longer block only moves work between CTAs, so blocks may grow
+// to block_tokens * (1 + drift) (kMaxBlockTokens at most); otherwise the
+// longest pass sets the step's time, and no block may pass block_tokens.
+std::int32_t held_block_limit(const Plan& plan, const CostModel& model, std::int32_t block_tokens, double drift);
+
 }  // namespace treeattn

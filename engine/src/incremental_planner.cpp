@@ -54,6 +54,7 @@ struct IncrementalPlanner::State {
   // last update (built or held): the blocks a step that only lengthens
   // nodes may keep. `growth` is this step's record of those lengthenings.
   bool flatten_layout = false;
+  std::int32_t held_block_limit = 0;  // how long its blocks may grow held (held_block_limit())
   VisibleGrowth growth;
   std::vector<HeldBlock> held_blocks;  // grow_held_blocks()' buffer
   std::optional<PlanOptions> held;  // the options with the cost model's choices made
@@ -381,16 +382,15 @@ void IncrementalPlanner::apply_removals() {
 }
 
 // The last plan's blocks kept (held_blocks.hpp) while every block stays
-// within redecide_drift of the block size; false where one would pass it, or
-// a node changed otherwise than by lengthening its last piece: the plan is
-// then built again.
+// within the limit set when they were cut (held_block_limit()); false where
+// one would pass it, or a node changed otherwise than by lengthening its
+// last piece: the plan is then built again.
 bool IncrementalPlanner::hold_flatten_blocks() {
   State& s = *state_;
   if (!s.grown.empty() && !s.growth.tails_only) return false;
   static const std::vector<VisibleGrowth::Tail> kNone;
-  const std::int32_t limit = std::int32_t(std::min<double>(
-      kMaxBlockTokens, std::floor(double(s.held->block_tokens) * (1.0 + s.incremental.redecide_drift))));
-  if (!grow_held_blocks(s.plan, s.grown.empty() ? kNone : s.growth.tails, limit, s.held->cost, s.held_blocks)) {
+  if (!grow_held_blocks(s.plan, s.grown.empty() ? kNone : s.growth.tails, s.held_block_limit, s.held->cost,
+                        s.held_blocks)) {
     return false;
   }
   s.plan.token_slot.swap(s.vis->token_slot);
@@ -478,7 +478,6 @@ const Plan& IncrementalPlanner::update() {
     s.chosen_at = {s.visible_tokens(), std::int64_t(s.tree.query_count()),
                    std::int64_t(s.tree.node_count())};
     s.memo.reset();  // the next update prices greedy's edges with the held options
-    s.flatten_layout = s.held->strategy == Strategy::flatten;
     info.chosen = true;
   } else if (s.incremental.hold_flatten_blocks && s.flatten_layout && hold_flatten_blocks()) {
     info.held_layout = true;
@@ -492,7 +491,13 @@ const Plan& IncrementalPlanner::update() {
     info.held_layout = s.memo && s.memo->held && s.held->greedy_candidate == GreedyCandidate::own;
     s.plan = plan_analyzed(s.tree, *s.topo, vis, *s.held, nullptr, s.memo ? &*s.memo : nullptr, nullptr, &s.plan,
                            &s.lender);
+  }
+  if (!info.held_layout) {  // a plan built now: the layout the next updates may hold
     s.flatten_layout = s.held->strategy == Strategy::flatten;
+    if (s.flatten_layout && s.incremental.hold_flatten_blocks) {
+      s.held_block_limit =
+          held_block_limit(s.plan, s.held->cost, s.held->block_tokens, s.incremental.redecide_drift);
+    }
   }
 
   for (std::int32_t g : s.grown) s.grown_from[std::size_t(g)] = -1;

@@ -387,15 +387,16 @@ TEST_CASE("demo replays a workload; its attention equals `run` on the dumped sna
   CHECK(read_npy(dir / "o_run.npy").bytes == read_npy(dir / "o.npy").bytes);
   CHECK(read_npy(dir / "lse_run.npy").bytes == read_npy(dir / "lse.npy").bytes);
 
-  // With flatten's blocks held (the default), step 7 runs on blocks kept from
-  // step 1: the same attention, rounded over other blocks.
+  // With flatten's blocks held (the default) on a device this tree fills
+  // (four CTA slots: the blocks may grow past block_tokens), step 7 runs on
+  // blocks kept from step 1: the same attention, rounded over other blocks.
   r = cli("demo --workload fewshot --branches 3 --prompt 100 --generated 10 --layers 2 --block-tokens 32 "
-          "--dump-step 7 --dump-dir " + dir.path + " --json " + (dir / "demo.json"));
+          "--cost slots=4,sms=1 --dump-step 7 --dump-dir " + dir.path + " --json " + (dir / "demo.json"));
   REQUIRE_MESSAGE(r.status == 0, r.output);
   const nlohmann::json held = read_json(dir / "demo.json");
   CHECK(held["per_step"][6]["held_layout"] == true);
   CHECK(held["steps_on_held_layout"].get<std::int64_t>() >= 5);
-  REQUIRE(cli(run).status == 0);
+  REQUIRE(cli(run + " --cost slots=4,sms=1").status == 0);
   const HostArray o_run = read_npy(dir / "o_run.npy"), o_held = read_npy(dir / "o.npy");
   CHECK(o_run.bytes != o_held.bytes);
   REQUIRE(o_run.numel() == o_held.numel());

@@ -81,8 +81,11 @@ struct IncrementalOptions {
   // token, later tokens shift, and every item, mask and partial stays, so
   // the plan is not emitted again. The blocks are cut evenly again, bitwise
   // plan(), at the first update where a block would pass block_tokens *
-  // (1 + redecide_drift) tokens (kMaxBlockTokens at most), or that changes
-  // more than that. Such plans cover every query's tokens exactly and differ
+  // (1 + redecide_drift) tokens (kMaxBlockTokens at most) if the plan fills
+  // the device (in the cost model its passes' work over the slots outweighs
+  // its longest pass with room to spare), else block_tokens, so a held block
+  // never lengthens a step its longest pass sets; or at the first update
+  // that changes more than that. Such plans cover every query's tokens exactly and differ
   // from a from-scratch plan in where blocks end (so in rounding); their
   // block_tokens is their longest block. false: every update is bitwise
   // plan(tree(), held_options()).

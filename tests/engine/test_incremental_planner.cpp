@@ -117,6 +117,17 @@ ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, 
 
 const Strategy kIncremental[] = {Strategy::flatten, Strategy::greedy};
 
+// A seeded forest in three trees, up to 40 tokens a node.
+Tree small_forest(std::uint64_t seed, std::int32_t nodes = 60, std::int32_t queries = 30) {
+  RandomForestOptions forest;
+  forest.seed = seed;
+  forest.nodes = nodes;
+  forest.roots = 3;
+  forest.queries = queries;
+  forest.max_tokens = 40;
+  return random_forest(forest);
+}
+
 // Flatten on a device of four CTA slots: the test trees fill it, so its
 // held blocks may grow past block_tokens (held_block_limit()).
 PlanOptions on_small_device(std::int32_t block_tokens) {
@@ -157,22 +168,32 @@ TEST_CASE("speculative replays: fresh token trees on a prefix that grows by the 
   }
 }
 
-TEST_CASE("greedy on held edge decisions: every replay step covers exactly, the deciding steps are bitwise") {
+// The few-shot, speculative and (400 steps of) a tree-of-thought replay with
+// `options`, layouts held (the IncrementalOptions defaults).
+struct HeldReplays {
+  ReplayCounts fewshot, speculative, reasoning;
+};
+HeldReplays replay_held(const PlanOptions& options, const std::string& reasoning_file) {
   const MedusaWorkload w = load_medusa(kWorkloads + "/speculative/APPS_tree_size64.json");
-  const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/docmergeToT.json");
+  const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/" + reasoning_file);
+  auto fewshot = few_shot_scenario(1000, 12, 60);
+  auto speculative = speculative_scenario(w, 0, 600);
+  auto reasoning = reasoning_scenario(trees.front());
+  HeldReplays counts{replay_and_compare(*fewshot, options, 0, IncrementalOptions{}),
+                     replay_and_compare(*speculative, options, 0, IncrementalOptions{}),
+                     replay_and_compare(*reasoning, options, 400, IncrementalOptions{})};
+  CHECK(counts.fewshot.steps == 60);
+  CHECK(counts.speculative.steps == speculative->steps());
+  CHECK(counts.reasoning.steps > 0);
+  return counts;
+}
+
+TEST_CASE("greedy on held edge decisions: every replay step covers exactly, the deciding steps are bitwise") {
   for (std::int32_t block : {64, 128, kAutoBlockTokens}) {
     CAPTURE(block);
     PlanOptions options{Strategy::greedy, block};
     options.greedy_candidate = GreedyCandidate::own;  // the layout whose edges are held (the model may keep flatten's)
-    auto fewshot = few_shot_scenario(1000, 12, 60);
-    auto speculative = speculative_scenario(w, 0, 600);
-    auto reasoning = reasoning_scenario(trees.front());
-    const ReplayCounts f = replay_and_compare(*fewshot, options, 0, IncrementalOptions{});
-    const ReplayCounts s = replay_and_compare(*speculative, options, 0, IncrementalOptions{});
-    const ReplayCounts r = replay_and_compare(*reasoning, options, 400, IncrementalOptions{});
-    CHECK(f.steps == 60);
-    CHECK(s.steps == speculative->steps());
-    CHECK(r.steps > 0);
+    const auto [f, s, r] = replay_held(options, "docmergeToT.json");
     // The decisions are held between choices and reshapings: most steps.
     CHECK(f.held > f.steps / 2);
     CHECK(s.held > s.steps / 2);
@@ -183,13 +204,7 @@ TEST_CASE("greedy on held edge decisions: every replay step covers exactly, the 
 TEST_CASE("held greedy edge decisions on random forests: appends keep coverage exact until the next choice") {
   std::int64_t differed = 0;  // steps whose held plan is not the from-scratch one: the decisions were held
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
-    RandomForestOptions forest;
-    forest.seed = seed;
-    forest.nodes = 60;
-    forest.roots = 3;
-    forest.queries = 30;
-    forest.max_tokens = 40;
-    const Tree start = random_forest(forest);
+    const Tree start = small_forest(seed);
     std::int64_t next_slot = total_tokens(start);
     CAPTURE(seed);
     IncrementalOptions incremental;
@@ -217,20 +232,10 @@ TEST_CASE("held greedy edge decisions on random forests: appends keep coverage e
 }
 
 TEST_CASE("flatten's held blocks: replay steps cover exactly, and the blocks are cut again past the drift") {
-  const MedusaWorkload w = load_medusa(kWorkloads + "/speculative/APPS_tree_size64.json");
-  const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/keywordToT.json");
   std::int64_t cut = 0;  // few-shot steps whose blocks were cut again
   for (std::int32_t block : {64, 256, kAutoBlockTokens}) {
     CAPTURE(block);
-    const PlanOptions options = on_small_device(block);
-    auto fewshot = few_shot_scenario(1000, 12, 60);
-    auto speculative = speculative_scenario(w, 0, 600);
-    auto reasoning = reasoning_scenario(trees.front());
-    const ReplayCounts f = replay_and_compare(*fewshot, options, 0, IncrementalOptions{});
-    const ReplayCounts s = replay_and_compare(*speculative, options, 0, IncrementalOptions{});
-    const ReplayCounts r = replay_and_compare(*reasoning, options, 400, IncrementalOptions{});
-    CHECK(f.steps == 60);
-    CHECK(s.steps == speculative->steps());
+    const auto [f, s, r] = replay_held(on_small_device(block), "keywordToT.json");
     // Held at most steps; each of the others (cut again, bitwise) was one
     // where a block would have passed the drift, the tree changed shape or
     // the cost model chose again.
@@ -333,13 +338,7 @@ TEST_CASE("flatten's held blocks stay within block_tokens where the longest pass
 TEST_CASE("flatten's held blocks on random forests: appends cover exactly, held or cut again") {
   std::int64_t held = 0, cut = 0;
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
-    RandomForestOptions forest;
-    forest.seed = seed;
-    forest.nodes = 60;
-    forest.roots = 3;
-    forest.queries = 30;
-    forest.max_tokens = 40;
-    const Tree start = random_forest(forest);
+    const Tree start = small_forest(seed);
     std::int64_t next_slot = total_tokens(start);
     CAPTURE(seed);
     const IncrementalOptions incremental;
@@ -390,13 +389,7 @@ TEST_CASE("tree-of-thought replays: forks and pruning between steps of appends")
 
 TEST_CASE("random appends to listed, ranged and partly seen nodes agree with from-scratch plans and cover exactly") {
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
-    RandomForestOptions forest;
-    forest.seed = seed;
-    forest.nodes = 40;
-    forest.roots = 3;
-    forest.queries = 24;
-    forest.max_tokens = 40;
-    const Tree start = random_forest(forest);
+    const Tree start = small_forest(seed, 40, 24);
     std::int64_t next_slot = total_tokens(start);  // fresh slots keep every slot distinct
     for (Strategy s : kIncremental) {
       CAPTURE(seed);

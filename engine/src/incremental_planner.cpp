@@ -51,8 +51,9 @@ struct IncrementalPlanner::State {
   } removal;
   std::optional<GreedyMemo> memo;
   // Whether `plan` is flatten's layout of the pieces `vis` had after the
-  // last update (built or held): the blocks a step that only lengthens
-  // nodes may keep. `growth` is this step's record of those lengthenings.
+  // last update (built or held) and hold_flatten_blocks is on: the blocks a
+  // step that only lengthens nodes may keep. `growth` is this step's record
+  // of those lengthenings (none before update_visibility() records any).
   bool flatten_layout = false;
   std::int32_t held_block_limit = 0;  // how long its blocks may grow held (held_block_limit())
   VisibleGrowth growth;
@@ -387,12 +388,7 @@ void IncrementalPlanner::apply_removals() {
 // last piece: the plan is then built again.
 bool IncrementalPlanner::hold_flatten_blocks() {
   State& s = *state_;
-  if (!s.grown.empty() && !s.growth.tails_only) return false;
-  static const std::vector<VisibleGrowth::Tail> kNone;
-  if (!grow_held_blocks(s.plan, s.grown.empty() ? kNone : s.growth.tails, s.held_block_limit, s.held->cost,
-                        s.held_blocks)) {
-    return false;
-  }
+  if (!grow_held_blocks(s.plan, s.growth.tails, s.held_block_limit, s.held->cost, s.held_blocks)) return false;
   s.plan.token_slot.swap(s.vis->token_slot);
   s.lender = &*s.vis;
   s.plan.min_kv_slots = s.vis->max_slot + 1;
@@ -414,6 +410,7 @@ const Plan& IncrementalPlanner::update() {
     s.lender = nullptr;
   }
   if (s.removals) apply_removals();
+  s.growth.tails.clear();  // a step without appends holds its blocks as they are
 
   PlanUpdate info;
   info.grown_nodes = std::int64_t(s.grown.size());
@@ -445,7 +442,8 @@ const Plan& IncrementalPlanner::update() {
       }
       if (s.greedy_holds()) {
         s.vis_behind = true;
-      } else if (!s.vis_behind && !update_visibility(s.tree, *s.topo, *s.vis, s.grown, &s.growth)) {
+      } else if (!s.vis_behind &&
+                 !update_visibility(s.tree, *s.topo, *s.vis, s.grown, s.flatten_layout ? &s.growth : nullptr)) {
         s.vis = compute_visibility(s.tree, *s.topo);
       }
       s.flatten_layout = s.flatten_layout && s.growth.tails_only;
@@ -479,7 +477,7 @@ const Plan& IncrementalPlanner::update() {
                    std::int64_t(s.tree.node_count())};
     s.memo.reset();  // the next update prices greedy's edges with the held options
     info.chosen = true;
-  } else if (s.incremental.hold_flatten_blocks && s.flatten_layout && hold_flatten_blocks()) {
+  } else if (s.flatten_layout && hold_flatten_blocks()) {
     info.held_layout = true;
   } else {
     if (s.held->strategy == Strategy::greedy && !s.memo) {
@@ -493,8 +491,8 @@ const Plan& IncrementalPlanner::update() {
                            &s.lender);
   }
   if (!info.held_layout) {  // a plan built now: the layout the next updates may hold
-    s.flatten_layout = s.held->strategy == Strategy::flatten;
-    if (s.flatten_layout && s.incremental.hold_flatten_blocks) {
+    s.flatten_layout = s.incremental.hold_flatten_blocks && s.held->strategy == Strategy::flatten;
+    if (s.flatten_layout) {
       s.held_block_limit =
           held_block_limit(s.plan, s.held->cost, s.held->block_tokens, s.incremental.redecide_drift);
     }

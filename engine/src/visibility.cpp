@@ -169,7 +169,7 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
   changes.reserve(grown.size());
   fresh.reserve(2 * grown.size());
   std::int64_t total = std::int64_t(vis.token_slot.size());
-  bool tails_only = true;
+  bool tails_only = growth != nullptr;  // only checked where asked for
   if (growth != nullptr) {
     growth->tails_only = false;
     growth->tails.clear();

@@ -1,27 +1,24 @@
 // The C API (treeattn/treeattn.h, treeattn/treeattn_vulkan.h): opaque handles
-// over the C++ objects, every exception turned into a status and the calling
+// over the C++ objects (a context is a treeattn::Context, a planner an
+// IncrementalPlanner), every exception turned into a status and the calling
 // thread's message.
 
 #include "treeattn/treeattn.h"
 
 #include <fmt/format.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string>
 
-#include "treeattn/backend.hpp"
+#include "treeattn/context.hpp"
 #include "treeattn/error.hpp"
+#include "treeattn/incremental_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/tree.hpp"
-#if TREEATTN_HAS_CUDA
-#include "treeattn/cuda.hpp"
-#endif
 #if TREEATTN_HAS_VULKAN
-#include "../backends/vulkan/workspace_state.hpp"
 #include "treeattn/treeattn_vulkan.h"
 #include "treeattn/vulkan.hpp"
 #endif
@@ -32,31 +29,24 @@ struct treeattn_tree {
   Tree tree;
 };
 
+// A plan the caller owns (treeattn_plan_create), or a planner's (its `owned` empty).
 struct treeattn_plan {
-  Plan plan;
-  std::uint64_t id;  // which plan a device workspace holds
+  Plan owned;
+  const Plan* plan = &owned;
 };
 
 struct treeattn_context {
-  BackendKind kind = BackendKind::cpu;
-  BackendOptions options;
-  std::unique_ptr<Backend> backend;  // treeattn_run (not on an application's Vulkan device)
-  std::uint64_t uploaded = 0;        // the plan on the device path's workspace
-#if TREEATTN_HAS_CUDA
-  std::unique_ptr<cuda::Context> cuda;
-  std::unique_ptr<cuda::Workspace> cuda_workspace;
-#endif
-#if TREEATTN_HAS_VULKAN
-  std::unique_ptr<vulkan::Context> vulkan;  // on the application's device
-  std::unique_ptr<vulkan::Workspace> vulkan_workspace;
-  DType vulkan_inputs = DType::f16;
-#endif
+  Context context;
+};
+
+struct treeattn_planner {
+  IncrementalPlanner planner;
+  treeattn_plan current{Plan{}, nullptr};  // the last update's plan, which the planner owns
 };
 
 namespace {
 
 thread_local std::string g_last_error;
-std::atomic<std::uint64_t> g_next_plan_id{1};
 
 treeattn_status fail(treeattn_status status, std::string message) {
   g_last_error = std::move(message);
@@ -113,13 +103,24 @@ Options read_options(const Options* given, void (*init)(Options*), const char* w
   return o;
 }
 
-DType dtype_of(treeattn_dtype d, const char* tensor) {
-  switch (d) {
+// A C enum field as the integer the caller stored: C may put any int there,
+// and loading a value outside a C++ enum's range as that enum is undefined.
+template <typename Enum>
+std::int64_t value_of(const Enum& field) {
+  static_assert(sizeof(Enum) == sizeof(std::int32_t), "C enums of this API are int-sized");
+  std::int32_t raw = 0;
+  std::memcpy(&raw, &field, sizeof raw);
+  return raw;
+}
+
+DType dtype_of(const treeattn_dtype& field, const char* tensor) {
+  switch (value_of(field)) {
     case TREEATTN_DTYPE_F16: return DType::f16;
     case TREEATTN_DTYPE_BF16: return DType::bf16;
     case TREEATTN_DTYPE_F32: return DType::f32;
   }
-  throw Error(ErrorCategory::InvalidArgument, fmt::format("{}: unknown dtype {}", tensor, int(d)));
+  throw Error(ErrorCategory::InvalidArgument,
+              fmt::format("{}: unknown dtype {} (TREEATTN_DTYPE_F16, _BF16 or _F32)", tensor, value_of(field)));
 }
 
 // A C tensor as a TensorRef: dense, or (Q and O) rows `strides[0]` apart.
@@ -158,18 +159,72 @@ AttentionArgs args_of(const treeattn_tensor* q, const treeattn_tensor* k, const 
   return AttentionArgs{tensor_of(q, "q"), tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(o, "o"), tensor_of(lse, "lse")};
 }
 
-BackendOptions backend_options(const treeattn_context_options& o) {
-  BackendOptions b;
-  b.device = o.device;
-  b.threads = o.threads;
-  b.vk_variant = o.vulkan_variant != nullptr ? o.vulkan_variant : "auto";
-  b.verbose = o.verbose != 0;
+ContextOptions context_options(const treeattn_context_options& o) {
+  ContextOptions c;
+  switch (value_of(o.backend)) {
+    case TREEATTN_BACKEND_AUTO: c.backend = BackendKind::automatic; break;
+    case TREEATTN_BACKEND_CPU: c.backend = BackendKind::cpu; break;
+    case TREEATTN_BACKEND_VULKAN: c.backend = BackendKind::vulkan; break;
+    case TREEATTN_BACKEND_CUDA: c.backend = BackendKind::cuda; break;
+    default:
+      throw Error(ErrorCategory::InvalidArgument,
+                  fmt::format("treeattn_context_options.backend is {}: expected TREEATTN_BACKEND_AUTO, _CPU, _VULKAN or _CUDA",
+                              value_of(o.backend)));
+  }
+  c.device = o.device;
+  c.cpu.threads = o.threads;
+  c.vulkan.variant = o.vulkan_variant != nullptr ? o.vulkan_variant : "auto";
+  c.verbose = o.verbose != 0;
   if (o.log != nullptr) {
-    b.log = [log = o.log, user = o.log_user_data](LogLevel level, const std::string& message) {
+    c.log = [log = o.log, user = o.log_user_data](LogLevel level, const std::string& message) {
       log(level == LogLevel::warning ? TREEATTN_LOG_WARNING : TREEATTN_LOG_INFO, message.c_str(), user);
     };
   }
-  return b;
+  return c;
+}
+
+PlanOptions plan_options(const treeattn_plan_options* given) {
+  const treeattn_plan_options o = read_options(given, treeattn_plan_options_init, "treeattn_plan_options");
+  const std::int64_t strategy = value_of(o.strategy);
+  if (strategy < TREEATTN_STRATEGY_FLATTEN || strategy > TREEATTN_STRATEGY_GREEDY) {
+    throw Error(ErrorCategory::InvalidArgument,
+                fmt::format("treeattn_plan_options.strategy is {}: expected TREEATTN_STRATEGY_FLATTEN (0) to _GREEDY (5)",
+                            strategy));
+  }
+  PlanOptions options;
+  options.strategy = all_strategies()[std::size_t(strategy)];
+  if (o.block_tokens < 0) {
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("block_tokens {} is negative (0: auto)", o.block_tokens));
+  }
+  options.block_tokens = o.block_tokens == 0 ? kAutoBlockTokens : o.block_tokens;
+  return options;
+}
+
+IncrementalOptions incremental_options(const treeattn_plan_options* given) {
+  const treeattn_plan_options o = read_options(given, treeattn_plan_options_init, "treeattn_plan_options");
+  IncrementalOptions incremental;
+  incremental.hold_flatten_blocks = o.bitwise_updates == 0;
+  incremental.hold_greedy_groups = o.bitwise_updates == 0;
+  return incremental;
+}
+
+std::vector<std::int64_t> list_of(const std::int64_t* values, std::int64_t count, const char* what, std::int64_t node) {
+  if (count < 0) throw Error(ErrorCategory::InvalidTree, fmt::format("node {}: {} count {} is negative", node, what, count));
+  if (count > 0) require(values, what);
+  return std::vector<std::int64_t>(values, values + count);
+}
+
+IncrementalPlanner& planner_of(treeattn_planner* p) {
+  require(p, "planner");
+  return p->planner;
+}
+
+const Plan& plan_of(const treeattn_plan* plan) {
+  require(plan, "plan");
+  if (plan->plan == nullptr) {
+    throw Error(ErrorCategory::InvalidPlan, "the planner has not made a plan yet (treeattn_planner_update)");
+  }
+  return *plan->plan;
 }
 
 }  // namespace
@@ -244,26 +299,30 @@ treeattn_status treeattn_context_create(const treeattn_context_options* given, t
     require(out, "out");
     *out = nullptr;
     const treeattn_context_options o = read_options(given, treeattn_context_options_init, "treeattn_context_options");
-    auto context = std::make_unique<treeattn_context>();
-    context->options = backend_options(o);
-    switch (o.backend) {
-      case TREEATTN_BACKEND_AUTO: context->kind = BackendKind::automatic; break;
-      case TREEATTN_BACKEND_CPU: context->kind = BackendKind::cpu; break;
-      case TREEATTN_BACKEND_VULKAN: context->kind = BackendKind::vulkan; break;
-      case TREEATTN_BACKEND_CUDA: context->kind = BackendKind::cuda; break;
-      default: throw Error(ErrorCategory::InvalidArgument, fmt::format("unknown backend {}", int(o.backend)));
-    }
-    context->backend = make_backend(context->kind, context->options);
-    context->kind = parse_backend(context->backend->name());
-    *out = context.release();
+    *out = new treeattn_context{Context(context_options(o))};
   });
 }
 
 const char* treeattn_context_backend(const treeattn_context* context) {
-  return context == nullptr ? "" : to_string(context->kind);
+  return context == nullptr ? "" : to_string(context->context.backend());
 }
 
 void treeattn_context_destroy(treeattn_context* context) { delete context; }
+
+treeattn_status treeattn_context_graph_stable(treeattn_context* context, const treeattn_plan* const* plans, int64_t count,
+                                              double headroom) {
+  return guarded([&] {
+    require(context, "context");
+    if (count <= 0) throw Error(ErrorCategory::InvalidArgument, fmt::format("graph_stable: count is {}, give at least one plan", count));
+    require(plans, "plans");
+    std::vector<const Plan*> list;
+    for (int64_t i = 0; i < count; ++i) {
+      if (plans[i] == nullptr) throw Error(ErrorCategory::InvalidArgument, fmt::format("graph_stable: plans[{}] is NULL", i));
+      list.push_back(&plan_of(plans[i]));
+    }
+    context->context.graph_stable(list, headroom);
+  });
+}
 
 void treeattn_plan_options_init(treeattn_plan_options* o) {
   if (o == nullptr) return;
@@ -279,40 +338,108 @@ treeattn_status treeattn_plan_create(treeattn_context* context, const treeattn_t
     *out = nullptr;
     require(context, "context");
     require(tree, "tree");
-    const treeattn_plan_options o = read_options(given, treeattn_plan_options_init, "treeattn_plan_options");
-    PlanOptions options;
-    if (o.strategy < TREEATTN_STRATEGY_FLATTEN || o.strategy > TREEATTN_STRATEGY_GREEDY) {
-      throw Error(ErrorCategory::InvalidArgument, fmt::format("unknown strategy {}", int(o.strategy)));
-    }
-    options.strategy = all_strategies()[std::size_t(o.strategy)];
-    if (o.block_tokens < 0) {
-      throw Error(ErrorCategory::InvalidArgument, fmt::format("block_tokens {} is negative (0: auto)", o.block_tokens));
-    }
-    options.block_tokens = o.block_tokens == 0 ? kAutoBlockTokens : o.block_tokens;
-#if TREEATTN_HAS_VULKAN
-    options.cost = context->vulkan ? context->vulkan->cost_model() : context->backend->cost_model();
-#else
-    options.cost = context->backend->cost_model();
-#endif
-    *out = new treeattn_plan{plan(tree->tree, options), g_next_plan_id++};
+    auto made = std::make_unique<treeattn_plan>();
+    made->owned = context->context.plan(tree->tree, plan_options(given));
+    *out = made.release();
   });
 }
 
-int32_t treeattn_plan_num_queries(const treeattn_plan* plan) { return plan == nullptr ? 0 : plan->plan.num_queries; }
+int32_t treeattn_plan_num_queries(const treeattn_plan* plan) {
+  return plan == nullptr || plan->plan == nullptr ? 0 : plan->plan->num_queries;
+}
 
-void treeattn_plan_destroy(treeattn_plan* plan) { delete plan; }
+void treeattn_plan_destroy(treeattn_plan* plan) {
+  if (plan != nullptr && plan->plan == &plan->owned) delete plan;  // a planner's plan stays the planner's
+}
+
+treeattn_status treeattn_planner_create(treeattn_context* context, const treeattn_tree* initial,
+                                        const treeattn_plan_options* options, treeattn_planner** out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    require(context, "context");
+    require(initial, "initial (a tree: its heads, and its nodes and queries if any)");
+    *out = new treeattn_planner{context->context.planner(initial->tree, plan_options(options), incremental_options(options))};
+  });
+}
+
+treeattn_status treeattn_planner_add_node(treeattn_planner* p, int64_t id, int64_t parent, const int64_t* slots, int64_t count) {
+  return guarded([&] { planner_of(p).add_node(id, parent, list_of(slots, count, "slots", id)); });
+}
+
+treeattn_status treeattn_planner_add_node_range(treeattn_planner* p, int64_t id, int64_t parent, int64_t first_slot,
+                                                int64_t count) {
+  return guarded([&] { planner_of(p).add_node_range(id, parent, first_slot, count); });
+}
+
+treeattn_status treeattn_planner_add_node_pages(treeattn_planner* p, int64_t id, int64_t parent, const int64_t* pages,
+                                                int64_t page_count, int32_t page_size, int32_t last_page_tokens) {
+  return guarded([&] {
+    planner_of(p).add_node_pages(id, parent, list_of(pages, page_count, "pages", id), page_size, last_page_tokens);
+  });
+}
+
+treeattn_status treeattn_planner_append_range(treeattn_planner* p, int64_t id, int64_t first_slot, int64_t count) {
+  return guarded([&] { planner_of(p).append_range(id, first_slot, count); });
+}
+
+treeattn_status treeattn_planner_append_pages(treeattn_planner* p, int64_t id, int64_t count, const int64_t* new_pages,
+                                              int64_t new_page_count) {
+  return guarded([&] { planner_of(p).append_pages(id, count, list_of(new_pages, new_page_count, "new_pages", id)); });
+}
+
+treeattn_status treeattn_planner_remove_node(treeattn_planner* p, int64_t id) {
+  return guarded([&] { planner_of(p).remove_node(id); });
+}
+
+treeattn_status treeattn_planner_set_queries(treeattn_planner* p, const int64_t* nodes, const int64_t* upto, int64_t count) {
+  return guarded([&] {
+    IncrementalPlanner& planner = planner_of(p);
+    if (count < 0) throw Error(ErrorCategory::InvalidArgument, fmt::format("set_queries: count {} is negative", count));
+    if (count > 0) require(nodes, "nodes");
+    std::vector<TreeQuery> queries(static_cast<std::size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      queries[std::size_t(i)].node = nodes[i];
+      queries[std::size_t(i)].upto = upto == nullptr || upto[i] < 0 ? kWholeNode : upto[i];
+    }
+    planner.set_queries(queries);
+  });
+}
+
+treeattn_status treeattn_planner_update(treeattn_planner* p, const treeattn_plan** out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    IncrementalPlanner& planner = planner_of(p);
+    p->current.plan = nullptr;  // the last plan is not valid once an update starts
+    p->current.plan = &planner.update();
+    *out = &p->current;
+  });
+}
+
+void treeattn_planner_destroy(treeattn_planner* p) { delete p; }
 
 treeattn_status treeattn_run(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
                              const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,
                              const treeattn_tensor* lse) {
   return guarded([&] {
     require(context, "context");
-    require(plan, "plan");
-    if (!context->backend) {
+    const Plan& p = plan_of(plan);
+    context->context.run(p, args_of(q, k, v, o, lse));
+  });
+}
+
+treeattn_status treeattn_upload(treeattn_context* context, const treeattn_plan* plan, void* stream) {
+  return guarded([&] {
+    require(context, "context");
+    const Plan& p = plan_of(plan);
+    if (context->context.backend() != BackendKind::cuda) {
       throw Error(ErrorCategory::InvalidArgument,
-                  "treeattn_run: a context on the application's Vulkan device runs treeattn_enqueue only");
+                  fmt::format("treeattn_upload needs a CUDA context (on Vulkan, treeattn_enqueue records the upload); "
+                              "this context runs {}",
+                              to_string(context->context.backend())));
     }
-    context->backend->run(plan->plan, args_of(q, k, v, o, lse));
+    context->context.upload(p, static_cast<CUstream_st*>(stream));
   });
 }
 
@@ -321,44 +448,20 @@ treeattn_status treeattn_enqueue(treeattn_context* context, const treeattn_plan*
                                  const treeattn_tensor* lse, void* stream) {
   return guarded([&] {
     require(context, "context");
-    require(plan, "plan");
+    const Plan& p = plan_of(plan);
     const AttentionArgs args = args_of(q, k, v, o, lse);
-#if TREEATTN_HAS_VULKAN
-    if (context->vulkan) {
-      require(stream, "stream (the VkCommandBuffer)");
-      auto commands = static_cast<VkCommandBuffer>(stream);
-      if (!context->vulkan_workspace || context->vulkan_inputs != args.q.dtype) {
-        context->vulkan_workspace = std::make_unique<vulkan::Workspace>(*context->vulkan, args.q.dtype);
-        context->vulkan_inputs = args.q.dtype;
-        context->uploaded = 0;
-      }
-      if (context->uploaded != plan->id) {
-        context->vulkan_workspace->upload(plan->plan, commands);
-        context->uploaded = plan->id;
-      }
-      context->vulkan_workspace->state().record_addresses(commands, args);
-      return;
+    switch (context->context.backend()) {
+      case BackendKind::cuda: context->context.enqueue(p, args, static_cast<CUstream_st*>(stream)); return;
+      case BackendKind::vulkan:
+        require(stream, "stream (the VkCommandBuffer)");
+        context->context.record(p, args, static_cast<VkCommandBuffer_T*>(stream));
+        return;
+      default:
+        throw Error(ErrorCategory::InvalidArgument,
+                    fmt::format("treeattn_enqueue needs a CUDA context or one on the application's Vulkan device "
+                                "(treeattn_context_create_vulkan); this context runs the {} backend: use treeattn_run",
+                                to_string(context->context.backend())));
     }
-#endif
-#if TREEATTN_HAS_CUDA
-    if (context->kind == BackendKind::cuda) {
-      if (!context->cuda) {
-        context->cuda = std::make_unique<cuda::Context>(context->options.device >= 0 ? context->options.device : 0);
-        context->cuda_workspace = std::make_unique<cuda::Workspace>(*context->cuda);
-      }
-      auto cuda_stream = static_cast<cuda::Stream>(stream);
-      if (context->uploaded != plan->id) {
-        context->cuda_workspace->upload(plan->plan, cuda_stream);
-        context->uploaded = plan->id;
-      }
-      context->cuda_workspace->enqueue(args, cuda_stream);
-      return;
-    }
-#endif
-    throw Error(ErrorCategory::InvalidArgument,
-                fmt::format("treeattn_enqueue needs a CUDA context or one on the application's Vulkan device "
-                            "(treeattn_context_create_vulkan); this context runs the {} backend: use treeattn_run",
-                            to_string(context->kind)));
   });
 }
 
@@ -375,13 +478,6 @@ treeattn_status treeattn_context_create_vulkan(const treeattn_vulkan_device* dev
                               sizeof(treeattn_vulkan_device)));
     }
     const treeattn_context_options o = read_options(given, treeattn_context_options_init, "treeattn_context_options");
-    auto context = std::make_unique<treeattn_context>();
-    context->kind = BackendKind::vulkan;
-    context->options = backend_options(o);
-    vulkan::ContextOptions options;
-    options.variant = context->options.vk_variant;
-    options.verbose = context->options.verbose;
-    options.log = context->options.log;
     vulkan::ExternalDevice external;
     external.instance = device->instance;
     external.physical_device = device->physical_device;
@@ -393,8 +489,7 @@ treeattn_status treeattn_context_create_vulkan(const treeattn_vulkan_device* dev
     external.enabled_core_features = device->enabled_core_features;
     external.enabled_extensions = device->enabled_extensions;
     external.enabled_extension_count = device->enabled_extension_count;
-    context->vulkan = std::make_unique<vulkan::Context>(external, options);
-    *out = context.release();
+    *out = new treeattn_context{Context(external, context_options(o))};
   });
 }
 #endif

@@ -50,9 +50,56 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
+void CudaBackend::upload_if_new(const Plan& plan, cudaStream_t stream) {
+  if (plan.id != 0 && plan.id == uploaded_) return;
+  uploaded_ = 0;  // a failed upload leaves no plan to trust
+  workspace_.upload(plan, stream);
+  uploaded_ = plan.id;
+}
+
+void CudaBackend::settle_device_calls() {
+  if (!device_calls_) return;
+  TREEATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  device_calls_ = false;
+}
+
+void CudaBackend::upload(const Plan& plan, void* stream) {
+  DeviceScope scope(context_.device());
+  uploaded_ = 0;
+  workspace_.upload(plan, static_cast<cudaStream_t>(stream));
+  uploaded_ = plan.id;
+  device_calls_ = true;
+}
+
+void CudaBackend::enqueue(const Plan& plan, const AttentionArgs& device_tensors, void* stream) {
+  DeviceScope scope(context_.device());
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (plan.id == 0 || plan.id != uploaded_) {
+    // An upload captured into a graph would replay this step's staging forever.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    TREEATTN_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) {
+      throw Error(ErrorCategory::InvalidArgument,
+                  "enqueue inside a graph capture of a plan the workspace does not hold: upload(plan) before capturing");
+    }
+    upload(plan, stream);
+  }
+  workspace_.enqueue(device_tensors, s);
+  device_calls_ = true;
+}
+
+void CudaBackend::graph_stable(const WorkspaceLimits& limits) {
+  DeviceScope scope(context_.device());
+  settle_device_calls();
+  TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  workspace_ = Workspace(context_, limits);
+  uploaded_ = 0;
+}
+
 AttentionArgs CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a) {
   check_args(plan, a);
-  workspace_.upload(plan, stream_);
+  settle_device_calls();
+  upload_if_new(plan, stream_);
   q_.reserve(std::max<std::size_t>(a.q.bytes(), 16));
   k_.reserve(std::max<std::size_t>(a.k.bytes(), 16));
   v_.reserve(std::max<std::size_t>(a.v.bytes(), 16));

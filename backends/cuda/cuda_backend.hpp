@@ -1,7 +1,8 @@
 #pragma once
-// The CUDA backend behind make_backend(): the host-array API and the
-// benchmarks' timed layers, both a thin layer over the device path of
-// treeattn/cuda.hpp (a Context and a growing Workspace).
+// The CUDA backend behind treeattn::Context: one cuda::Context and one
+// Workspace (growing, or graph-stable once given limits) that the device path
+// on the caller's streams, the host-array calls and the benchmarks' timed
+// layers all use, and which plan that workspace holds.
 
 #include <cuda_runtime_api.h>
 
@@ -20,12 +21,21 @@ class CudaBackend final : public Backend {
 
   const char* name() const noexcept override { return "cuda"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
+  void upload(const Plan& plan, void* stream) override;
+  void enqueue(const Plan& plan, const AttentionArgs& device_tensors, void* stream) override;
+  void graph_stable(const WorkspaceLimits& limits) override;
+  bool graph_stable() const noexcept override { return workspace_.graph_stable(); }
   std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
   std::vector<double> time_uploads(const Plan& plan, int repeats) override;
   double peak_gbps() override { return context_.info().peak_gbps; }
   CostModel cost_model() const override { return context_.cost_model(); }
 
  private:
+  // Uploads `plan` on `stream` unless the workspace holds it.
+  void upload_if_new(const Plan& plan, cudaStream_t stream);
+  // Waits for the device calls on the caller's streams (the host-array path
+  // then takes the workspace over on its own stream).
+  void settle_device_calls();
   // Uploads the plan and copies Q, K and V to the device; returns the device tensors.
   AttentionArgs stage_inputs(const Plan& plan, const AttentionArgs& args);
 
@@ -33,6 +43,8 @@ class CudaBackend final : public Backend {
   Context context_;
   cudaStream_t stream_ = nullptr;
   Workspace workspace_;
+  std::uint64_t uploaded_ = 0;     // Plan::id of the plan in workspace_ (0: none, or one to upload again)
+  bool device_calls_ = false;      // calls on the caller's streams since the last host-array call
   DeviceBuffer q_, k_, v_, o_, lse_;
 };
 

@@ -26,7 +26,6 @@ static_assert(kTileTokens == kKvTileTokens, "the kernels' KV tile is the one the
 
 namespace {
 
-std::int32_t ceil_div(std::int32_t a, std::int32_t b) { return (a + b - 1) / b; }
 // Each array starts on a 256-byte boundary: a 32-byte pass record or a
 // 768-byte tile map never straddles more cache sectors than it fills,
 // whatever the sizes of the arrays before it.
@@ -81,15 +80,6 @@ std::size_t partial_bytes(const WorkspaceLimits& l) {
   return std::max<std::size_t>(rows * std::size_t(l.heads.head_dim + 1) * 4, 16);
 }
 
-bool same_heads(const HeadConfig& a, const HeadConfig& b) {
-  return a.heads_q == b.heads_q && a.heads_kv == b.heads_kv && a.head_dim == b.head_dim &&
-         a.effective_scale() == b.effective_scale();
-}
-
-std::string describe_heads(const HeadConfig& h) {
-  return fmt::format("{}/{}/{} scale {}", h.heads_q, h.heads_kv, h.head_dim, h.effective_scale());
-}
-
 ElementType element_type(DType dtype) {
   switch (dtype) {
     case DType::f16: return ElementType::f16;
@@ -101,77 +91,7 @@ ElementType element_type(DType dtype) {
 
 }  // namespace
 
-// --- WorkspaceLimits ---------------------------------------------------------
-
-WorkspaceLimits WorkspaceLimits::of(const Plan& plan) {
-  WorkspaceLimits l;
-  l.heads = plan.heads;
-  l.queries = plan.num_queries;
-  l.tile_entries = std::int32_t(plan.tile_query.size());
-  l.partials = plan.num_partials;
-  l.merge_fanin = plan.max_merge_fanin();
-  const std::int32_t group = plan.heads.group_size();
-  for (std::int32_t item = 0; item < plan.num_items(); ++item) {
-    const std::int32_t rows = (plan.item_query_begin[std::size_t(item) + 1] - plan.item_query_begin[std::size_t(item)]) * group;
-    l.passes += ceil_div(rows, plan.item_tile_rows[std::size_t(item)]);
-    l.kv_tiles += ceil_div(plan.block_token_count(plan.item_block[std::size_t(item)]), kTileTokens);
-  }
-  l.tokens = plan.num_tokens();
-  l.segments = plan.num_segments();
-  l.masks = std::int32_t(plan.segment_mask.size());
-  return l;
-}
-
-WorkspaceLimits& WorkspaceLimits::include(const WorkspaceLimits& o) {
-  if (heads.heads_q == 0) heads = o.heads;
-  if (!same_heads(heads, o.heads)) {
-    throw Error(ErrorCategory::InvalidArgument, fmt::format("workspace limits: heads {} and {} differ",
-                                                            describe_heads(heads), describe_heads(o.heads)));
-  }
-  queries = std::max(queries, o.queries);
-  tile_entries = std::max(tile_entries, o.tile_entries);
-  partials = std::max(partials, o.partials);
-  passes = std::max(passes, o.passes);
-  kv_tiles = std::max(kv_tiles, o.kv_tiles);
-  tokens = std::max(tokens, o.tokens);
-  segments = std::max(segments, o.segments);
-  masks = std::max(masks, o.masks);
-  merge_fanin = std::max(merge_fanin, o.merge_fanin);
-  return *this;
-}
-
-WorkspaceLimits WorkspaceLimits::with_headroom(double factor) const {
-  auto scale = [&](std::int32_t n) { return std::int32_t(std::ceil(double(n) * factor)); };
-  WorkspaceLimits l = *this;
-  l.queries = scale(queries);
-  l.tile_entries = scale(tile_entries);
-  l.partials = scale(partials);
-  l.passes = scale(passes);
-  l.kv_tiles = scale(kv_tiles);
-  l.tokens = scale(tokens);
-  l.segments = scale(segments);
-  l.masks = scale(masks);
-  l.merge_fanin = scale(merge_fanin);
-  return l;
-}
-
-std::string WorkspaceLimits::first_excess(const WorkspaceLimits& need) const {
-  const struct {
-    const char* what;
-    std::int32_t need, have;
-  } counts[] = {{"queries", need.queries, queries},
-                {"tile entries (work item x query)", need.tile_entries, tile_entries},
-                {"partial results", need.partials, partials},
-                {"stage-1 passes", need.passes, passes},
-                {"64-token KV tiles", need.kv_tiles, kv_tiles},
-                {"tokens", need.tokens, tokens},
-                {"segments", need.segments, segments},
-                {"segment masks (work item x segment)", need.masks, masks}};
-  for (const auto& c : counts) {
-    if (c.need > c.have) return fmt::format("plan has {} {}, the workspace holds {}", c.need, c.what, c.have);
-  }
-  return {};
-}
+// --- WorkspaceLimits (the counts: engine/src/workspace_limits.cpp) ---------
 
 std::size_t WorkspaceLimits::device_bytes() const noexcept {
   return Layout(*this).device_total + partial_bytes(*this);
@@ -281,7 +201,7 @@ Workspace::Workspace(const Context& context, const WorkspaceLimits& limits) : st
   if (limits.heads.heads_q <= 0 || limits.heads.heads_kv <= 0 || limits.heads.head_dim <= 0) {
     throw Error(ErrorCategory::InvalidArgument,
                 fmt::format("workspace limits: heads {} are not set (take them from WorkspaceLimits::of(plan))",
-                            describe_heads(limits.heads)));
+                            describe(limits.heads)));
   }
   State& s = *state_;
   s.graph_stable = true;
@@ -319,18 +239,18 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   DeviceScope scope(s.context.device());
   const WorkspaceLimits need = WorkspaceLimits::of(plan);
   if (s.graph_stable) {
-    if (!same_heads(s.limits.heads, plan.heads)) {
+    if (!s.limits.heads.same_as(plan.heads)) {
       throw Error(ErrorCategory::InvalidArgument, fmt::format("plan has heads {}, the workspace was made for {}",
-                                                              describe_heads(plan.heads), describe_heads(s.limits.heads)));
+                                                              describe(plan.heads), describe(s.limits.heads)));
     }
     if (const std::string excess = s.limits.first_excess(need); !excess.empty()) {
       throw Error(ErrorCategory::InvalidPlan, fmt::format("graph-stable workspace: {}", excess));
     }
-  } else if (!s.uploaded || !same_heads(s.limits.heads, plan.heads) || !s.limits.first_excess(need).empty()) {
+  } else if (!s.uploaded || !s.limits.heads.same_as(plan.heads) || !s.limits.first_excess(need).empty()) {
     // A decode loop's plans grow a little every step: room for half as much
     // again, so the buffers are replaced (waiting for the stream) only as
     // often as the tree grows by half, not at every step.
-    WorkspaceLimits grown = same_heads(s.limits.heads, plan.heads) ? s.limits : WorkspaceLimits{};
+    WorkspaceLimits grown = s.limits.heads.same_as(plan.heads) ? s.limits : WorkspaceLimits{};
     grown.include(need.with_headroom(kGrowthHeadroom));
     // Kernels of an earlier call may still read the buffers being replaced.
     if (s.uploaded) TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -61,6 +61,9 @@ VulkanBackend::VulkanBackend(const BackendOptions& options)
 
 VulkanBackend::VulkanBackend(std::unique_ptr<Context::State> state) : context_(std::move(state)) {}
 
+VulkanBackend::VulkanBackend(const ExternalDevice& device, const BackendOptions& options)
+    : context_(device, context_options(options)), own_device_(false) {}
+
 std::unique_ptr<Backend> VulkanBackend::make_for_gpu(const BackendOptions& options) {
   std::shared_ptr<Instance> instance;
   std::vector<DeviceCaps> devices;
@@ -87,7 +90,38 @@ Workspace& VulkanBackend::workspace(DType inputs) {
   return *slot;
 }
 
+void VulkanBackend::upload_if_new(const Plan& plan, DType inputs, VkCommandBuffer commands) {
+  std::uint64_t& held = uploaded_[inputs == DType::bf16 ? 1 : 0];
+  last_inputs_ = inputs;
+  if (plan.id != 0 && plan.id == held) return;
+  held = 0;  // a failed upload leaves no plan to trust
+  workspace(inputs).upload(plan, commands);
+  held = plan.id;
+}
+
+void VulkanBackend::upload(const Plan& plan, void* stream) {
+  if (stream == nullptr) throw Error(ErrorCategory::InvalidArgument, "upload: the VkCommandBuffer is null");
+  uploaded_[last_inputs_ == DType::bf16 ? 1 : 0] = 0;
+  upload_if_new(plan, last_inputs_, static_cast<VkCommandBuffer>(stream));
+}
+
+void VulkanBackend::enqueue(const Plan& plan, const AttentionArgs& a, void* stream) {
+  if (stream == nullptr) throw Error(ErrorCategory::InvalidArgument, "enqueue: the VkCommandBuffer is null");
+  check_args(plan, a);
+  if (a.q.dtype == DType::f32) {
+    throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
+  }
+  const auto commands = static_cast<VkCommandBuffer>(stream);
+  upload_if_new(plan, a.q.dtype, commands);
+  workspace(a.q.dtype).state().record_addresses(commands, a);
+}
+
 void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools) {
+  if (!own_device_) {
+    throw Error(ErrorCategory::InvalidArgument,
+                "a context on the application's Vulkan device records into its command buffers only (enqueue): "
+                "host arrays need a context on treeattn's own device");
+  }
   check_supported(plan, a);
   staged_.reset();  // frees the previous call's memory first
   auto s = std::make_unique<Staged>();
@@ -132,7 +166,7 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
     const std::size_t which = (i / s->chunks) % 2, c = i % s->chunks;
     upload.copy(s->readback, s->kv_chunks[i], s->kv_chunks[i].bytes(), (which ? v_at : k_at) + c * s->chunk_slots * slot_bytes);
   }
-  workspace(a.q.dtype).upload(plan, upload.handle());
+  upload_if_new(plan, a.q.dtype, upload.handle());
   upload.end();
   upload.submit_and_wait();
   staged_ = std::move(s);
@@ -172,6 +206,7 @@ void VulkanBackend::run(const Plan& plan, const AttentionArgs& a) {
 std::vector<double> VulkanBackend::time_uploads(const Plan& plan, int repeats) {
   CommandSequence sequence(*context_.state().device);
   Workspace& ws = workspace(DType::f16);
+  uploaded_[0] = 0;  // its uploads below replace the plan the workspace holds
   std::vector<double> us;
   for (int r = 0; r < repeats; ++r) {
     sequence.begin();

@@ -1,8 +1,9 @@
 #pragma once
-// The Vulkan backend behind make_backend(): host arrays copied to the device
-// and back, and the benchmarks' timed layers, both a thin layer over the
-// device path of treeattn/vulkan.hpp (a Context on treeattn's own device and
-// one Workspace per input dtype).
+// The Vulkan backend behind treeattn::Context: a vulkan::Context (treeattn's
+// own device, or the application's) with one Workspace per input dtype and
+// which plan each holds. The device path records into the caller's command
+// buffers; host arrays (treeattn's own device only) are copied to the device
+// and back around the same recording, as are the benchmarks' timed layers.
 
 #include <memory>
 
@@ -17,6 +18,8 @@ class VulkanBackend final : public Backend {
  public:
   // Throws Backend naming the reason when no usable Vulkan device exists.
   explicit VulkanBackend(const BackendOptions& options);
+  // On the application's device: the device path only.
+  VulkanBackend(const ExternalDevice& device, const BackendOptions& options);
   ~VulkanBackend() override;
   // For --backend auto: a backend on the selected device when it is a GPU that
   // runs the shaders; null when there is no loader, no device, or only a CPU one.
@@ -24,6 +27,9 @@ class VulkanBackend final : public Backend {
 
   const char* name() const noexcept override { return "vulkan"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
+  // `stream` is the VkCommandBuffer being recorded; tensors are buffer device addresses.
+  void upload(const Plan& plan, void* stream) override;
+  void enqueue(const Plan& plan, const AttentionArgs& device_tensors, void* stream) override;
   std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
   std::vector<double> time_uploads(const Plan& plan, int repeats) override;
   // peak_gbps() stays unknown (0): Vulkan does not report the memory clock.
@@ -36,9 +42,14 @@ class VulkanBackend final : public Backend {
   void stage(const Plan& plan, const AttentionArgs& args, int kv_pools);
   LayerTensors layer(const AttentionArgs& args, int pool) const;
   Workspace& workspace(DType inputs);
+  // Records the upload of `plan` into the workspace of `inputs` unless it holds it.
+  void upload_if_new(const Plan& plan, DType inputs, VkCommandBuffer commands);
 
   Context context_;
+  bool own_device_ = true;
   std::unique_ptr<Workspace> workspaces_[2];  // f16 and bf16 inputs
+  std::uint64_t uploaded_[2] = {0, 0};        // Plan::id each holds (0: none)
+  DType last_inputs_ = DType::f16;            // the workspace upload() fills
   std::unique_ptr<Staged> staged_;
 };
 

@@ -25,6 +25,20 @@ BackendKind parse_backend(const std::string& name) {
 
 std::vector<double> Backend::time_uploads(const Plan&, int) { return {}; }
 
+void Backend::upload(const Plan&, void*) {
+  fail(ErrorCategory::InvalidArgument, "the {} backend runs host arrays only: it has no device path to upload to", name());
+}
+
+void Backend::enqueue(const Plan&, const AttentionArgs&, void*) {
+  fail(ErrorCategory::InvalidArgument,
+       "the {} backend runs host arrays only: enqueue needs a CUDA context or one on the application's Vulkan device",
+       name());
+}
+
+void Backend::graph_stable(const cuda::WorkspaceLimits&) {
+  fail(ErrorCategory::InvalidArgument, "graph-stable workspaces are the CUDA backend's; this context runs {}", name());
+}
+
 std::vector<double> Backend::time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) {
   std::vector<double> us;
   for (int r = 0; r < repeats; ++r) {

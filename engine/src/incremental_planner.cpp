@@ -405,7 +405,8 @@ const Plan& IncrementalPlanner::update() {
   for (std::int32_t v : s.replaced) {
     if (!s.removed[std::size_t(v)]) check_slots(s.tree, v, s.options.kv_slots, 0);
   }
-  if (s.lender != nullptr) {  // from here on the last plan is not valid (update()'s contract)
+  s.plan.id = 0;  // from here on the last plan is not valid (update()'s contract): a device uploads it again
+  if (s.lender != nullptr) {
     s.lender->token_slot.swap(s.plan.token_slot);
     s.lender = nullptr;
   }
@@ -506,6 +507,7 @@ const Plan& IncrementalPlanner::update() {
   s.first_moved = SIZE_MAX;
   s.reanalyse = false;
   s.last = info;
+  s.plan.id = new_plan_id();
   return s.plan;
 }
 

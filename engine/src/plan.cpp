@@ -1,6 +1,7 @@
 #include "treeattn/plan.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "fail.hpp"
@@ -32,6 +33,11 @@ Strategy parse_strategy(const std::string& name) {
   }
   fail(ErrorCategory::InvalidArgument,
        "unknown strategy '{}' (choose flatten, node, node_chunk, sequence, cascade or greedy)", name);
+}
+
+std::uint64_t new_plan_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::int32_t Plan::block_token_count(std::int32_t block) const noexcept {

@@ -410,7 +410,9 @@ Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
   check_plan_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
   Visibility vis = compute_visibility(tree, topo);
-  return plan_analyzed(tree, topo, vis, options, pool, nullptr, nullptr, nullptr);
+  Plan plan = plan_analyzed(tree, topo, vis, options, pool, nullptr, nullptr, nullptr);
+  plan.id = new_plan_id();
+  return plan;
 }
 
 }  // namespace

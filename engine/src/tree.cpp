@@ -4,11 +4,21 @@
 #include <cmath>
 #include <numeric>
 
+#include <fmt/format.h>
+
 namespace treeattn {
 
 float HeadConfig::effective_scale() const noexcept {
   if (scale != 0.0f) return scale;
   return head_dim > 0 ? 1.0f / std::sqrt(float(head_dim)) : 0.0f;
+}
+
+bool HeadConfig::same_as(const HeadConfig& o) const noexcept {
+  return heads_q == o.heads_q && heads_kv == o.heads_kv && head_dim == o.head_dim && effective_scale() == o.effective_scale();
+}
+
+std::string describe(const HeadConfig& h) {
+  return fmt::format("{}/{}/{} scale {}", h.heads_q, h.heads_kv, h.head_dim, h.effective_scale());
 }
 
 void Tree::add_node(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& slots) {

@@ -5,16 +5,17 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "treeattn/tools.hpp"
+#include "treeattn/context.hpp"
 #include "treeattn/treeattn.hpp"
 
 namespace nb = nanobind;
@@ -60,30 +61,17 @@ TensorRef tensor_of(const Array& a, const char* name) {
   return t;
 }
 
-// A context: the backend for host arrays, and on CUDA the device path for device arrays.
-struct ContextHandle {
-  std::unique_ptr<Backend> backend;
-  BackendOptions options;
-#if TREEATTN_HAS_CUDA
-  std::unique_ptr<cuda::Context> cuda;
-  std::unique_ptr<cuda::Workspace> workspace;
-  std::uint64_t uploaded_id = 0;
-
-  // The CUDA device path on `device`: a growing workspace, made at first use.
-  void open_cuda(int device) {
-    if (cuda && cuda->device() == device) return;
-    cuda = std::make_unique<cuda::Context>(device);
-    workspace = std::make_unique<cuda::Workspace>(*cuda);
-    uploaded_id = 0;
-  }
-#endif
-};
-
+// A plan the Python side holds: its own copy (a planner's next update changes
+// the planner's plan in place).
 struct PlanHandle {
   Plan plan;
-  std::uint64_t id;
 };
-std::atomic<std::uint64_t> g_next_plan{1};  // which plan a device workspace holds
+
+// A context and the CUDA device its device arrays must be on.
+struct ContextHandle {
+  Context context;
+  int cuda_device = 0;
+};
 
 void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const Array& k, const Array& v, const Array& o,
                std::optional<Array> lse, std::uintptr_t stream) {
@@ -97,31 +85,27 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
   }
   if (device == nb::device::cpu::value) {
     nb::gil_scoped_release release;
-    ctx.backend->run(plan.plan, args);
+    ctx.context.run(plan.plan, args);
     return;
   }
-#if TREEATTN_HAS_CUDA
-  if (device == nb::device::cuda::value) {
-    ctx.open_cuda(q.device_id());
-    auto cuda_stream = reinterpret_cast<cuda::Stream>(stream);
-    if (ctx.uploaded_id != plan.id) {
-      if (ctx.workspace->graph_stable()) {
-        // Inside a graph capture an upload would be captured with this step's staging: refuse.
-        throw Error(ErrorCategory::InvalidArgument,
-                    "graph-stable context: upload(plan) before the calls that run it (the plan given is not the one "
-                    "uploaded)");
-      }
-      ctx.workspace->upload(plan.plan, cuda_stream);
-      ctx.uploaded_id = plan.id;
+  if (device == nb::device::cuda::value && ctx.context.backend() == BackendKind::cuda) {
+    if (q.device_id() != ctx.cuda_device) {
+      throw Error(ErrorCategory::InvalidArgument, "arrays on CUDA device " + std::to_string(q.device_id()) +
+                                                      ", the context runs on device " + std::to_string(ctx.cuda_device));
     }
-    ctx.workspace->enqueue(args, cuda_stream);
+    ctx.context.enqueue(plan.plan, args, reinterpret_cast<CUstream_st*>(stream));
     return;
   }
-#endif
-  (void)stream;
   throw Error(ErrorCategory::InvalidArgument,
-              "arrays on DLPack device type " + std::to_string(device) + ": this build runs host arrays" +
-                  (TREEATTN_HAS_CUDA ? " and CUDA arrays" : ""));
+              "arrays on DLPack device type " + std::to_string(device) + ": a " + to_string(ctx.context.backend()) +
+                  " context runs host arrays" + (ctx.context.backend() == BackendKind::cuda ? " and CUDA arrays" : ""));
+}
+
+PlanOptions plan_options(const std::string& strategy, std::optional<int> block_tokens) {
+  PlanOptions options;
+  options.strategy = parse_strategy(strategy);
+  options.block_tokens = block_tokens.value_or(kAutoBlockTokens);
+  return options;
 }
 
 }  // namespace
@@ -175,55 +159,84 @@ NB_MODULE(_core, m) {
       .def("to_json", &tree_to_json);
 
   nb::class_<PlanHandle>(m, "Plan", nb::is_weak_referenceable())
-      .def_prop_ro("handle", [](const PlanHandle& p) { return p.id; }, "a number naming the plan (the torch op takes it)")
+      .def_prop_ro("handle", [](const PlanHandle& p) { return p.plan.id; }, "a number naming the plan (the torch op takes it)")
       .def_prop_ro("num_queries", [](const PlanHandle& p) { return p.plan.num_queries; })
       .def_prop_ro("num_items", [](const PlanHandle& p) { return p.plan.num_items(); })
       .def_prop_ro("num_partials", [](const PlanHandle& p) { return p.plan.num_partials; })
       .def_prop_ro("block_tokens", [](const PlanHandle& p) { return p.plan.block_tokens; })
       .def_prop_ro("strategy", [](const PlanHandle& p) { return std::string(to_string(p.plan.strategy)); });
 
+  nb::class_<IncrementalPlanner>(m, "_Planner",
+                                 "A tree that changes a little every decode step (Context.planner): its changes,\n"
+                                 "then update() for the step's plan.")
+      .def("add_node", &IncrementalPlanner::add_node, nb::arg("id"), nb::arg("parent"), nb::arg("slots"))
+      .def("add_node_range", &IncrementalPlanner::add_node_range, nb::arg("id"), nb::arg("parent"), nb::arg("first_slot"),
+           nb::arg("count"))
+      .def("add_node_pages", &IncrementalPlanner::add_node_pages, nb::arg("id"), nb::arg("parent"), nb::arg("pages"),
+           nb::arg("page_size"), nb::arg("last_page_tokens"))
+      .def("append_range", &IncrementalPlanner::append_range, nb::arg("id"), nb::arg("first_slot"), nb::arg("count"))
+      .def("append_pages", &IncrementalPlanner::append_pages, nb::arg("id"), nb::arg("count"), nb::arg("new_pages"))
+      .def("remove_node", &IncrementalPlanner::remove_node, nb::arg("id"))
+      .def("set_queries",
+           [](IncrementalPlanner& p, const std::vector<std::pair<std::int64_t, std::optional<std::int64_t>>>& queries) {
+             std::vector<TreeQuery> list;
+             list.reserve(queries.size());
+             for (const auto& [node, upto] : queries) list.push_back(TreeQuery{node, upto.value_or(kWholeNode)});
+             p.set_queries(list);
+           },
+           nb::arg("queries"), "This step's queries: [(node, upto or None), ...]; query i is row i of Q.")
+      .def("update",
+           [](IncrementalPlanner& p) {
+             nb::gil_scoped_release release;
+             return PlanHandle{p.update()};
+           },
+           "Applies the changes; the step's plan (Context.attention takes it).")
+      .def_prop_ro("num_nodes", [](const IncrementalPlanner& p) { return p.tree().node_count(); })
+      .def_prop_ro("held_layout", [](const IncrementalPlanner& p) { return p.last_update().held_layout; },
+                   "whether the last update kept an earlier step's layout (not bitwise a whole-tree plan)");
+
   nb::class_<ContextHandle>(m, "_Context", nb::is_weak_referenceable())
       .def("__init__",
            [](ContextHandle* c, const std::string& backend, int device, int threads) {
-             new (c) ContextHandle();
-             c->options.device = device;
-             c->options.threads = threads;
-             c->backend = make_backend(parse_backend(backend), c->options);
+             ContextOptions options;
+             options.backend = parse_backend(backend);
+             options.device = device;
+             options.cpu.threads = threads;
+             new (c) ContextHandle{Context(options), device < 0 ? 0 : device};
            },
            nb::arg("backend"), nb::arg("device"), nb::arg("threads"))
-      .def_prop_ro("backend", [](const ContextHandle& c) { return std::string(c.backend->name()); })
+      .def_prop_ro("backend", [](const ContextHandle& c) { return std::string(to_string(c.context.backend())); })
       .def("plan",
            [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens) {
-             PlanOptions options;
-             options.strategy = parse_strategy(strategy);
-             options.block_tokens = block_tokens.value_or(kAutoBlockTokens);
-             options.cost = c.backend->cost_model();
+             const PlanOptions options = plan_options(strategy, block_tokens);
              nb::gil_scoped_release release;
-             return PlanHandle{treeattn::plan(tree, options), g_next_plan++};
+             return PlanHandle{c.context.plan(tree, options)};
            },
            nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none())
+      .def("planner",
+           [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens,
+              bool bitwise_updates) {
+             IncrementalOptions incremental;
+             incremental.hold_flatten_blocks = !bitwise_updates;
+             incremental.hold_greedy_groups = !bitwise_updates;
+             return c.context.planner(tree, plan_options(strategy, block_tokens), incremental);
+           },
+           nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none(),
+           nb::arg("bitwise_updates") = false)
       .def("_attention", &attention, nb::arg("plan"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
            nb::arg("lse").none(), nb::arg("stream"))
-#if TREEATTN_HAS_CUDA
       .def("_graph_stable",
-           [](ContextHandle& c, int device, const std::vector<const PlanHandle*>& plans, double headroom) {
-             if (plans.empty()) throw Error(ErrorCategory::InvalidArgument, "graph_stable: give at least one plan");
-             cuda::WorkspaceLimits limits;
-             for (const PlanHandle* p : plans) limits.include(cuda::WorkspaceLimits::of(p->plan));
-             c.cuda = std::make_unique<cuda::Context>(device);
-             c.workspace = std::make_unique<cuda::Workspace>(*c.cuda, limits.with_headroom(headroom));
-             c.uploaded_id = 0;
+           [](ContextHandle& c, const std::vector<const PlanHandle*>& plans, double headroom) {
+             std::vector<const Plan*> list;
+             for (const PlanHandle* p : plans) list.push_back(&p->plan);
+             c.context.graph_stable(list, headroom);
            },
-           nb::arg("device"), nb::arg("plans"), nb::arg("headroom"))
+           nb::arg("plans"), nb::arg("headroom"))
       .def("_upload",
-           [](ContextHandle& c, const PlanHandle& plan, int device, std::uintptr_t stream) {
-             c.open_cuda(device);
-             c.workspace->upload(plan.plan, reinterpret_cast<cuda::Stream>(stream));
-             c.uploaded_id = plan.id;
+           [](ContextHandle& c, const PlanHandle& plan, std::uintptr_t stream) {
+             c.context.upload(plan.plan, reinterpret_cast<CUstream_st*>(stream));
            },
-           nb::arg("plan"), nb::arg("device"), nb::arg("stream"))
-#endif
-      ;
+           nb::arg("plan"), nb::arg("stream"));
 
   m.attr("__version__") = TREEATTN_VERSION_STRING;
   m.attr("has_cuda") = bool(TREEATTN_HAS_CUDA);

@@ -6,8 +6,14 @@
     tree.add_node_range(1, 0, 4000, 20)          # a branch
     tree.add_query(1)
     ctx = treeattn.Context()                     # auto: CUDA, Vulkan, CPU
-    plan = ctx.plan(tree)                        # once per decode step
+    plan = ctx.plan(tree)                        # a whole tree, planned once
     o, lse = ctx.attention(plan, q, k, v)        # once per layer
+
+A decode loop keeps a planner and hands it each step's changes:
+
+    planner = ctx.planner(tree)                  # the tree's nodes and queries
+    planner.append_range(1, 4020, 1)             # add_node*, remove_node, set_queries, ...
+    plan = planner.update()                      # a few per cent of a whole plan
 
 Arrays are any DLPack producer: numpy (host arrays: the context's backend),
 torch or cupy (host, or CUDA memory: enqueued on the caller's current stream
@@ -22,7 +28,7 @@ from . import _core
 from ._core import Plan, Tree, has_cuda, has_vulkan
 from .adapters import tree_from_block_tables, tree_from_packed_sequences, tree_from_token_tables
 
-__all__ = ["Tree", "Context", "Plan", "context_for", "has_cuda", "has_vulkan", "tree_from_block_tables", "tree_from_packed_sequences", "tree_from_token_tables"]
+__all__ = ["Tree", "Context", "Plan", "Planner", "context_for", "has_cuda", "has_vulkan", "tree_from_block_tables", "tree_from_packed_sequences", "tree_from_token_tables"]
 __version__ = _core.__version__
 
 
@@ -94,21 +100,32 @@ class Context:
         return self._context.backend
 
     def plan(self, tree, strategy="flatten", block_tokens=None):
-        """Plans `tree` with this context's device model (once per decode step)."""
+        """Plans `tree` with this context's device model."""
         plan = self._context.plan(tree, strategy, block_tokens)
         _plans[plan.handle] = plan
         return plan
+
+    def planner(self, tree, strategy="flatten", block_tokens=None, bitwise_updates=False):
+        """A Planner that starts from `tree` (its heads, nodes and queries) and plans
+        with this context's device model: each decode step hand it the step's
+        changes (add_node, add_node_range, add_node_pages, append_range,
+        append_pages, remove_node, set_queries) and call update(), whose plan
+        attention() takes. bitwise_updates: every update equals ctx.plan() of the
+        whole tree bit for bit (else a layout may be kept over steps that only
+        lengthen nodes, which is faster). A change naming an unknown node raises
+        ValueError naming it."""
+        return Planner(self._context.planner(tree, strategy, block_tokens, bool(bitwise_updates)))
 
     def graph_stable(self, plans, headroom=1.0):
         """CUDA: fixes the device workspace's capacities to the largest of `plans`
         times `headroom`, so a CUDA graph captured once replays every plan within
         them. Each step then calls upload(plan) before replaying the graph."""
-        self._context._graph_stable(self._device, list(plans), float(headroom))
+        self._context._graph_stable(list(plans), float(headroom))
 
     def upload(self, plan, stream=None):
         """CUDA: uploads `plan` to the device workspace on `stream` (a torch or cupy
         stream, or a cudaStream_t number; None: torch's current stream)."""
-        self._context._upload(plan, self._device, _stream_number(stream, self._device))
+        self._context._upload(plan, _stream_number(stream, self._device))
 
     def attention(self, plan, q, k, v, out=None, lse=None):
         """O [queries, heads_q, head_dim] and LSE [queries, heads_q] (float32, natural log).
@@ -123,6 +140,61 @@ class Context:
             lse = _empty_like(q, (q.shape[0], q.shape[1]), "float32")
         self._context._attention(plan, q, k, v, out, lse, _current_stream(q))
         return out, lse
+
+
+class Planner:
+    """A tree that changes a little every decode step (made by Context.planner).
+
+    Hand it the step's changes, then update() for the step's plan. Nodes are
+    named by id; slots are checked by update(), which names the node and token
+    and leaves the changes pending."""
+
+    def __init__(self, planner):
+        self._planner = planner
+
+    def add_node(self, id, parent, slots):
+        """A new node (parent -1: a root) on the KV slots listed."""
+        self._planner.add_node(id, parent, slots)
+
+    def add_node_range(self, id, parent, first_slot, count):
+        """A new node on slots first_slot .. first_slot + count - 1."""
+        self._planner.add_node_range(id, parent, first_slot, count)
+
+    def add_node_pages(self, id, parent, pages, page_size, last_page_tokens):
+        """A new node on pages of a paged KV cache (the last one holding last_page_tokens)."""
+        self._planner.add_node_pages(id, parent, pages, page_size, last_page_tokens)
+
+    def append_range(self, id, first_slot, count):
+        """Tokens appended to node `id`, on slots first_slot .. first_slot + count - 1."""
+        self._planner.append_range(id, first_slot, count)
+
+    def append_pages(self, id, count, new_pages=()):
+        """`count` tokens appended to a paged node: they fill its last page, then `new_pages`."""
+        self._planner.append_pages(id, count, list(new_pages))
+
+    def remove_node(self, id):
+        """Removes node `id` and its whole subtree."""
+        self._planner.remove_node(id)
+
+    def set_queries(self, queries):
+        """This step's queries, [(node, upto or None), ...]: query i is row i of Q and
+        sees its node's path, the node's first `upto` tokens only when given."""
+        self._planner.set_queries([(int(node), None if upto is None else int(upto)) for node, upto in queries])
+
+    def update(self):
+        """Applies the changes; returns the step's Plan."""
+        plan = self._planner.update()
+        _plans[plan.handle] = plan
+        return plan
+
+    @property
+    def num_nodes(self):
+        return self._planner.num_nodes
+
+    @property
+    def held_layout(self):
+        """Whether the last update kept an earlier step's layout (not bitwise a whole-tree plan)."""
+        return self._planner.held_layout
 
 
 _device_contexts = {}  # (device type, index) -> Context

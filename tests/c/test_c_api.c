@@ -234,12 +234,12 @@ int main(void) {
   treeattn_plan_options_init(&bad_strategy);
   bad_strategy.strategy = (treeattn_strategy)42;
   CHECK_FAILS(treeattn_plan_create(context, tree, &bad_strategy, &bad_plan), TREEATTN_ERROR_INVALID_ARGUMENT,
-              "unknown strategy 42");
+              "strategy is 42");
   treeattn_context_options no_gpu;
   treeattn_context_options_init(&no_gpu);
   no_gpu.backend = (treeattn_backend)9;
   treeattn_context* bad_context = NULL;
-  CHECK_FAILS(treeattn_context_create(&no_gpu, &bad_context), TREEATTN_ERROR_INVALID_ARGUMENT, "unknown backend 9");
+  CHECK_FAILS(treeattn_context_create(&no_gpu, &bad_context), TREEATTN_ERROR_INVALID_ARGUMENT, "backend is 9");
   CHECK(treeattn_plan_create(context, tree, NULL, &bad_plan) == TREEATTN_OK);
   CHECK(strcmp(treeattn_last_error(), "") == 0); /* a success clears the message */
   treeattn_plan_destroy(bad_plan);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../backends/cuda/device_buffer.hpp"
+#include "support/c_replay.hpp"
 #include "support/c_tensor.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
@@ -379,4 +380,131 @@ TEST_CASE("the C API's treeattn_enqueue: device pointers on a stream, the plan u
   CHECK(worst <= tolerance(DType::f16));
   treeattn_context_destroy(context);
   treeattn_tree_destroy(tree);
+}
+
+namespace {
+
+treeattn_context* c_cuda_context() {
+  treeattn_context_options options;
+  treeattn_context_options_init(&options);
+  options.backend = TREEATTN_BACKEND_CUDA;
+  treeattn_context* context = nullptr;
+  REQUIRE_MESSAGE(treeattn_context_create(&options, &context) == TREEATTN_OK, treeattn_last_error());
+  return context;
+}
+
+// One treeattn_enqueue on a stream of the test's, the inputs copied up and O and LSE back.
+void call_on_stream(treeattn_context* context, const treeattn_plan* plan, Inputs& in, Outputs& out) {
+  cuda::DeviceBuffer dq = to_device(in.q), dk = to_device(in.k), dv = to_device(in.v);
+  cuda::DeviceBuffer dout(out.o.bytes.size()), dlse(out.lse.bytes.size());
+  const treeattn_tensor tq = c_tensor(dq.data(), TREEATTN_DTYPE_F16, 3, in.q.shape[0], in.q.shape[1], in.q.shape[2]);
+  const treeattn_tensor tk = c_tensor(dk.data(), TREEATTN_DTYPE_F16, 3, in.k.shape[0], in.k.shape[1], in.k.shape[2]);
+  const treeattn_tensor tv = c_tensor(dv.data(), TREEATTN_DTYPE_F16, 3, in.v.shape[0], in.v.shape[1], in.v.shape[2]);
+  const treeattn_tensor to = c_tensor(dout.data(), TREEATTN_DTYPE_F32, 3, out.o.shape[0], out.o.shape[1], out.o.shape[2]);
+  const treeattn_tensor tl = c_tensor(dlse.data(), TREEATTN_DTYPE_F32, 2, out.lse.shape[0], out.lse.shape[1]);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  REQUIRE_MESSAGE(treeattn_enqueue(context, plan, &tq, &tk, &tv, &to, &tl, stream) == TREEATTN_OK, treeattn_last_error());
+  check(cudaMemcpyAsync(out.o.bytes.data(), dout.data(), out.o.bytes.size(), cudaMemcpyDeviceToHost, stream));
+  check(cudaMemcpyAsync(out.lse.bytes.data(), dlse.data(), out.lse.bytes.size(), cudaMemcpyDeviceToHost, stream));
+  check(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+TEST_CASE("the C API's planner on the caller's stream: a decode replay, every step against a whole plan and the oracle") {
+  treeattn_context* context = c_cuda_context();
+  for (treeattn_strategy s : {TREEATTN_STRATEGY_FLATTEN, TREEATTN_STRATEGY_GREEDY}) {
+    CAPTURE(int(s));
+    CReplayOptions options;
+    options.strategy = s;
+    const int held = check_c_planner_replay(context, call_on_stream, options);
+    if (s != TREEATTN_STRATEGY_GREEDY) CHECK(held == 0);  // greedy keeps its layout choice between choices
+    options.bitwise_updates = false;
+    check_c_planner_replay(context, call_on_stream, options);
+  }
+  // Host arrays on the same context and workspace, between device calls.
+  CReplayOptions host;
+  host.steps = 8;
+  CHECK(check_c_planner_replay(context, call_on_host, host) == 0);
+  treeattn_context_destroy(context);
+}
+
+TEST_CASE("the C API graph-stable: a captured graph replays every step's plan, uploaded by treeattn_upload") {
+  auto scenario = few_shot_scenario(600, 8, 12);
+  const Replay replay = replay_trees(*scenario, 12);
+  treeattn_context* context = c_cuda_context();
+  std::vector<treeattn_plan*> plans;
+  for (const Tree& t : replay.trees) {
+    treeattn_tree* c = nullptr;
+    REQUIRE(treeattn_tree_create(t.heads.heads_q, t.heads.heads_kv, t.heads.head_dim, 0.0f, &c) == TREEATTN_OK);
+    for (std::size_t i = 0; i < t.node_count(); ++i) {
+      const TreeNode& n = t.nodes()[i];
+      std::vector<std::int64_t> slots;
+      for (std::int64_t token = 0; token < n.length; ++token) slots.push_back(t.slot(i, token));
+      REQUIRE(treeattn_tree_add_node(c, n.id, n.parent, slots.data(), std::int64_t(slots.size())) == TREEATTN_OK);
+    }
+    for (const TreeQuery& q : t.queries()) REQUIRE(treeattn_tree_add_query(c, q.node, q.upto) == TREEATTN_OK);
+    plans.push_back(nullptr);
+    REQUIRE_MESSAGE(treeattn_plan_create(context, c, nullptr, &plans.back()) == TREEATTN_OK, treeattn_last_error());
+    treeattn_tree_destroy(c);
+  }
+  std::vector<const treeattn_plan*> all(plans.begin(), plans.end());
+  REQUIRE_MESSAGE(treeattn_context_graph_stable(context, all.data(), std::int64_t(all.size()), 1.0) == TREEATTN_OK,
+                  treeattn_last_error());
+  CHECK(treeattn_context_graph_stable(context, all.data(), std::int64_t(all.size()), 0.5) == TREEATTN_ERROR_INVALID_ARGUMENT);
+
+  std::int64_t max_queries = 0;
+  for (const Tree& t : replay.trees) max_queries = std::max<std::int64_t>(max_queries, std::int64_t(t.query_count()));
+  const HeadConfig h = replay.trees.front().heads;
+  HostArray k = random_array(DType::f16, {replay.slots, h.heads_kv, h.head_dim}, 5),
+            v = random_array(DType::f16, {replay.slots, h.heads_kv, h.head_dim}, 6);
+  const HostArray q = random_array(DType::f16, {max_queries, h.heads_q, h.head_dim}, 7);
+  cuda::DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), dout(std::size_t(max_queries) * h.heads_q * h.head_dim * 4);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  cudaGraphExec_t exec = nullptr;
+  for (std::size_t step = 0; step < replay.trees.size(); ++step) {
+    CAPTURE(step);
+    const std::int64_t nq = std::int64_t(replay.trees[step].query_count());
+    const treeattn_tensor tq = c_tensor(dq.data(), TREEATTN_DTYPE_F16, 3, nq, h.heads_q, h.head_dim);
+    const treeattn_tensor tk = c_tensor(dk.data(), TREEATTN_DTYPE_F16, 3, replay.slots, h.heads_kv, h.head_dim);
+    const treeattn_tensor tv = c_tensor(dv.data(), TREEATTN_DTYPE_F16, 3, replay.slots, h.heads_kv, h.head_dim);
+    const treeattn_tensor to = c_tensor(dout.data(), TREEATTN_DTYPE_F32, 3, nq, h.heads_q, h.head_dim);
+    REQUIRE_MESSAGE(treeattn_upload(context, plans[step], stream) == TREEATTN_OK, treeattn_last_error());
+    if (exec == nullptr) {  // the query count is the first step's in the captured launches: the grids are the limits'
+      cudaGraph_t graph = nullptr;
+      check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const treeattn_status captured = treeattn_enqueue(context, plans[step], &tq, &tk, &tv, &to, nullptr, stream);
+      check(cudaStreamEndCapture(stream, &graph));
+      REQUIRE_MESSAGE(captured == TREEATTN_OK, treeattn_last_error());
+      check(cudaGraphInstantiate(&exec, graph, 0));
+      cudaGraphDestroy(graph);
+    }
+    REQUIRE(replay.trees[step].query_count() == replay.trees[0].query_count());  // Q's shape is captured
+    check(cudaGraphLaunch(exec, stream));
+    HostArray got(DType::f32, {nq, h.heads_q, h.head_dim});
+    check(cudaMemcpyAsync(got.bytes.data(), dout.data(), got.bytes.size(), cudaMemcpyDeviceToHost, stream));
+    check(cudaStreamSynchronize(stream));
+    HostArray hq = random_array(DType::f16, {nq, h.heads_q, h.head_dim}, 0);
+    std::memcpy(hq.bytes.data(), q.bytes.data(), hq.bytes.size());
+    const OracleResult want = oracle_attention(replay.trees[step], hq.view(), k.view(), v.view());
+    CHECK(max_abs_error(got.view(), want.o) <= tolerance(DType::f16));
+  }
+  // Inside a capture, a plan the workspace does not hold is refused: it must be uploaded first.
+  cudaGraph_t refused = nullptr;
+  const treeattn_tensor tq = c_tensor(dq.data(), TREEATTN_DTYPE_F16, 3, std::int64_t(replay.trees[0].query_count()), h.heads_q, h.head_dim);
+  const treeattn_tensor tk = c_tensor(dk.data(), TREEATTN_DTYPE_F16, 3, replay.slots, h.heads_kv, h.head_dim);
+  const treeattn_tensor to = c_tensor(dout.data(), TREEATTN_DTYPE_F32, 3, std::int64_t(replay.trees[0].query_count()), h.heads_q, h.head_dim);
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const treeattn_status status = treeattn_enqueue(context, plans[0], &tq, &tk, &tk, &to, nullptr, stream);
+  cudaStreamEndCapture(stream, &refused);
+  if (refused != nullptr) cudaGraphDestroy(refused);
+  CHECK(status == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(treeattn_last_error()).find("upload(plan) before capturing") != std::string::npos);
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(stream);
+  for (treeattn_plan* p : plans) treeattn_plan_destroy(p);
+  treeattn_context_destroy(context);
 }

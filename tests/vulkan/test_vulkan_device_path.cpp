@@ -2,7 +2,7 @@
 // vulkan_embed example proves end to end: the features an application enabled
 // are the ones used, a device without what the shaders need is refused by
 // name, a workspace's errors name the tensor, and the C API records into an
-// application's command buffer.
+// application's command buffer, its planner's plans included.
 
 #include <doctest/doctest.h>
 
@@ -11,6 +11,7 @@
 #include "../backends/vulkan/vk_sequence.hpp"
 #include <cstring>
 
+#include "support/c_replay.hpp"
 #include "support/c_tensor.hpp"
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
@@ -140,6 +141,76 @@ TEST_CASE("a workspace's errors: record before upload, tensors that do not match
   sequence.submit_and_wait();
 }
 
+namespace {
+
+// A treeattn_vulkan_device for a device treeattn opened, standing in for the application's.
+struct AppDevice {
+  explicit AppDevice(const vulkan::Context& own) : enabled(own.state().device->caps()) {
+    app.struct_size = sizeof app;
+    app.instance = own.state().instance->handle();
+    app.physical_device = own.physical_device();
+    app.device = own.device();
+    app.queue_family = own.queue_family();
+    app.queue = own.queue();
+    app.get_instance_proc_addr = vkGetInstanceProcAddr;
+    app.enabled_features = &enabled.features;
+    app.enabled_extensions = enabled.extensions.data();
+    app.enabled_extension_count = std::uint32_t(enabled.extensions.size());
+  }
+  vulkan::FeatureChain enabled;
+  treeattn_vulkan_device app{};
+};
+
+void* address_of(const vulkan::Buffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.address())); }
+
+}  // namespace
+
+TEST_CASE("the C API's planner on an application's Vulkan device: a decode replay recorded step by step") {
+  const vulkan::Context own;
+  const vulkan::Device& device = *own.state().device;
+  AppDevice app(own);
+  treeattn_context* context = nullptr;
+  REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app.app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
+  // Each call: the inputs copied up, treeattn_enqueue recorded between barriers, O and LSE read back.
+  const test::CallPlan call = [&](treeattn_context* ctx, const treeattn_plan* plan, test::Inputs& in, test::Outputs& out) {
+    const std::size_t qb = in.q.bytes.size(), kb = in.k.bytes.size(), ob = out.o.bytes.size(), lb = out.lse.bytes.size();
+    vulkan::Buffer q(device, qb, vulkan::Buffer::Kind::device_local), k(device, kb, vulkan::Buffer::Kind::device_local);
+    vulkan::Buffer v(device, kb, vulkan::Buffer::Kind::device_local), o(device, ob, vulkan::Buffer::Kind::device_local);
+    vulkan::Buffer lse(device, lb, vulkan::Buffer::Kind::device_local);
+    vulkan::Buffer staging(device, qb + 2 * kb + ob + lb, vulkan::Buffer::Kind::staging);
+    auto* host = static_cast<unsigned char*>(staging.mapped());
+    std::memcpy(host, in.q.bytes.data(), qb);
+    std::memcpy(host + qb, in.k.bytes.data(), kb);
+    std::memcpy(host + qb + kb, in.v.bytes.data(), kb);
+    const treeattn_tensor tq = test::c_tensor(address_of(q), TREEATTN_DTYPE_F16, 3, in.q.shape[0], in.q.shape[1], in.q.shape[2]);
+    const treeattn_tensor tk = test::c_tensor(address_of(k), TREEATTN_DTYPE_F16, 3, in.k.shape[0], in.k.shape[1], in.k.shape[2]);
+    const treeattn_tensor tv = test::c_tensor(address_of(v), TREEATTN_DTYPE_F16, 3, in.v.shape[0], in.v.shape[1], in.v.shape[2]);
+    const treeattn_tensor to = test::c_tensor(address_of(o), TREEATTN_DTYPE_F32, 3, out.o.shape[0], out.o.shape[1], out.o.shape[2]);
+    const treeattn_tensor tl = test::c_tensor(address_of(lse), TREEATTN_DTYPE_F32, 2, out.lse.shape[0], out.lse.shape[1]);
+    vulkan::CommandSequence sequence(device);
+    sequence.begin();
+    sequence.copy(staging, q, qb, 0);
+    sequence.copy(staging, k, kb, qb);
+    sequence.copy(staging, v, kb, qb + kb);
+    sequence.barrier();
+    REQUIRE_MESSAGE(treeattn_enqueue(ctx, plan, &tq, &tk, &tv, &to, &tl, sequence.handle()) == TREEATTN_OK,
+                    treeattn_last_error());
+    sequence.barrier();
+    sequence.copy(o, staging, ob, 0, 0);
+    sequence.copy(lse, staging, lb, 0, ob);
+    sequence.end();
+    sequence.submit_and_wait();
+    std::memcpy(out.o.bytes.data(), host, ob);
+    std::memcpy(out.lse.bytes.data(), host + ob, lb);
+  };
+  test::CReplayOptions options;
+  options.steps = 12;
+  CHECK(test::check_c_planner_replay(context, call, options) == 0);
+  options.bitwise_updates = false;
+  test::check_c_planner_replay(context, call, options);
+  treeattn_context_destroy(context);
+}
+
 TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records by buffer address into its command buffer") {
   const vulkan::Context own;  // stands in for the application's device
   const vulkan::Device& device = *own.state().device;
@@ -210,7 +281,7 @@ TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records
 
   treeattn_tensor host_q = tq;
   CHECK(treeattn_run(context, plan, &host_q, &tk, &tv, &to, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
-  CHECK(std::string(treeattn_last_error()).find("runs treeattn_enqueue only") != std::string::npos);
+  CHECK(std::string(treeattn_last_error()).find("records into its command buffers only") != std::string::npos);
   treeattn_plan_destroy(plan);
   treeattn_tree_destroy(tree);
   treeattn_context_destroy(context);

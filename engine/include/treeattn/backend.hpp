@@ -8,18 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "treeattn/context.hpp"
 #include "treeattn/cost_model.hpp"
+#include "treeattn/cuda.hpp"
 #include "treeattn/log.hpp"
 #include "treeattn/plan.hpp"
 #include "treeattn/tensor.hpp"
 
 namespace treeattn {
-
-enum class BackendKind { automatic, cpu, vulkan, cuda };
-
-const char* to_string(BackendKind kind) noexcept;
-// Parses "auto", "cpu", "vulkan", "cuda"; throws InvalidArgument naming the choices.
-BackendKind parse_backend(const std::string& name);
 
 struct BackendOptions {
   int threads = 0;                   // CPU worker threads; 0: one per hardware thread
@@ -49,6 +45,18 @@ class Backend {
   // The tensors live in host memory. Throws InvalidArgument when a tensor's
   // shape or dtype does not match the plan.
   virtual void run(const Plan& plan, const AttentionArgs& args) = 0;
+
+  // The device path, on memory of the backend's device: `stream` is a
+  // cudaStream_t (CUDA) or the VkCommandBuffer being recorded (Vulkan).
+  // enqueue() uploads `plan` first, on the same stream, unless it is the plan
+  // (Plan::id) the workspace holds. The defaults throw InvalidArgument: the
+  // CPU backend has host arrays only.
+  virtual void upload(const Plan& plan, void* stream);
+  virtual void enqueue(const Plan& plan, const AttentionArgs& device_tensors, void* stream);
+  // CUDA: the workspace becomes graph-stable with these capacities
+  // (cuda::Workspace); the default throws InvalidArgument.
+  virtual void graph_stable(const cuda::WorkspaceLimits& limits);
+  virtual bool graph_stable() const noexcept { return false; }
 
   // For benchmarks: `repeats` timings, in microseconds, of `layers` consecutive
   // attention calls of one decode step (the plan prepared once, as a model

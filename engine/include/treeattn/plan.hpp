@@ -106,6 +106,12 @@ struct Plan {
   // own partials and the merge folds them in merge_partial's order.
   std::vector<std::int32_t> launch_order;
 
+  // Which plan this is, for a device workspace that keeps the last plan it
+  // uploaded: plan() and IncrementalPlanner::update() give every plan they
+  // make a new id (new_plan_id()); a copy keeps it. A plan edited by hand
+  // takes a new one, or 0, which every call that runs it uploads again.
+  std::uint64_t id = 0;
+
   std::int32_t num_tokens() const noexcept { return std::int32_t(token_slot.size()); }
   std::int32_t num_segments() const noexcept { return std::int32_t(segment_token_begin.size()); }
   std::int32_t num_blocks() const noexcept {
@@ -125,6 +131,9 @@ struct Plan {
     return launch_order.empty() ? k : launch_order[std::size_t(k)];
   }
 };
+
+// A number no plan of this process had before (never 0).
+std::uint64_t new_plan_id() noexcept;
 
 // Each work item's tokens as a kernel streams them in tiles of `align` tokens
 // (1 to 64): the KV-pool slot and the item's segment mask of every token, so

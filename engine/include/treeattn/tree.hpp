@@ -9,6 +9,7 @@
 // and reports the first problem with the node or query it concerns.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace treeattn {
@@ -26,7 +27,12 @@ struct HeadConfig {
 
   int group_size() const noexcept { return heads_kv > 0 ? heads_q / heads_kv : 0; }
   float effective_scale() const noexcept;
+  // The same heads and the same effective scale (what a workspace's kernels are set up for).
+  bool same_as(const HeadConfig& other) const noexcept;
 };
+
+// "32/8/128 scale 0.0883883", for messages.
+std::string describe(const HeadConfig& heads);
 
 inline constexpr std::int64_t kNoParent = -1;
 inline constexpr std::int64_t kWholeNode = -1;  // a query without `upto`

@@ -15,8 +15,19 @@
  *   treeattn_context* ctx;
  *   treeattn_context_create(NULL, &ctx);                     // auto: CUDA, Vulkan, CPU
  *   treeattn_plan* plan;
- *   treeattn_plan_create(ctx, tree, NULL, &plan);            // once per decode step
+ *   treeattn_plan_create(ctx, tree, NULL, &plan);            // a whole tree, planned once
  *   treeattn_run(ctx, plan, &q, &k, &v, &o, &lse);           // once per layer (host memory)
+ *
+ * A decode loop keeps a planner instead, hands it each step's changes and
+ * runs the plan it updates (a few per cent of a from-scratch plan):
+ *
+ *   treeattn_planner* planner;
+ *   treeattn_planner_create(ctx, tree, NULL, &planner);      // the tree's heads, nodes and queries
+ *   each step:
+ *     treeattn_planner_append_range(planner, 1, next_slot, 1); // ..._add_node*, _remove_node, _set_queries
+ *     const treeattn_plan* step;
+ *     treeattn_planner_update(planner, &step);
+ *     treeattn_enqueue(ctx, step, &q, &k, &v, &o, &lse, stream);  // per layer (or treeattn_run)
  *
  * Threads: the last error is per thread. A context serves one thread (or
  * stream) at a time; trees and plans may be read by several threads at once. */
@@ -84,6 +95,7 @@ typedef void (*treeattn_log_fn)(treeattn_log_level level, const char* message, v
 typedef struct treeattn_tree treeattn_tree;
 typedef struct treeattn_context treeattn_context;
 typedef struct treeattn_plan treeattn_plan;
+typedef struct treeattn_planner treeattn_planner;
 
 /* The calling thread's message of its last failed call ("" when none). */
 TREEATTN_C_API const char* treeattn_last_error(void);
@@ -110,7 +122,10 @@ TREEATTN_C_API treeattn_status treeattn_tree_add_node_pages(treeattn_tree* tree,
 TREEATTN_C_API treeattn_status treeattn_tree_add_query(treeattn_tree* tree, int64_t node, int64_t upto /* < 0: whole node */);
 TREEATTN_C_API void treeattn_tree_destroy(treeattn_tree* tree);
 
-/* --- contexts: a backend on a device ----------------------------------------- */
+/* --- contexts: a backend on a device -----------------------------------------
+ * A context owns its device's cost model (plans made with it are planned for
+ * that device), one workspace and the record of the plan it holds: a plan is
+ * uploaded once however many layers run it. */
 typedef struct treeattn_context_options {
   size_t struct_size;
   treeattn_backend backend;     /* TREEATTN_BACKEND_AUTO */
@@ -127,12 +142,25 @@ TREEATTN_C_API treeattn_status treeattn_context_create(const treeattn_context_op
 /* "cpu", "cuda" or "vulkan": the backend a context runs. */
 TREEATTN_C_API const char* treeattn_context_backend(const treeattn_context* context);
 TREEATTN_C_API void treeattn_context_destroy(treeattn_context* context);
+/* CUDA: fixes the context's workspace to the largest of `plans` times
+ * `headroom` (>= 1), so that every treeattn_enqueue records the same launches:
+ * a CUDA graph captured once replays every later plan within these limits,
+ * each put there by treeattn_upload before the replay. A larger plan is
+ * refused (TREEATTN_ERROR_INVALID_PLAN, naming the count). */
+TREEATTN_C_API treeattn_status treeattn_context_graph_stable(treeattn_context* context, const treeattn_plan* const* plans,
+                                                             int64_t count, double headroom);
 
 /* --- plans ------------------------------------------------------------------ */
 typedef struct treeattn_plan_options {
   size_t struct_size;
   treeattn_strategy strategy;   /* TREEATTN_STRATEGY_FLATTEN */
   int32_t block_tokens;         /* KV tokens per block; 0: chosen per tree by the device's cost model */
+  int32_t bitwise_updates;      /* planners: nonzero keeps no layout between updates, so every update is
+                                   bitwise the whole tree's plan made with the planner's cost-model choices
+                                   (block size, launch order, greedy's layout: made again once the tree's
+                                   size drifts by a quarter); 0 lets a planner keep flatten's blocks and
+                                   greedy's edges over steps that only lengthen nodes (faster, equal up to
+                                   rounding) */
 } treeattn_plan_options;
 TREEATTN_C_API void treeattn_plan_options_init(treeattn_plan_options* options);
 /* Validates the tree (the message names the node or query) and plans it with
@@ -141,7 +169,42 @@ TREEATTN_C_API treeattn_status treeattn_plan_create(treeattn_context* context, c
                                                     const treeattn_plan_options* options /* NULL: defaults */,
                                                     treeattn_plan** out);
 TREEATTN_C_API int32_t treeattn_plan_num_queries(const treeattn_plan* plan);
+/* NULL is fine; a planner's plan is the planner's and is left alone. */
 TREEATTN_C_API void treeattn_plan_destroy(treeattn_plan* plan);
+
+/* --- planners: a tree that changes a little every decode step ---------------
+ * A planner keeps the tree and what its plan is derived from, takes a step's
+ * changes and updates the plan: appends redo only the grown nodes; other
+ * changes rebuild what they touch. The plan of an update is the planner's and
+ * stays valid until its next update or its destroy; treeattn_run and
+ * treeattn_enqueue take it. Changes name nodes by id: an unknown or removed id
+ * fails at once (TREEATTN_ERROR_INVALID_TREE, naming it); slots are checked at
+ * the update, which names the node and token, and leaves the changes pending. */
+TREEATTN_C_API treeattn_status treeattn_planner_create(treeattn_context* context, const treeattn_tree* initial,
+                                                       const treeattn_plan_options* options /* NULL: defaults */,
+                                                       treeattn_planner** out);
+TREEATTN_C_API treeattn_status treeattn_planner_add_node(treeattn_planner* planner, int64_t id, int64_t parent,
+                                                         const int64_t* slots, int64_t count);
+TREEATTN_C_API treeattn_status treeattn_planner_add_node_range(treeattn_planner* planner, int64_t id, int64_t parent,
+                                                               int64_t first_slot, int64_t count);
+TREEATTN_C_API treeattn_status treeattn_planner_add_node_pages(treeattn_planner* planner, int64_t id, int64_t parent,
+                                                               const int64_t* pages, int64_t page_count, int32_t page_size,
+                                                               int32_t last_page_tokens);
+/* Tokens appended to a node: a slot range, or (a paged node) `count` tokens
+ * that fill its last page and then `new_pages`. */
+TREEATTN_C_API treeattn_status treeattn_planner_append_range(treeattn_planner* planner, int64_t id, int64_t first_slot,
+                                                             int64_t count);
+TREEATTN_C_API treeattn_status treeattn_planner_append_pages(treeattn_planner* planner, int64_t id, int64_t count,
+                                                             const int64_t* new_pages, int64_t new_page_count);
+/* Removes a node and its whole subtree. */
+TREEATTN_C_API treeattn_status treeattn_planner_remove_node(treeattn_planner* planner, int64_t id);
+/* This step's queries: query i (row i of Q) on nodes[i], seeing the node's
+ * first upto[i] tokens, or all of them (upto NULL, or upto[i] < 0). */
+TREEATTN_C_API treeattn_status treeattn_planner_set_queries(treeattn_planner* planner, const int64_t* nodes,
+                                                            const int64_t* upto, int64_t count);
+TREEATTN_C_API treeattn_status treeattn_planner_update(treeattn_planner* planner, const treeattn_plan** out);
+/* NULL is fine. */
+TREEATTN_C_API void treeattn_planner_destroy(treeattn_planner* planner);
 
 /* --- tensors ----------------------------------------------------------------
  * Layouts: Q [queries, heads_q, head_dim], K and V [slots, heads_kv, head_dim],
@@ -162,12 +225,16 @@ typedef struct treeattn_tensor {
 TREEATTN_C_API treeattn_status treeattn_run(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
                                             const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,
                                             const treeattn_tensor* lse /* NULL: no LSE */);
+/* CUDA: uploads `plan` to the context's workspace on `stream` (a cudaStream_t),
+ * without waiting: before capturing or replaying a graph of its layers. */
+TREEATTN_C_API treeattn_status treeattn_upload(treeattn_context* context, const treeattn_plan* plan, void* stream);
 /* Memory of the context's device, ordered on `stream`, returning without
  * waiting. CUDA: data are device pointers, stream a cudaStream_t (NULL: the
  * default stream). Vulkan: data are buffer device addresses (VkDeviceAddress,
  * 16-byte aligned), stream the VkCommandBuffer being recorded (treeattn/vulkan.hpp
- * documents the barriers around it). A plan different from the last one
- * enqueued is uploaded first, on the same stream. */
+ * documents the barriers around it). A plan other than the one the
+ * workspace holds is uploaded first, on the same stream (on CUDA, refused
+ * inside a graph capture: treeattn_upload it before capturing). */
 TREEATTN_C_API treeattn_status treeattn_enqueue(treeattn_context* context, const treeattn_plan* plan,
                                                 const treeattn_tensor* q, const treeattn_tensor* k, const treeattn_tensor* v,
                                                 const treeattn_tensor* o, const treeattn_tensor* lse, void* stream);

@@ -1,0 +1,118 @@
+// The C API's planner (treeattn_planner_*) on the CPU backend: decode replays
+// with growth, forks, pruning, paged nodes and partial queries, every step
+// against a from-scratch plan and the fp64 oracle; and its bad input.
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+
+#include "support/c_replay.hpp"
+
+using namespace treeattn::test;
+
+namespace {
+
+treeattn_context* cpu_context() {
+  treeattn_context_options options;
+  treeattn_context_options_init(&options);
+  options.backend = TREEATTN_BACKEND_CPU;
+  options.threads = 2;
+  treeattn_context* context = nullptr;
+  REQUIRE_MESSAGE(treeattn_context_create(&options, &context) == TREEATTN_OK, treeattn_last_error());
+  return context;
+}
+
+std::string last_error() { return treeattn_last_error(); }
+
+}  // namespace
+
+TEST_CASE("C planner replay: bitwise updates equal from-scratch plans, every strategy") {
+  treeattn_context* context = cpu_context();
+  for (treeattn_strategy s : {TREEATTN_STRATEGY_FLATTEN, TREEATTN_STRATEGY_NODE, TREEATTN_STRATEGY_NODE_CHUNK,
+                              TREEATTN_STRATEGY_SEQUENCE, TREEATTN_STRATEGY_CASCADE, TREEATTN_STRATEGY_GREEDY}) {
+    CAPTURE(int(s));
+    CReplayOptions options;
+    options.strategy = s;
+    const int held = check_c_planner_replay(context, call_on_host, options);
+    if (s != TREEATTN_STRATEGY_GREEDY) CHECK(held == 0);
+  }
+  treeattn_context_destroy(context);
+}
+
+TEST_CASE("C planner replay: held layouts stay within rounding of from-scratch plans") {
+  treeattn_context* context = cpu_context();
+  for (treeattn_strategy s : {TREEATTN_STRATEGY_FLATTEN, TREEATTN_STRATEGY_GREEDY}) {
+    CAPTURE(int(s));
+    CReplayOptions options;
+    options.strategy = s;
+    options.bitwise_updates = false;
+    check_c_planner_replay(context, call_on_host, options);
+  }
+  treeattn_context_destroy(context);
+}
+
+TEST_CASE("C planner: bad input names what is wrong") {
+  treeattn_context* context = cpu_context();
+  treeattn_tree* tree = nullptr;
+  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &tree) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, 5, -1, 0, 10) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(tree, 5, -1) == TREEATTN_OK);
+
+  treeattn_planner* planner = nullptr;
+  CHECK(treeattn_planner_create(context, nullptr, nullptr, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("initial") != std::string::npos);
+  CHECK(treeattn_planner_create(nullptr, tree, nullptr, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  treeattn_plan_options bad;
+  treeattn_plan_options_init(&bad);
+  int strategy = -1;  // what a C caller may store in an enum field
+  std::memcpy(&bad.strategy, &strategy, sizeof strategy);
+  CHECK(treeattn_planner_create(context, tree, &bad, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("strategy is -1") != std::string::npos);
+
+  REQUIRE(treeattn_planner_create(context, tree, nullptr, &planner) == TREEATTN_OK);
+  treeattn_tree_destroy(tree);
+  const treeattn_plan* plan = nullptr;
+  REQUIRE(treeattn_planner_update(planner, &plan) == TREEATTN_OK);
+  CHECK(treeattn_plan_num_queries(plan) == 1);
+  treeattn_plan_destroy(const_cast<treeattn_plan*>(plan));  // a planner's plan: left alone
+  CHECK(treeattn_plan_num_queries(plan) == 1);
+
+  treeattn_status status = treeattn_planner_add_node_range(planner, 6, 42, 10, 3);
+  if (status == TREEATTN_OK) status = treeattn_planner_update(planner, &plan);  // a parent is named at the update
+  CHECK(status == TREEATTN_ERROR_INVALID_TREE);
+  CHECK(last_error().find("42") != std::string::npos);
+  if (status == TREEATTN_ERROR_INVALID_TREE) REQUIRE(treeattn_planner_remove_node(planner, 6) == TREEATTN_OK);
+  CHECK(treeattn_planner_add_node_range(planner, 5, -1, 10, 3) == TREEATTN_ERROR_INVALID_TREE);
+  CHECK(last_error().find("node id 5") != std::string::npos);
+  CHECK(treeattn_planner_add_node(planner, 7, 5, nullptr, 2) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(treeattn_planner_add_node(planner, 7, 5, nullptr, -1) == TREEATTN_ERROR_INVALID_TREE);
+  const std::int64_t nodes[] = {5, 77};
+  CHECK(treeattn_planner_set_queries(planner, nodes, nullptr, 2) == TREEATTN_OK);
+  CHECK(treeattn_planner_update(planner, &plan) != TREEATTN_OK);  // query on node 77, named at the update
+  CHECK(last_error().find("77") != std::string::npos);
+  CHECK(treeattn_planner_set_queries(planner, nodes, nullptr, 1) == TREEATTN_OK);
+  status = treeattn_planner_append_range(planner, 5, -4, 1);
+  if (status == TREEATTN_OK) status = treeattn_planner_update(planner, &plan);  // a slot is checked at the update
+  CHECK(status == TREEATTN_ERROR_INVALID_TREE);
+  CHECK(last_error().find("node 5") != std::string::npos);
+  CHECK(treeattn_planner_update(nullptr, &plan) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  treeattn_planner_destroy(planner);
+  treeattn_planner_destroy(nullptr);
+
+  // graph-stable workspaces are CUDA's
+  treeattn_tree* one = nullptr;
+  treeattn_plan* whole = nullptr;
+  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &one) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(one, 0, -1, 0, 10) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(one, 0, -1) == TREEATTN_OK);
+  REQUIRE(treeattn_plan_create(context, one, nullptr, &whole) == TREEATTN_OK);
+  const treeattn_plan* plans[] = {whole};
+  CHECK(treeattn_context_graph_stable(context, plans, 1, 1.0) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("CUDA") != std::string::npos);
+  CHECK(treeattn_context_graph_stable(context, plans, 0, 1.0) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(treeattn_upload(context, whole, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  treeattn_plan_destroy(whole);
+  treeattn_tree_destroy(one);
+  treeattn_context_destroy(context);
+}

@@ -82,6 +82,10 @@ std::string pass_error(const Plan& plan, std::int32_t max_pass_rows, const Lower
     }
   }
   if (p != l.passes.size()) return say(l.passes.size() - p, " passes past the last item's");
+  // What a backend sizes its pass records by (the CUDA WorkspaceLimits).
+  std::size_t counted = 0;
+  for (std::int32_t item = 0; item < plan.num_items(); ++item) counted += std::size_t(item_passes(plan, item, max_pass_rows));
+  if (counted != l.passes.size()) return say("item_passes() counts ", counted, " passes, the lowering has ", l.passes.size());
   return {};
 }
 

@@ -31,16 +31,14 @@ layout(push_constant) uniform Params {
   uint group;            // heads_q / heads_kv
   uint out_type;         // 0 f16, 1 bf16, 2 f32
   float scale_log2;      // softmax scale * log2(e): logits in base 2
-  uint offsets[6];       // word offset of each plan array (kItemTokenSlot ... kMergePartial)
-  uint merge_in_order;   // merge_partial is 0, 1, 2, ...: a query's partials follow from kMergeBegin
+  uint offsets[5];       // word offset of each plan array (kItemTokenSlot ... kMergeBegin)
   uint groups;           // stage 1: its passes x heads_kv work groups; the merge: the queries (each over
                          // the query heads); the dispatch may hold more
   uint run;              // of those, the most in a run along x (numbered_work_group)
 } pc;
 
 // The plan arrays after the pass records (vk_plan.cpp writes them).
-const uint kItemTokenSlot = 0, kTileVisible = 1, kTileQuery = 2, kTilePartial = 3, kMergeBegin = 4,
-           kMergePartial = 5;
+const uint kItemTokenSlot = 0, kTileVisible = 1, kTileQuery = 2, kTilePartial = 3, kMergeBegin = 4;
 const uint kKvTileTokens = 64u;  // tokens per tile of kTileVisible (one bit each)
 const int kDirect = -1;
 const float kLn2 = 0.69314718055994531;
@@ -74,7 +72,8 @@ bool stage1_work_group(out uint pass_index, out uint kv_head) {
 // start of the plan's words.
 struct Pass {
   uint token_begin, tokens;   // the item's tokens in kItemTokenSlot (token_begin / 64: its first tile of kTileVisible)
-  uint tile_begin, tile_rows; // the item's first tile query; its rows (tile queries x group)
+  uint tile_begin, row_end;   // the item's first tile query; the end of the pass's rows (tile query x group
+                              // head of the item: row_end - row0 <= the work group's rows)
   uint row0;                  // the pass's first row
 };
 Pass load_pass(uint pass_index) {

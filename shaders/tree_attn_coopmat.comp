@@ -26,14 +26,14 @@ void main() {
   const uint tid = gl_LocalInvocationID.x, quad = tid % QUADS;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const Pass pass = load_pass(pass_index);
-  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows;
+  const uint tile_begin = pass.tile_begin, row_end = pass.row_end;
   const uint token_begin = pass.token_begin, tokens = pass.tokens;
 
   const uint sub_row0 = pass.row0 + sg * TILE;
-  const bool subgroup_live = sub_row0 < tile_rows;
+  const bool subgroup_live = sub_row0 < row_end;
   const uint r = lane >> 1, half_index = lane & 1u;
   const uint row = sub_row0 + r;
-  const bool row_live = row < tile_rows;
+  const bool row_live = row < row_end;
   const uint tile_query = row_live ? row / pc.group : 0u;
   const uint head = kv_head * pc.group + (row_live ? row % pc.group : 0u);
   const uint query = plan_word(kTileQuery, tile_begin + tile_query);

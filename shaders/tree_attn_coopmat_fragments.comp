@@ -23,15 +23,15 @@ void main() {
   const uint tid = gl_LocalInvocationID.x, quad = tid % QUADS;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const Pass pass = load_pass(pass_index);
-  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows;
+  const uint tile_begin = pass.tile_begin, row_end = pass.row_end;
   const uint token_begin = pass.token_begin, tokens = pass.tokens;
 
   const uint sub_row0 = pass.row0 + sg * TILE;
-  const bool subgroup_live = sub_row0 < tile_rows;
+  const bool subgroup_live = sub_row0 < row_end;
   // Lane pair (2r, 2r+1) loads row r's Q; the lane's own rows are g and g + 8.
   const uint r = lane >> 1, half_index = lane & 1u;
   const uint row = sub_row0 + r;
-  const bool row_live = row < tile_rows;
+  const bool row_live = row < row_end;
   const uint tile_query = row_live ? row / pc.group : 0u;
   const uint head = kv_head * pc.group + (row_live ? row % pc.group : 0u);
   const uint query = plan_word(kTileQuery, tile_begin + tile_query);
@@ -42,7 +42,7 @@ void main() {
   uint own_tile_query[2], own_head[2], own_query[2];
   [[unroll]] for (uint h = 0u; h < 2u; ++h) {
     const uint pair_lane = 2u * (g + 8u * h);
-    own_live[h] = sub_row0 + g + 8u * h < tile_rows;
+    own_live[h] = sub_row0 + g + 8u * h < row_end;
     own_tile_query[h] = subgroupShuffle(tile_query, pair_lane);
     own_head[h] = subgroupShuffle(head, pair_lane);
     own_query[h] = subgroupShuffle(query, pair_lane);

@@ -31,10 +31,10 @@ void main() {
   const uint tid = gl_LocalInvocationID.x;
   const Pass pass = load_pass(pass_index);
   const uint row = pass.row0 + tid / LANES, lane = tid % LANES;
-  const uint tile_begin = pass.tile_begin, tile_rows = pass.tile_rows;
+  const uint tile_begin = pass.tile_begin, row_end = pass.row_end;
   const uint token_begin = pass.token_begin, tokens = pass.tokens;
 
-  const bool row_live = row < tile_rows;
+  const bool row_live = row < row_end;
   const uint tile_query = row_live ? row / pc.group : 0u;
   const uint head = kv_head * pc.group + (row_live ? row % pc.group : 0u);
   const uint query = plan_word(kTileQuery, tile_begin + tile_query);

@@ -1,17 +1,16 @@
 #version 460
 // Stage 2: one work group per (query, query head) merges the query's partial
-// results with the log-sum-exp rule, in the plan's order (merge_partial
-// ascending), so the output is bitwise deterministic. Queries with no partials
-// were written by stage 1 and are skipped.
+// results with the log-sum-exp rule, in the plan's order, so the output is
+// bitwise deterministic. Queries with no partials were written by stage 1 and
+// are skipped.
 //
 // Each of the 32 threads owns HEAD_DIM / 32 consecutive dimensions and walks
 // the query's partials in steps of up to eight: it loads every partial's LSE
 // (the same word in every thread: one broadcast load) and its own slice of the
 // partial rows, all issued together, then rescales the running sum once per
-// step (online softmax over partials). A partial's row is known from
-// merge_begin alone where the plan numbers partials query by query (the
-// planner's order), so a step waits on one round of loads; in any other order
-// each partial is looked up in merge_partial first.
+// step (online softmax over partials). The uploaded plan numbers partials in
+// merge order (lowering.hpp), so a partial's row is known from merge_begin
+// alone and a step waits on one round of loads.
 #extension GL_GOOGLE_include_directive : require
 #include "attn_common.glsl"
 
@@ -27,8 +26,7 @@ void add_partials(uint m, uint last, uint step, uint head, uint d0, inout float 
                   inout float sum) {
   float lse[8], o[8][DIMS];
   [[unroll]] for (uint u = 0u; u < step; ++u) {
-    const uint at_m = min(m + u, last - 1u);
-    const uint partial = pc.merge_in_order != 0u ? at_m : plan_word(kMergePartial, at_m);
+    const uint partial = min(m + u, last - 1u);
     const uint row = partial * pc.heads_q + head;
     lse[u] = Floats(pc.partial_lse).f[row];
     const uint at = row * HEAD_DIM + d0;

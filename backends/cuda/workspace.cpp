@@ -10,11 +10,11 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
-#include <vector>
 
 #include "../../cuda/attn_launch.hpp"
 #include "device_buffer.hpp"
 #include "device_scope.hpp"
+#include "lowering.hpp"
 #include "treeattn/backend.hpp"
 #include "treeattn/cuda.hpp"
 
@@ -137,7 +137,7 @@ struct Workspace::State {
   bool copy_pending[2] = {false, false};
   int next = 0;
   std::size_t passes_filled = 0;  // pass records on the device that are not empty
-  std::vector<std::int32_t> item_tile;  // upload's: each item's first tile record, and the total
+  Lowering lowered;                // upload's, its vectors kept for the next plan
   KernelParams params{};      // the plan's part; enqueue adds the tensors
   LaunchGeometry geometry;
   CallShape shape;            // of the uploaded plan, for enqueue's checks
@@ -264,19 +264,15 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   unsigned char* host = s.staging[b].as<unsigned char>();
   const Layout layout(s.limits);
 
-  std::memcpy(host + layout.offset[kTileQuery], plan.tile_query.data(), plan.tile_query.size() * 4);
-  // The merge takes a query's partials from merge_begin's range: a plan that
-  // numbers them in another order gets them renumbered here, the CSR order
-  // kept (so the same sums in the same order: bitwise the same output).
-  auto* tile_partial = reinterpret_cast<std::int32_t*>(host + layout.offset[kTilePartial]);
-  std::copy(plan.tile_partial.begin(), plan.tile_partial.end(), tile_partial);
-  if (!plan.merge_in_order()) {
-    std::vector<std::int32_t> renumbered(std::size_t(plan.num_partials));
-    for (std::size_t m = 0; m < plan.merge_partial.size(); ++m) renumbered[std::size_t(plan.merge_partial[m])] = std::int32_t(m);
-    for (std::size_t k = 0; k < plan.tile_partial.size(); ++k) {
-      if (tile_partial[k] != kDirect) tile_partial[k] = renumbered[std::size_t(tile_partial[k])];
-    }
-  }
+  // The plan's passes, tiles and partials as every backend's kernels take
+  // them (lowering.hpp), in the layout of attn_params.hpp.
+  lower(plan, kRowsPerPass, s.lowered);
+  const Lowering& lowered = s.lowered;
+  auto put = [&](Array a, const auto& values) {
+    std::memcpy(host + layout.offset[a], values.data(), values.size() * sizeof(values[0]));
+  };
+  put(kTileQuery, plan.tile_query);
+  put(kTilePartial, lowered.tile_partial);
   // merge_begin up to the workspace's queries: the queries past the plan's
   // have no partials (the merge's grid may reach them).
   auto* merge_begin = reinterpret_cast<std::int32_t*>(host + layout.offset[kMergeBegin]);
@@ -286,52 +282,22 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   // The plan's tokens, segments and masks as they are, each segment's first
   // token counted in its block, and one source record per 64-token tile of
   // each item: the device builds the tile maps from them (tile_maps.cu).
-  auto put = [&](Array a, const auto& values) {
-    std::memcpy(host + layout.offset[a], values.data(), values.size() * sizeof(values[0]));
-  };
   put(kTokenSlot, plan.token_slot);
   put(kSegmentBegin, plan.segment_token_begin);
   put(kSegmentMask, plan.segment_mask);
-  auto* segment_offset = reinterpret_cast<std::int32_t*>(host + layout.offset[kSegmentOffset]);
-  for (std::int32_t block = 0; block < plan.num_blocks(); ++block) {
-    std::int32_t offset = 0;
-    for (std::int32_t g = plan.block_segment_begin[std::size_t(block)]; g < plan.block_segment_begin[std::size_t(block) + 1]; ++g) {
-      segment_offset[g] = offset;
-      offset += plan.segment_token_end[std::size_t(g)] - plan.segment_token_begin[std::size_t(g)];
-    }
-  }
-  // A tile's record names the segment of its first token, so the device
-  // reads the tile's segments at once instead of searching the block's.
+  put(kSegmentOffset, lowered.segment_offset);
   auto* sources = reinterpret_cast<TileSource*>(host + layout.offset[kTileSource]);
-  s.item_tile.resize(std::size_t(plan.num_items()) + 1);
-  std::int32_t tiles = 0;
-  for (std::int32_t item = 0; item < plan.num_items(); ++item) {
-    s.item_tile[std::size_t(item)] = tiles;
-    const std::int32_t block = plan.item_block[std::size_t(item)];
-    const std::int32_t first = plan.block_segment_begin[std::size_t(block)];
-    const std::int32_t end = plan.block_segment_begin[std::size_t(block) + 1];
-    const std::int32_t block_tokens =
-        segment_offset[end - 1] + plan.segment_token_end[std::size_t(end - 1)] - plan.segment_token_begin[std::size_t(end - 1)];
-    std::int32_t g = first;
-    for (std::int32_t token = 0; token < block_tokens; token += kTileTokens) {
-      while (g + 1 < end && segment_offset[g + 1] <= token) ++g;
-      sources[tiles++] = TileSource{g, end, plan.item_mask_begin[std::size_t(item)] + (g - first), token, block_tokens, {}};
-    }
+  const std::int32_t tiles = std::int32_t(lowered.tiles.size());
+  for (std::int32_t t = 0; t < tiles; ++t) {
+    const LoweredTile& l = lowered.tiles[std::size_t(t)];
+    sources[t] = TileSource{l.segment_first, l.segment_end, l.mask_first, l.first_token, l.block_tokens, {}};
   }
-  s.item_tile.back() = tiles;
-  // Each item's passes: ceil(query rows / tile rows) of them, item-major in
-  // the plan's launch order.
   auto* passes = reinterpret_cast<PassInfo*>(host + layout.offset[kPasses]);
-  std::size_t pass = 0;
-  const std::int32_t group = plan.heads.group_size();
-  for (std::int32_t k = 0; k < plan.num_items(); ++k) {
-    const std::size_t item = std::size_t(plan.launch_item(k));
-    const std::int32_t query_begin = plan.item_query_begin[item];
-    const std::int32_t rows = (plan.item_query_begin[item + 1] - query_begin) * group;
-    const std::int32_t tile_rows = plan.item_tile_rows[item];
-    for (std::int32_t row = 0; row < rows; row += tile_rows) {
-      passes[pass++] = PassInfo{query_begin, s.item_tile[item], s.item_tile[item + 1], row, std::min(rows, row + tile_rows), {}};
-    }
+  const std::size_t pass = lowered.passes.size();
+  for (std::size_t k = 0; k < pass; ++k) {
+    const LoweredPass& p = lowered.passes[k];
+    const std::size_t item = std::size_t(p.item);
+    passes[k] = PassInfo{p.query_begin, lowered.item_tile[item], lowered.item_tile[item + 1], p.row_begin, p.row_end, {}};
   }
 
   // The records past this plan's that an earlier plan filled are emptied (a

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "lowering.hpp"
+
 namespace treeattn::vulkan {
 namespace {
 
@@ -16,31 +18,26 @@ void append(EncodedPlan& e, Array array, const std::vector<T>& values) {
 
 }  // namespace
 
-EncodedPlan encode_plan(const Plan& plan, std::uint32_t rows_per_pass) {
+EncodedPlan encode_plan(const Plan& plan, const Lowering& lowered) {
   EncodedPlan e;
   const ItemTokenMap map = item_token_map(plan, kKvTileTokens);
   // One record per pass, everything its work group needs before the gather,
   // so a work group starts with one 32-byte load instead of a chain of lookups.
-  // In the plan's launch order.
-  const std::int32_t group = plan.heads.group_size();
-  for (std::int32_t k = 0; k < plan.num_items(); ++k) {
-    const std::size_t item = std::size_t(plan.launch_item(k));
-    const std::int32_t tokens = plan.block_token_count(plan.item_block[item]);
-    const std::int32_t tile_begin = plan.item_query_begin[item];
-    const std::int32_t rows = (plan.item_query_begin[item + 1] - tile_begin) * group;
-    for (std::int32_t row = 0; row < rows; row += std::int32_t(rows_per_pass)) {
-      const std::int32_t fields[kPassWords] = {map.begin[item], tokens, tile_begin, rows, row, 0, 0, 0};
-      for (std::int32_t field : fields) e.words.push_back(std::uint32_t(field));
-      ++e.passes;
-    }
+  // The item's tiles are its tiles of the token map (both 64 tokens each).
+  e.words.reserve(lowered.passes.size() * kPassWords);
+  for (const LoweredPass& pass : lowered.passes) {
+    const std::size_t item = std::size_t(pass.item);
+    const LoweredTile& first = lowered.tiles[std::size_t(lowered.item_tile[item])];
+    const std::int32_t fields[kPassWords] = {lowered.item_tile[item] * kKvTileTokens, first.block_tokens, pass.query_begin,
+                                             pass.row_end, pass.row_begin, 0, 0, 0};
+    for (std::int32_t field : fields) e.words.push_back(std::uint32_t(field));
   }
+  e.passes = std::uint32_t(lowered.passes.size());
   append(e, kItemTokenSlot, map.slot);
   append(e, kTileVisible, map.visible);
   append(e, kTileQuery, plan.tile_query);
-  append(e, kTilePartial, plan.tile_partial);
+  append(e, kTilePartial, lowered.tile_partial);
   append(e, kMergeBegin, plan.merge_begin);
-  append(e, kMergePartial, plan.merge_partial);
-  e.merge_in_order = plan.merge_in_order();
   return e;
 }
 

@@ -110,7 +110,6 @@ void Workspace::State::record(VkCommandBuffer commands, const LayerTensors& t) {
   pc.out_type = out_type(t.out);
   pc.scale_log2 = shape.heads.effective_scale() * 1.4426950408889634f;
   std::copy(std::begin(encoded.offsets), std::end(encoded.offsets), pc.offsets);
-  pc.merge_in_order = encoded.merge_in_order ? 1 : 0;
   pc.groups = stage1.count;
   pc.run = stage1.length;
   record_compute_barrier(commands);
@@ -141,7 +140,8 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   s.stage1_pipeline = &ctx.stage1_pipeline(s.variant, d, s.inputs == DType::bf16);
   s.merge_pipeline = &ctx.merge_pipeline(d);
 
-  s.encoded = encode_plan(plan, rows_per_pass(s.variant));
+  lower(plan, std::int32_t(rows_per_pass(s.variant)), s.lowered);
+  s.encoded = encode_plan(plan, s.lowered);
   const std::uint64_t passes = s.encoded.passes;
   s.stage1 = runs_of(caps, ctx.max_dispatch_run, passes * std::uint64_t(plan.heads.heads_kv), 1,
                      fmt::format("{} passes x {} KV heads stage-1 work groups (plan with longer blocks or more queries "

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "context_state.hpp"
+#include "lowering.hpp"
 #include "treeattn/backend.hpp"
 #include "vk_buffer.hpp"
 #include "vk_plan.hpp"
@@ -61,6 +62,7 @@ struct Workspace::State {
   bool uploaded = false;
   CallShape shape;
   Variant variant = Variant::scalar;
+  Lowering lowered;                  // its vectors kept for the next plan
   EncodedPlan encoded;
   Runs stage1, merge;
   std::size_t partial_rows = 0;

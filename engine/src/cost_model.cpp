@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "fail.hpp"
+#include "lowering.hpp"
 #include "plan_shape.hpp"
 #include "treeattn/plan.hpp"
 
@@ -20,16 +21,17 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 
 constexpr double kAutoLadderAnchor = 256.0;  // tokens: the rung of auto_block_candidates' ladder at k = 0
 
-// How the kernels run an item of `rows` query rows in passes of `tile_rows`:
-// every pass of 16 rows or fewer (a small tile, or a large tile's last rows)
-// takes the small path.
+// How the kernels run an item of `rows` query rows in passes of `tile_rows`
+// (row_passes()): every pass of 16 rows or fewer (a small tile, or a large
+// tile's last rows) takes the small path.
 struct PassSplit {
   std::int64_t large, small;
 };
 PassSplit split_passes(std::int64_t rows, std::int32_t tile_rows) {
-  if (tile_rows <= kSmallTileRows) return {0, ceil_div(rows, tile_rows)};
-  const std::int64_t remainder = rows % tile_rows;
-  return {rows / tile_rows + (remainder > kSmallTileRows), remainder > 0 && remainder <= kSmallTileRows};
+  const std::int64_t passes = row_passes(rows, tile_rows);
+  const std::int64_t last_rows = rows - (passes - 1) * tile_rows;
+  const std::int64_t small = tile_rows <= kSmallTileRows ? passes : std::int64_t(passes > 0 && last_rows <= kSmallTileRows);
+  return {passes - small, small};
 }
 
 struct Coefficient {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "fail.hpp"
+#include "lowering.hpp"
 
 namespace treeattn {
 
@@ -358,7 +359,7 @@ PlanStats compute_stats(const Plan& plan) {
     token_sum += tokens;
     query_sum += queries;
     const std::int32_t tile_rows = plan.item_tile_rows[std::size_t(i)];
-    st.passes += (std::int64_t(queries) * plan.heads.group_size() + tile_rows - 1) / tile_rows;
+    st.passes += row_passes(std::int64_t(queries) * plan.heads.group_size(), tile_rows);
     st.small_tile_items += tile_rows == kSmallTileRows;
     // Every (query, token) pair a mask grants is one a Q-guided kernel reads: with
     // exact coverage their total is the sum of the queries' path lengths.

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "fail.hpp"
+#include "lowering.hpp"
 #include "treeattn/cuda.hpp"
 
 namespace treeattn::cuda {
@@ -25,10 +26,8 @@ WorkspaceLimits WorkspaceLimits::of(const Plan& plan) {
   l.tile_entries = std::int32_t(plan.tile_query.size());
   l.partials = plan.num_partials;
   l.merge_fanin = plan.max_merge_fanin();
-  const std::int32_t group = plan.heads.group_size();
   for (std::int32_t item = 0; item < plan.num_items(); ++item) {
-    const std::int32_t rows = (plan.item_query_begin[std::size_t(item) + 1] - plan.item_query_begin[std::size_t(item)]) * group;
-    l.passes += ceil_div(rows, plan.item_tile_rows[std::size_t(item)]);
+    l.passes += item_passes(plan, item, kLargeTileRows);  // a CUDA pass takes up to a large tile's rows
     l.kv_tiles += ceil_div(plan.block_token_count(plan.item_block[std::size_t(item)]), kKvTileTokens);
   }
   l.tokens = plan.num_tokens();

@@ -298,8 +298,9 @@ TEST_CASE("conformance: two threads, each planning and running on its own backen
 
 TEST_CASE("conformance: a plan whose partials are numbered in another valid order gives bitwise the same output") {
   // The planner numbers partials query by query (merge_partial 0, 1, 2, ...),
-  // which the CUDA and Vulkan merges exploit; a plan numbered otherwise (here
-  // the queries' ranges in reverse) must take the general path to the same bits.
+  // which the CUDA and Vulkan merges rely on; a plan numbered otherwise (here
+  // the queries' ranges in reverse) is renumbered by the lowering at upload
+  // (engine/src/lowering.hpp) and must give the same bits.
   auto backend = make_test_backend();
   const Tree tree = determinism_forest();
   Inputs in = make_inputs(tree, DType::f16, 4);
@@ -323,7 +324,7 @@ TEST_CASE("conformance: a plan whose partials are numbered in another valid orde
   }
   validate(renumbered);
   REQUIRE(renumbered.merge_partial != planned.merge_partial);
-  REQUIRE(planned.merge_in_order());  // the two plans take the two paths
+  REQUIRE(planned.merge_in_order());  // the second plan is renumbered, the first is not
   REQUIRE_FALSE(renumbered.merge_in_order());
   const Outputs expected = run_plan(*backend, tree, in, planned);
   const Outputs got = run_plan(*backend, tree, in, renumbered);

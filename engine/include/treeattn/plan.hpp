@@ -26,6 +26,12 @@
 //              (cost_model.hpp). A kernel runs ceil(rows / tile rows) passes per
 //              item and KV head, each re-reading the block (from L2); small
 //              tiles split the KV tile over the warps instead of padding rows.
+//              A backend may take fewer rows a pass than a large tile where its
+//              kernel cannot take more (never fewer than kSmallTileRows): its
+//              passes are then min(tile rows, its rows a pass) rows each. The
+//              CUDA kernels and the Vulkan cooperative-matrix shaders take
+//              either tile; the Vulkan scalar shader takes 16 rows a pass.
+//              Every backend's passes come from one lowering (engine/src/lowering.hpp).
 //   partial    where a tile query's result goes: tile_partial[k] is a slot of
 //              the fp32 partial buffers (O_part [num_partials, heads_q, head_dim],
 //              LSE_part [num_partials, heads_q]), or kDirect when that item is the

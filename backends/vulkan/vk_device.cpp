@@ -54,9 +54,9 @@ std::shared_ptr<Instance> Instance::get(bool validation, const LogSink& log) {
   //  * destroying the last instance makes the loader unload the driver, and
   //    loading NVIDIA's again takes static TLS that glibc does not give back:
   //    on the H100 a process built without CUDA (which keeps the driver loaded)
-  //    found "no driver" at about its 26th backend;
-  //  * destroying it at exit instead crashed: NVIDIA's driver has torn itself
-  //    down by then.
+  //    finds "no driver" at about its 26th backend;
+  //  * destroying it at exit crashes: NVIDIA's driver has torn itself down by
+  //    then.
   // Devices, buffers and pipelines still go with their backends.
   static std::mutex mutex;
   static std::shared_ptr<Instance> shared;

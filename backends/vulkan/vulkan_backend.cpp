@@ -209,9 +209,9 @@ std::vector<double> VulkanBackend::time_layers(const Plan& plan, const Attention
   sequence.copy(staged_->o, staged_->readback, a.o.bytes());
   sequence.end();
   std::vector<double> us;
-  // Warm-up: 200 ms of replays before any is timed. After a single one, some
-  // processes timed some trees up to 1.7x slower, often for every replay, so a
-  // tree's median moved between runs of one binary (H100: 1x1024/4x256/... 173
+  // Warm-up: 200 ms of replays before any is timed. With a single one, some
+  // processes time some trees up to 1.7x slower, often for every replay, so a
+  // tree's median moves between runs of one binary (H100: 1x1024/4x256/... 173
   // to 296 us); after 200 ms, three runs agree within 0.5 % on every tree.
   const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
   do {

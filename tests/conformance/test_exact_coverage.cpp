@@ -59,7 +59,7 @@ Tree speculative_tree(const HeadConfig& heads, std::int64_t prefix) {
 }
 
 // A chain of `nodes` short nodes (1 to 9 tokens), queried at every 25th
-// node, one of them up to its middle.
+// node (up to its middle where it has more than two tokens) and at its end.
 Tree deep_chain(const HeadConfig& heads, std::int64_t nodes) {
   Tree tree(heads);
   std::int64_t slot = 0;

@@ -1,5 +1,6 @@
 #include "support/exact_coverage.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 

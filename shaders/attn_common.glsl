@@ -54,8 +54,8 @@ void load_kv_bases() {
 // A dispatch's `groups` work groups lie in runs of `run` along x, the runs
 // along y (stage 1) or z (the merge), as many as a device takes in one
 // dimension (at least 65 535): this work group's index among them. The run
-// comes in the push constants rather than from gl_NumWorkGroups, whose use cost
-// a dispatch 0.2-0.3 us on the H100 (docs/performance.md).
+// comes in the push constants rather than from gl_NumWorkGroups, whose use
+// costs a dispatch 0.2-0.3 us on the H100 (docs/performance.md).
 uint numbered_work_group(uint run_index) { return run_index * pc.run + gl_WorkGroupID.x; }
 
 // Stage 1's work group: its pass and KV head, numbered pass-major with the KV

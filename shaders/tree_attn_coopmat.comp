@@ -121,7 +121,7 @@ void main() {
     subgroup_sync();
     // O is multiplied on every chunk, by ones unless a reference moved: only
     // the factor matrix differs between the paths, so O keeps its registers
-    // (a rescale in the branch made the driver copy half of O's accumulators
+    // (with a rescale in the branch the driver copies half of O's accumulators
     // out and back around each chunk's P V products).
     ACC factor = ACC(1.0);
     if (rescale) coopMatLoad(factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);

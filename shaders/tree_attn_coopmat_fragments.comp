@@ -75,9 +75,9 @@ void main() {
   // c was last read in chunk c - 2, which every subgroup left before chunk
   // c - 1's barrier. What needs no stage goes before the barrier: the next
   // chunk's loads (in flight through it) and lookups, and this chunk's
-  // visibility bits (work for the wait). Over one stage and two barriers the
-  // loads after the barrier gained 1.009x, before it 1.02x; the landed rows
-  // stored after the math instead ran 0.88x (docs/performance.md).
+  // visibility bits (work for the wait). On the H100, over one stage and two
+  // barriers: 1.02x (1.009x with the loads after the barrier); the landed rows
+  // stored after the math instead: 0.88x (docs/performance.md, What was tried).
   for (uint chunk0 = 0u, base = 0u; chunk0 < tokens; chunk0 += CHUNK, base ^= STAGE_QUADS) {
     store_rows(tid, quad, base);
     gather_rows(kv_head, quad);
@@ -132,7 +132,8 @@ void main() {
       running_sum[h] = running_sum[h] * alpha[h] + sum[h];
       running_max[h] = new_max[h];
     }
-    // Unconditional (alpha is 1 on most chunks): under a vote it ran 0.95x.
+    // Unconditional, though alpha is 1 on most chunks: skipped under a subgroup
+    // vote, 0.95x (docs/performance.md).
     [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
       [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) o[n][i] *= alpha[i >> 2];
     }
@@ -151,8 +152,9 @@ void main() {
     inv[h] = own_live[h] ? 1.0 / total : 0.0;
     lse2[h] = running_max[h] + log2(total);
   }
-  // One branch per row, outside its stores: with a branch per store (on the
-  // row and the output's kind) the trees of many small passes ran 0.95x.
+  // One branch per row, outside its stores: a branch per store (on the row and
+  // the output's kind) runs the trees of many small passes at 0.95x
+  // (docs/performance.md).
   [[unroll]] for (uint h = 0u; h < 2u; ++h) {
     if (!own_live[h]) continue;
     if (own_partial[h] == kDirect) {
@@ -173,7 +175,7 @@ void main() {
       }
     }
   }
-  // The LSEs after all rows' stores (inside each row's branch they ran 0.99x).
+  // The LSEs after all rows' stores (inside each row's branch: 0.99x).
   [[unroll]] for (uint h = 0u; h < 2u; ++h) {
     if (own_live[h] && t == 0u) {
       if (own_partial[h] == kDirect) {

@@ -60,8 +60,8 @@ void main() {
     const uint64_t seen = (uint64_t(visible_word(tile, tile_query, 1u)) << 32 | visible_word(tile, tile_query, 0u)) >>
                           (chunk0 % kKvTileTokens);
     barrier();
-    // Every slot index first, then every row, then the stores: a loop that
-    // loaded and stored one row at a time paid two memory latencies per row.
+    // Every slot index first, then every row, then the stores: loading and
+    // storing one row at a time pays two memory latencies per row.
     // Positions past the chunk read the block's first token and are never used.
     uint slot[LOADS];
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {

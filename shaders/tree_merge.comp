@@ -69,8 +69,8 @@ void main() {
   float running_max = -1.0 / 0.0, sum = 0.0;
   // Eight partials a step where more than four are left, else four: one round
   // of loads for a query's usual 5-8 partials, and no rereads for the 2-4 of
-  // short trees (eight on every step cost those up to 0.7 %; sixteen where
-  // more than eight are left cost 0.4 % overall: docs/performance.md).
+  // short trees (eight on every step: up to 0.7 % slower on those; sixteen
+  // where more than eight are left: 0.4 % slower overall; docs/performance.md).
   for (uint m = first; m < last;) {
     if (last - m > 4u) {
       add_partials(m, last, 8u, head, d0, acc, running_max, sum);

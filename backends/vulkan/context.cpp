@@ -222,7 +222,7 @@ CostModel Context::State::cost_model() const {
 // --- the public face ---------------------------------------------------------
 
 Context::Context(const ContextOptions& options)
-    : state_(std::make_unique<State>(options, Instance::get(options.validation), nullptr)) {}
+    : state_(std::make_unique<State>(options, Instance::get(options.validation, options.log), nullptr)) {}
 Context::Context(const ExternalDevice& device, const ContextOptions& options)
     : state_(std::make_unique<State>(options, device)) {}
 Context::Context(std::unique_ptr<State> state) : state_(std::move(state)) {}

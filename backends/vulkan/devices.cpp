@@ -32,9 +32,9 @@ const char* component_name(VkComponentTypeKHR type) {
 
 std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions& options) {
   using namespace vulkan;
-  const std::shared_ptr<Instance> instance = Instance::get(options.vk_validation);
+  const std::shared_ptr<Instance> instance = Instance::get(options.vk_validation, options.log);
   const std::vector<DeviceCaps> devices = probe_devices(*instance);
-  const DeviceCaps* selected = devices.empty() ? nullptr : &select_device(devices, options.device);
+  const DeviceCaps* selected = devices.empty() ? nullptr : &select_device(devices, context_options(options).device);
   std::vector<VulkanDeviceReport> reports;
   for (const DeviceCaps& c : devices) {
     VulkanDeviceReport r;

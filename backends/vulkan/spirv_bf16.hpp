@@ -9,7 +9,7 @@
 // exactly what SPV_KHR_bfloat16 allows a bfloat16 value. So declaring its one
 // 16-bit float type with the BFloat16KHR encoding turns it into the bf16 shader:
 // Q, K and V are read as bf16, P is rounded to bf16, the products accumulate
-// in f32 as before.
+// in f32 as in the f16 build.
 
 #include <cstddef>
 #include <cstdint>

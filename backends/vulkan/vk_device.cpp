@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <mutex>
@@ -17,19 +15,16 @@ namespace {
 
 std::atomic<int> g_validation_messages{0};
 
+// `user` is the LogSink the instance keeps (the instance is never destroyed).
 VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                                      VkDebugUtilsMessageTypeFlagsEXT,
-                                                     const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+                                                     const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
   if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
     ++g_validation_messages;
-    std::fprintf(stderr, "treeattn: Vulkan validation: %s\n", data->pMessage);
+    log_to(*static_cast<const LogSink*>(user), LogLevel::warning,
+           fmt::format("treeattn: Vulkan validation: {}", data->pMessage));
   }
   return VK_FALSE;
-}
-
-bool env_flag(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
 }
 
 bool has_layer(const char* name) {
@@ -54,20 +49,19 @@ constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 
 }  // namespace
 
-std::shared_ptr<Instance> Instance::get(bool validation) {
+std::shared_ptr<Instance> Instance::get(bool validation, const LogSink& log) {
   // One instance per process, created on first use and never destroyed:
   //  * destroying the last instance makes the loader unload the driver, and
   //    loading NVIDIA's again takes static TLS that glibc does not give back:
   //    on the H100 a process built without CUDA (which keeps the driver loaded)
-  //    found "no driver" at about its 26th backend;
-  //  * destroying it at exit instead crashed: NVIDIA's driver has torn itself
-  //    down by then.
+  //    finds "no driver" at about its 26th backend;
+  //  * destroying it at exit crashes: NVIDIA's driver has torn itself down by
+  //    then.
   // Devices, buffers and pipelines still go with their backends.
   static std::mutex mutex;
   static std::shared_ptr<Instance> shared;
   std::lock_guard<std::mutex> lock(mutex);
-  validation = validation || env_flag("TREEATTN_VK_VALIDATION");
-  if (!shared) shared = std::shared_ptr<Instance>(new Instance(validation), [](Instance*) {});
+  if (!shared) shared = std::shared_ptr<Instance>(new Instance(validation, log), [](Instance*) {});
   if (validation && !shared->validation()) {
     throw Error(ErrorCategory::Backend,
                 "Vulkan validation was asked for, but this process's instance was created without it: ask for it "
@@ -76,7 +70,7 @@ std::shared_ptr<Instance> Instance::get(bool validation) {
   return shared;
 }
 
-Instance::Instance(bool validation) {
+Instance::Instance(bool validation, const LogSink& log) : log_(log) {
   if (volkInitialize() != VK_SUCCESS) {
     throw Error(ErrorCategory::Backend,
                 "no Vulkan loader (libvulkan.so.1) on this machine: install the Vulkan loader and a driver "
@@ -102,6 +96,7 @@ Instance::Instance(bool validation) {
   messenger.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                           VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
   messenger.pfnUserCallback = on_validation_message;
+  messenger.pUserData = &log_;
   if (validation) {
     info.enabledLayerCount = 1;
     info.ppEnabledLayerNames = layers;
@@ -322,14 +317,6 @@ const DeviceCaps& select_device(const std::vector<DeviceCaps>& devices, int requ
     throw Error(ErrorCategory::Backend,
                 "no Vulkan device: the loader found no driver (Debian: mesa-vulkan-drivers gives the lavapipe CPU "
                 "device; set VK_DRIVER_FILES to a driver's ICD json), or use --backend cpu");
-  }
-  const char* from_env = std::getenv("TREEATTN_VK_DEVICE");
-  if (requested < 0 && from_env != nullptr && *from_env != '\0') {
-    char* end = nullptr;
-    requested = int(std::strtol(from_env, &end, 10));
-    if (*end != '\0' || requested < 0) {
-      throw Error(ErrorCategory::InvalidArgument, fmt::format("TREEATTN_VK_DEVICE='{}' is not a device index", from_env));
-    }
   }
   if (requested >= 0) {
     if (std::size_t(requested) >= devices.size()) {

@@ -9,20 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "treeattn/log.hpp"
 #include "vk_api.hpp"
 
 namespace treeattn::vulkan {
 
-// The process-wide instance. `validation` (or TREEATTN_VK_VALIDATION=1, the
-// same request from a test harness) enables the Khronos validation layer when
-// the instance is created; its messages go to stderr and are counted.
+// The process-wide instance. `validation` enables the Khronos validation layer
+// when the instance is created; its warnings and errors are counted and go to
+// the creator's log sink as warnings.
 class Instance {
  public:
   // The process's instance, created on first use and never destroyed (the
-  // .cpp says why). Throws Backend when no Vulkan loader or no Vulkan 1.2
-  // implementation exists; the next call then tries again.
+  // .cpp says why): the first call's `validation` and `log` decide, and the
+  // instance keeps that sink for the process's life (it may be called from any
+  // thread that makes Vulkan calls). Throws Backend when no Vulkan loader or no
+  // Vulkan 1.2 implementation exists; the next call then tries again.
   // Throws Backend when validation is asked of an instance made without it.
-  static std::shared_ptr<Instance> get(bool validation = false);
+  static std::shared_ptr<Instance> get(bool validation = false, const LogSink& log = {});
   // The application's instance, used as it is (never destroyed here): volk
   // loads its functions through `get_instance_proc_addr`. Throws Backend when
   // it is older than Vulkan 1.2.
@@ -36,8 +39,9 @@ class Instance {
   static int validation_messages() noexcept;
 
  private:
-  explicit Instance(bool validation);
+  Instance(bool validation, const LogSink& log);
   explicit Instance(VkInstance borrowed) : instance_(borrowed) {}
+  LogSink log_;  // where validation messages go
   VkInstance instance_ = VK_NULL_HANDLE;
   VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
 };
@@ -117,9 +121,9 @@ struct FeatureChain {
   FeatureChain& operator=(const FeatureChain&) = delete;
 };
 
-// `requested` >= 0 picks that index; otherwise TREEATTN_VK_DEVICE when set;
-// otherwise the first discrete GPU, then integrated, virtual, CPU. Throws
-// Backend naming the valid range when the index does not exist.
+// `requested` >= 0 picks that index; otherwise the first discrete GPU, then
+// integrated, virtual, CPU. Throws Backend naming the valid range when the
+// index does not exist.
 const DeviceCaps& select_device(const std::vector<DeviceCaps>& devices, int requested);
 
 class Device {

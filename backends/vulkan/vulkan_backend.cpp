@@ -26,17 +26,6 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
   }
 }
 
-ContextOptions context_options(const BackendOptions& o) {
-  ContextOptions c;
-  c.device = o.device;
-  c.variant = o.vk_variant;
-  c.verbose = o.verbose;
-  c.log = o.log;
-  c.pipeline_cache_path = o.vk_pipeline_cache;
-  c.validation = o.vk_validation;
-  return c;
-}
-
 std::unique_ptr<Context::State> make_state(const BackendOptions& o, std::shared_ptr<Instance> instance,
                                            const DeviceCaps* caps) {
   auto state = std::make_unique<Context::State>(context_options(o), std::move(instance), caps);
@@ -46,6 +35,17 @@ std::unique_ptr<Context::State> make_state(const BackendOptions& o, std::shared_
 }
 
 }  // namespace
+
+ContextOptions context_options(const BackendOptions& o) {
+  ContextOptions c;
+  c.device = o.device >= 0 ? o.device : o.vk_device;
+  c.variant = o.vk_variant;
+  c.verbose = o.verbose;
+  c.log = o.log;
+  c.pipeline_cache_path = o.vk_pipeline_cache;
+  c.validation = o.vk_validation;
+  return c;
+}
 
 // One call's device buffers: the tensors, and `pools` copies of the KV pool
 // (one per benchmarked layer), each split into chunks of at most the device's
@@ -57,7 +57,7 @@ struct VulkanBackend::Staged {
 };
 
 VulkanBackend::VulkanBackend(const BackendOptions& options)
-    : VulkanBackend(make_state(options, Instance::get(options.vk_validation), nullptr)) {}
+    : VulkanBackend(make_state(options, Instance::get(options.vk_validation, options.log), nullptr)) {}
 
 VulkanBackend::VulkanBackend(std::unique_ptr<Context::State> state) : context_(std::move(state)) {}
 
@@ -69,9 +69,9 @@ std::unique_ptr<Backend> VulkanBackend::make_for_gpu(const BackendOptions& optio
   std::vector<DeviceCaps> devices;
   const DeviceCaps* caps = nullptr;
   try {
-    instance = Instance::get(options.vk_validation);
+    instance = Instance::get(options.vk_validation, options.log);
     devices = probe_devices(*instance);
-    if (!devices.empty()) caps = &select_device(devices, options.device);
+    if (!devices.empty()) caps = &select_device(devices, context_options(options).device);
   } catch (const Error&) {
     return nullptr;  // no loader, no driver, or a bad device index: not a GPU to pick automatically
   }
@@ -244,9 +244,9 @@ std::vector<double> VulkanBackend::time_layers(const Plan& plan, const Attention
   sequence.copy(staged_->o, staged_->readback, a.o.bytes());
   sequence.end();
   std::vector<double> us;
-  // Warm-up: 200 ms of replays before any is timed. After a single one, some
-  // processes timed some trees up to 1.7x slower, often for every replay, so a
-  // tree's median moved between runs of one binary (H100: 1x1024/4x256/... 173
+  // Warm-up: 200 ms of replays before any is timed. With a single one, some
+  // processes time some trees up to 1.7x slower, often for every replay, so a
+  // tree's median moves between runs of one binary (H100: 1x1024/4x256/... 173
   // to 296 us); after 200 ms, three runs agree within 0.5 % on every tree.
   const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
   do {

@@ -14,6 +14,9 @@
 
 namespace treeattn::vulkan {
 
+// The Vulkan part of `o`: the device is `device`, or `vk_device` where that is -1.
+ContextOptions context_options(const BackendOptions& o);
+
 class VulkanBackend final : public Backend {
  public:
   // Throws Backend naming the reason when no usable Vulkan device exists.

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -66,9 +67,25 @@ std::vector<std::string> model_names() {
 BackendFlags::BackendFlags() {
   options.log = [](LogLevel, const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); };
   if (const char* path = std::getenv("TREEATTN_VK_PIPELINE_CACHE"); path != nullptr) options.vk_pipeline_cache = path;
+  const char* validation = std::getenv("TREEATTN_VK_VALIDATION");
+  options.vk_validation = validation != nullptr && *validation != '\0' && std::string(validation) != "0";
+  if (const char* device = std::getenv("TREEATTN_VK_DEVICE"); device != nullptr && *device != '\0') {
+    char* end = nullptr;
+    const long index = std::strtol(device, &end, 10);
+    if (*end == '\0' && index >= 0 && index <= std::numeric_limits<int>::max()) {
+      options.vk_device = int(index);
+    } else {
+      bad_vk_device = device;
+    }
+  }
 }
 
 void BackendFlags::add_to(CLI::App& sub) {
+  sub.parse_complete_callback([this] {
+    if (!bad_vk_device.empty()) {
+      throw CLI::ValidationError("TREEATTN_VK_DEVICE", "'" + bad_vk_device + "' is not a device index (0, 1, ...)");
+    }
+  });
   sub.add_option("--threads", options.threads, "CPU backend threads (0: one per hardware thread)")
       ->check(CLI::NonNegativeNumber);
   sub.add_option("--device", options.device,

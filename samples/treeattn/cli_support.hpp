@@ -55,11 +55,17 @@ struct PlanFlags {
 struct BackendFlags {
   BackendOptions options;
 
-  // The CLI's messages go to stderr, and TREEATTN_VK_PIPELINE_CACHE names the
-  // Vulkan pipeline cache file (the library itself reads neither).
+  // The CLI's messages go to stderr; TREEATTN_VK_PIPELINE_CACHE names the
+  // Vulkan pipeline cache file, TREEATTN_VK_DEVICE the Vulkan device where
+  // --device is not given, and TREEATTN_VK_VALIDATION=1 turns the Khronos
+  // validation layer on (the library itself reads none of them).
   BackendFlags();
 
+  // Adds the flags; a TREEATTN_VK_DEVICE that is not an index fails the parse.
   void add_to(CLI::App& sub);
+
+ private:
+  std::string bad_vk_device;  // TREEATTN_VK_DEVICE's text when it is not a device index
 };
 
 // --block-tokens: a count in [1, 65536], or "auto" (kAutoBlockTokens); throws

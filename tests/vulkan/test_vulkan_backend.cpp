@@ -2,8 +2,8 @@
 // shader variant this device runs (scalar everywhere, coopmat where the device
 // and the build have it, and coopmat-shared too where coopmat runs the
 // fragments shader), plus what is particular to Vulkan. The Khronos
-// validation layer is on (ctest sets TREEATTN_VK_VALIDATION=1) and any message
-// it reports fails the program. Without a Vulkan device the program says so and
+// validation layer is on (ctest sets TREEATTN_VK_VALIDATION=1, which
+// harness_options() passes on) and any message it reports fails the program. Without a Vulkan device the program says so and
 // exits 77, which ctest reports as skipped.
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -28,6 +28,7 @@
 #include "../backends/vulkan/vulkan_backend.hpp"
 #include "lowering.hpp"
 #include "support/conformance.hpp"
+#include "support/harness_options.hpp"
 #include "support/oracle.hpp"
 #include "support/plan_check.hpp"
 #include "treeattn/error.hpp"
@@ -41,7 +42,7 @@ namespace {
 std::string g_variant = "scalar";  // the variant this pass of the suite forces
 
 BackendOptions variant_options(const std::string& variant) {
-  BackendOptions options;
+  BackendOptions options = harness_options();
   options.vk_variant = variant;
   return options;
 }
@@ -176,7 +177,7 @@ TEST_CASE("a pipeline cache file carries compiled pipelines to the next backend,
   REQUIRE(written.size() >= sizeof(VkPipelineCacheHeaderVersionOne));  // at least the header the driver validates
 
   const std::vector<vulkan::DeviceCaps> devices = vulkan::probe_devices(*vulkan::Instance::get());
-  const vulkan::DeviceCaps& caps = vulkan::select_device(devices, -1);
+  const vulkan::DeviceCaps& caps = vulkan::select_device(devices, harness_options().vk_device);
   CHECK(caps.pipeline_cache_matches(written));
   std::vector<char> foreign = written;
   foreign[16] ^= 0x5a;  // a byte of pipelineCacheUUID
@@ -374,7 +375,7 @@ TEST_CASE("the timed layers compute what run() computes") {
 int main(int argc, char** argv) {
   std::vector<VulkanDeviceReport> devices;
   try {
-    devices = vulkan_devices();
+    devices = vulkan_devices(harness_options());  // the process's first Vulkan call: validation from here on
   } catch (const Error& e) {
     std::printf("test_vulkan: %s: skipping the Vulkan suite\n", e.what());
     return 77;

@@ -9,17 +9,20 @@
 #include "../backends/vulkan/context_state.hpp"
 #include "../backends/vulkan/vk_buffer.hpp"
 #include "../backends/vulkan/vk_sequence.hpp"
+#include "../backends/vulkan/vulkan_backend.hpp"
 #include <cstring>
 
 #include "support/c_replay.hpp"
 #include "support/c_tensor.hpp"
 #include "support/conformance.hpp"
+#include "support/harness_options.hpp"
 #include "support/oracle.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/treeattn_vulkan.h"
 #include "treeattn/vulkan.hpp"
 
 using namespace treeattn;
+using treeattn::test::harness_options;
 
 namespace {
 
@@ -79,7 +82,7 @@ TEST_CASE("an application's device: only the features it enabled count, from cor
 TEST_CASE("a Context on an application's device without bufferDeviceAddress is refused by name") {
   const std::shared_ptr<vulkan::Instance> instance = vulkan::Instance::get();
   const std::vector<vulkan::DeviceCaps> devices = vulkan::probe_devices(*instance);
-  const vulkan::DeviceCaps& caps = vulkan::select_device(devices, -1);
+  const vulkan::DeviceCaps& caps = vulkan::select_device(devices, harness_options().vk_device);
   vulkan::FeatureChain chain(caps);
   chain.v12.bufferDeviceAddress = VK_FALSE;  // what the application forgot
   const float priority = 1.0f;
@@ -111,7 +114,7 @@ TEST_CASE("a Context on an application's device without bufferDeviceAddress is r
 }
 
 TEST_CASE("a workspace's errors: record before upload, tensors that do not match, misaligned offsets") {
-  const vulkan::Context context;
+  const vulkan::Context context(vulkan::context_options(harness_options()));
   vulkan::Workspace workspace(context, DType::f16);
   CHECK_THROWS_AS(vulkan::Workspace(context, DType::f32), Error);
   Tree tree({8, 2, 64});
@@ -212,7 +215,7 @@ TEST_CASE("the C API's planner on an application's Vulkan device: a decode repla
 }
 
 TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records by buffer address into its command buffer") {
-  const vulkan::Context own;  // stands in for the application's device
+  const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
   const vulkan::Device& device = *own.state().device;
   const vulkan::FeatureChain enabled(device.caps());
   treeattn_vulkan_device app{};

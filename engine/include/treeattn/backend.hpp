@@ -19,8 +19,9 @@ namespace treeattn {
 
 struct BackendOptions {
   int threads = 0;                   // CPU worker threads; 0: one per hardware thread
-  int device = -1;                   // CUDA device index (-1: 0); Vulkan device index (-1: the first discrete
-                                     // GPU, or TREEATTN_VK_DEVICE where a harness sets it)
+  int device = -1;                   // CUDA device index (-1: 0); Vulkan device index (-1: vk_device)
+  int vk_device = -1;                // Vulkan device index where `device` is -1 (-1: the first discrete GPU);
+                                     // the CLI takes it from TREEATTN_VK_DEVICE
   std::string vk_variant = "auto";   // Vulkan stage-1 shaders: auto, scalar, coopmat or coopmat-shared
   std::size_t vk_max_chunk_bytes = 0;  // split Vulkan KV pools into buffers of at most this size (0: the device's limit)
   std::uint32_t vk_max_dispatch_run = 0;  // most Vulkan work groups in a run along a dispatch's x (0: the device's limit)
@@ -28,8 +29,9 @@ struct BackendOptions {
   LogSink log;                       // where messages go (none: dropped); the CLI's writes to stderr
   // Vulkan: a file that keeps compiled pipelines between processes ("": none).
   std::string vk_pipeline_cache;
-  // Vulkan: the Khronos validation layer on treeattn's instance (the process's
-  // first Vulkan backend or context decides).
+  // Vulkan: the Khronos validation layer on treeattn's instance, whose warnings
+  // and errors go to `log` (the process's first Vulkan backend or context
+  // decides both, and the instance keeps that sink for the process's life).
   bool vk_validation = false;
   // CUDA time_layers on a graph-stable Workspace whose limits are the plan's
   // times this factor (>= 1; 0: a growing workspace sized to the plan), so a

@@ -69,8 +69,9 @@ struct ContextOptions {
   LogSink log;               // where messages go (none: dropped)
   // A file that keeps compiled pipelines between processes ("" none).
   std::string pipeline_cache_path;
-  // treeattn's own instance: the Khronos validation layer (the process's first
-  // Vulkan context decides).
+  // treeattn's own instance: the Khronos validation layer, whose warnings and
+  // errors go to `log` (the process's first Vulkan context decides both, and
+  // the instance keeps that sink for the process's life).
   bool validation = false;
 };
 

@@ -36,7 +36,7 @@ class StepRunner {
   virtual void outputs(HostArray& o, HostArray& lse) = 0;
 };
 
-// The CUDA device runner where the backend is CUDA, else layers through `backend`.
+// The CUDA or Vulkan device runner where the backend is one of those, else layers through `backend`.
 // `k` and `v` are the host's KV pool; Q has at most `max_queries` rows.
 std::unique_ptr<StepRunner> make_step_runner(Backend& backend, const BackendOptions& options, const HeadConfig& heads,
                                              HostArray& k, HostArray& v, std::int64_t max_queries);

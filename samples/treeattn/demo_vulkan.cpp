@@ -1,7 +1,7 @@
 // The demo's Vulkan decode loop on the device path: treeattn's own device
-// (vulkan::Context), the KV cache in device-local buffers (new tokens' rows
-// copied up as they are written), and per step one command buffer: the new
-// rows and Q copied from the step's staging memory, the plan uploaded, the
+// (vulkan::Context), the KV cache in device-local buffers, and per step one
+// command buffer: the rows written since the last step and Q copied from the
+// step's staging memory (only those rows), the plan uploaded, the
 // step's layers recorded between two timestamps, submitted without waiting,
 // so the host plans the next step meanwhile. Two steps in flight (the
 // discipline vulkan.hpp documents): a frame's command buffer, staging memory
@@ -147,35 +147,18 @@ class VulkanRunner final : public StepRunner {
   const char* name() const noexcept override { return "Vulkan device path"; }
   bool overlaps() const noexcept override { return true; }
 
+  // The rows are staged by the next run(), once its frame is free: the host
+  // writes no K/V row between a step's kv_written() and its run().
   void kv_written(const std::vector<std::int64_t>& slots) override {
-    if (slots.empty()) return;
-    Frame& f = begin_frame();
-    sorted_.assign(slots.begin(), slots.end());
-    std::sort(sorted_.begin(), sorted_.end());
-    const std::size_t at = stage(f, 2 * row_bytes_ * sorted_.size());
-    k_regions_.clear();
-    v_regions_.clear();
-    // Consecutive slots (a page's tokens) go in one region per pool.
-    std::size_t offset = at;
-    for (std::size_t a = 0; a < sorted_.size();) {
-      std::size_t b = a + 1;
-      while (b < sorted_.size() && sorted_[b] == sorted_[b - 1] + 1) ++b;
-      const std::size_t first = std::size_t(sorted_[a]) * row_bytes_, bytes = row_bytes_ * (b - a);
-      std::memcpy(f.staging.mapped() + offset, k_host_.bytes.data() + first, bytes);
-      std::memcpy(f.staging.mapped() + offset + bytes, v_host_.bytes.data() + first, bytes);
-      k_regions_.push_back({offset, first, bytes});
-      v_regions_.push_back({offset + bytes, first, bytes});
-      offset += 2 * bytes;
-      a = b;
-    }
-    vk_.CmdCopyBuffer(f.commands, f.staging.handle(), k_.handle(), std::uint32_t(k_regions_.size()), k_regions_.data());
-    vk_.CmdCopyBuffer(f.commands, f.staging.handle(), v_.handle(), std::uint32_t(v_regions_.size()), v_regions_.data());
+    written_.insert(written_.end(), slots.begin(), slots.end());
   }
 
   HostTimes run(const Plan& plan, const HostArray& q, int layers) override {
     HostTimes times;
+    const auto w0 = std::chrono::steady_clock::now();
     Frame& f = begin_frame();
-    times.waited_us = f.waited_us;
+    times.waited_us = since_us(w0);
+    stage_written_rows(f);
     const auto t0 = std::chrono::steady_clock::now();
     workspace_.upload(plan, f.commands);
     times.upload_us = since_us(t0);
@@ -203,7 +186,6 @@ class VulkanRunner final : public StepRunner {
     for (int layer = 0; layer < layers; ++layer) workspace_.record(f.commands, tensors);
     vk_.CmdWriteTimestamp(f.commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, f.first_query + 1);
     check(vk_.EndCommandBuffer(f.commands), "vkEndCommandBuffer");
-    f.recording = false;
 
     VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
     submit.commandBufferCount = 1;
@@ -250,8 +232,7 @@ class VulkanRunner final : public StepRunner {
     Buffer staging;
     std::vector<Buffer> retired;  // staging it outgrew during the step: recorded copies still read it
     std::size_t staged = 0;       // bytes of staging the step has taken
-    bool recording = false, in_flight = false;
-    double waited_us = 0.0;       // waiting for the step two back, before this one began
+    bool in_flight = false;
   };
 
   // The device buffers, command buffers, fences and timestamps; the KV pool copied up.
@@ -356,18 +337,15 @@ class VulkanRunner final : public StepRunner {
     }
   }
 
-  // The frame of the next step, recording: on its first use in the step, it
-  // waits for the step two back, collects its time and opens the recording
-  // with a barrier (earlier steps' reads and writes before this one's copies).
+  // The frame of the next step, recording: it waits for the step two back,
+  // collects its time and opens the recording with a barrier (earlier steps'
+  // reads and writes before this one's copies).
   Frame& begin_frame() {
     Frame& f = frames_[next_];
-    if (f.recording) return f;
-    const auto t0 = std::chrono::steady_clock::now();
     if (f.in_flight) {
       check(vk_.WaitForFences(device_, 1, &f.done, VK_TRUE, UINT64_MAX), "vkWaitForFences");
       harvest(false);
     }
-    f.waited_us = since_us(t0);
     f.retired.clear();
     f.staged = 0;
     check(vk_.ResetCommandBuffer(f.commands, 0), "vkResetCommandBuffer");
@@ -378,8 +356,31 @@ class VulkanRunner final : public StepRunner {
     memory_barrier(vk_, f.commands, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                    VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
                    VK_ACCESS_TRANSFER_WRITE_BIT);
-    f.recording = true;
     return f;
+  }
+
+  // The rows written since the last step, staged and their copies recorded
+  // (consecutive slots, a page's tokens, in one region per pool).
+  void stage_written_rows(Frame& f) {
+    if (written_.empty()) return;
+    std::sort(written_.begin(), written_.end());
+    std::size_t offset = stage(f, 2 * row_bytes_ * written_.size());
+    k_regions_.clear();
+    v_regions_.clear();
+    for (std::size_t a = 0; a < written_.size();) {
+      std::size_t b = a + 1;
+      while (b < written_.size() && written_[b] == written_[b - 1] + 1) ++b;
+      const std::size_t first = std::size_t(written_[a]) * row_bytes_, bytes = row_bytes_ * (b - a);
+      std::memcpy(f.staging.mapped() + offset, k_host_.bytes.data() + first, bytes);
+      std::memcpy(f.staging.mapped() + offset + bytes, v_host_.bytes.data() + first, bytes);
+      k_regions_.push_back({offset, first, bytes});
+      v_regions_.push_back({offset + bytes, first, bytes});
+      offset += 2 * bytes;
+      a = b;
+    }
+    vk_.CmdCopyBuffer(f.commands, f.staging.handle(), k_.handle(), std::uint32_t(k_regions_.size()), k_regions_.data());
+    vk_.CmdCopyBuffer(f.commands, f.staging.handle(), v_.handle(), std::uint32_t(v_regions_.size()), v_regions_.data());
+    written_.clear();
   }
 
   // `bytes` more of the frame's staging memory (16-byte aligned): its offset.
@@ -435,7 +436,7 @@ class VulkanRunner final : public StepRunner {
   int next_ = 0;               // the frame of the next step
   std::deque<int> pending_;    // frames submitted, oldest first
   std::vector<double> done_;   // GPU microseconds of steps collected, not yet reported
-  std::vector<std::int64_t> sorted_;
+  std::vector<std::int64_t> written_;  // slots whose rows the next step copies up
   std::vector<VkBufferCopy> k_regions_, v_regions_;
   std::vector<std::int64_t> o_shape_, lse_shape_;
 };

@@ -154,6 +154,10 @@ class VulkanRunner final : public StepRunner {
   }
 
   HostTimes run(const Plan& plan, const HostArray& q, int layers) override {
+    if (q.bytes.size() > q_.bytes()) {
+      throw Error(ErrorCategory::InvalidArgument, fmt::format("demo: Q of {} bytes exceeds the {} bytes the runner was sized for",
+                                                              q.bytes.size(), q_.bytes()));
+    }
     HostTimes times;
     const auto w0 = std::chrono::steady_clock::now();
     Frame& f = begin_frame();
@@ -163,10 +167,6 @@ class VulkanRunner final : public StepRunner {
     workspace_.upload(plan, f.commands);
     times.upload_us = since_us(t0);
 
-    if (q.bytes.size() > q_.bytes()) {
-      throw Error(ErrorCategory::InvalidArgument, fmt::format("demo: Q of {} bytes exceeds the {} bytes the runner was sized for",
-                                                              q.bytes.size(), q_.bytes()));
-    }
     const std::size_t at = stage(f, q.bytes.size());
     std::memcpy(f.staging.mapped() + at, q.bytes.data(), q.bytes.size());
     const VkBufferCopy q_region{at, 0, q.bytes.size()};

@@ -19,7 +19,8 @@ class StepRunner {
   virtual const char* name() const noexcept = 0;
   // Whether run() returns before the layers are done (planning then overlaps them).
   virtual bool overlaps() const noexcept = 0;
-  // The K and V rows of `slots` were written on the host (new tokens).
+  // The K and V rows of `slots` were written on the host (new tokens); they
+  // stay as written until the step's run(), which may be when they are copied up.
   virtual void kv_written(const std::vector<std::int64_t>& slots) = 0;
   // What run() spent on the host, in microseconds.
   struct HostTimes {

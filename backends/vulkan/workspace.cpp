@@ -28,12 +28,18 @@ std::uint32_t out_type(DType dtype) {
   return 2;
 }
 
-// Replaces `buffer` by one of at least `bytes` when it is smaller; the old one
-// goes to `retired` (commands recorded earlier may still read it).
+// Room for `bytes` and half as much again: a tree that grows every decode step
+// outgrows its buffers now and then, not every step. Uploads over 0.5 ms (an
+// allocation's) in the H200 Vulkan demo, few-shot b=50: 15 of 400 steps, 103
+// when regrown to the exact size (benchmarks/h200/demo_vulkan.json).
+std::size_t with_headroom(std::size_t bytes) { return std::max<std::size_t>(bytes + bytes / 2, 16); }
+
+// Replaces `buffer` by one with headroom when it is smaller than `bytes`; the
+// old one goes to `retired` (commands recorded earlier may still read it).
 void grow(Buffer& buffer, std::size_t bytes, const Device& device, Buffer::Kind kind, std::vector<Buffer>& retired) {
   if (buffer.handle() != VK_NULL_HANDLE && buffer.bytes() >= bytes) return;
   if (buffer.handle() != VK_NULL_HANDLE) retired.push_back(std::move(buffer));
-  buffer = Buffer(device, std::max<std::size_t>(bytes, 16), kind);
+  buffer = Buffer(device, with_headroom(bytes), kind);
 }
 
 VkDeviceAddress address_of(VkDevice device, const Tensor& t) {
@@ -161,7 +167,7 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   s.table_used[b] = 0;
   s.current = b;
   const std::size_t bytes = s.encoded.words.size() * 4;
-  if (s.staging[b].bytes() < bytes) s.staging[b] = Buffer(device, bytes, Buffer::Kind::staging);
+  if (s.staging[b].bytes() < bytes) s.staging[b] = Buffer(device, with_headroom(bytes), Buffer::Kind::staging);
   std::memcpy(s.staging[b].mapped(), s.encoded.words.data(), bytes);
   grow(s.plan, bytes, device, Buffer::Kind::device_local, s.retired[b]);
   s.partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);

@@ -57,27 +57,33 @@ Timing time_it(int repeat, F&& body) {
   return {us.front(), us[us.size() / 2]};
 }
 
-void run_bench(const BenchOptions& o) {
-  struct Timed {
-    std::unique_ptr<Backend> backend;
-    double peak_gbps;
-  };
-  Planner planner(o.plan_threads);
-  std::vector<Timed> backends;
+// A backend to time, and the roofline its rows are measured against.
+struct TimedBackend {
+  std::unique_ptr<Backend> backend;
+  double peak_gbps;
+};
+
+std::vector<TimedBackend> make_backends(const BenchOptions& o) {
+  std::vector<TimedBackend> backends;
   for (const std::string& name : o.backends) {
     if (name == "none") continue;
     BackendOptions backend_options = o.backend_flags.options;
     backend_options.verbose = o.verbose;
-    Timed t{make_backend(parse_backend(name), backend_options), o.peak_gbps};
+    TimedBackend t{make_backend(parse_backend(name), backend_options), o.peak_gbps};
     if (t.peak_gbps <= 0.0) t.peak_gbps = t.backend->peak_gbps();
     fmt::print(stderr, "bench: backend {}, roofline {:.1f} GB/s\n", t.backend->name(), t.peak_gbps);
     backends.push_back(std::move(t));
   }
+  return backends;
+}
 
-  struct Job {
-    std::string workload;
-    ModelShape model;
-  };
+// A workload's tree under one model's head shape.
+struct Workload {
+  NamedTree named;
+  ModelShape model;
+};
+
+std::vector<Workload> make_workloads(const BenchOptions& o) {
   std::vector<ModelShape> shapes;
   for (const std::string& m : o.models) shapes.push_back(find_model(m));
   for (const std::string& h : o.heads) {
@@ -87,151 +93,214 @@ void run_bench(const BenchOptions& o) {
     }
     shapes.push_back(shape);
   }
-  std::vector<NamedTree> trees;
-  std::vector<Job> jobs;
+  std::vector<Workload> workloads;
   for (const ModelShape& model : shapes) {
     for (const std::string& kind : o.kinds) {
-      for (NamedTree& t : make_trees(kind, o.workloads, model.heads)) {
-        jobs.push_back({t.name, model});
-        trees.push_back(std::move(t));
-      }
+      for (NamedTree& t : make_trees(kind, o.workloads, model.heads)) workloads.push_back({std::move(t), model});
     }
   }
+  return workloads;
+}
 
-  nlohmann::json rows = nlohmann::json::array();
-  // Each backend plans with its own device model, adjusted by each --cost
-  // (all checked here, before any work); planning alone uses the H100's.
-  std::vector<Timed*> planners;  // null: plan only (--backend none)
-  for (Timed& timed : backends) planners.push_back(&timed);
-  if (planners.empty()) planners.push_back(nullptr);
-  auto cost_model = [](const Timed* timed, const std::string& assignments) {
-    CostModel model = timed != nullptr ? timed->backend->cost_model() : cost_model_for("h100");
-    model.set(assignments);
-    return model;
-  };
-  for (const Timed* timed : planners) {
-    for (const std::string& assignments : o.costs) (void)cost_model(timed, assignments);
-  }
+// Each backend plans with its own device model, adjusted by a --cost's
+// assignments; planning alone (`timed` null) uses the H100's.
+CostModel cost_model_of(const TimedBackend* timed, const std::string& assignments) {
+  CostModel model = timed != nullptr ? timed->backend->cost_model() : cost_model_for("h100");
+  model.set(assignments);
+  return model;
+}
+
+void print_header() {
   fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>10} {:>9} {:>7}\n", "workload",
              "model", "strategy", "block", "backend", "queries", "tokens", "unique_MB", "kv_io_x", "plan_us", "update_us",
              "upload_us", "run_us", "GB/s", "roof");
+}
+
+// Synthetic Q, K and V (and room for O) for a workload's tree, shared by its strategies and backends.
+struct Inputs {
+  HostArray q, k, v, out;
+};
+
+Inputs synthetic_inputs(const Tree& tree, const std::string& dtype_name) {
+  const HeadConfig& h = tree.heads;
+  const DType dtype = dtype_name == "bf16" ? DType::bf16 : DType::f16;
+  const std::int64_t slots = std::max<std::int64_t>(1, treeattn::plan(tree).min_kv_slots);
+  const std::int64_t nq = std::int64_t(tree.query_count());
+  Inputs in;
+  in.q = random_array(dtype, {nq, h.heads_q, h.head_dim}, 1);
+  in.k = random_array(dtype, {slots, h.heads_kv, h.head_dim}, 2);
+  in.v = random_array(dtype, {slots, h.heads_kv, h.head_dim}, 3);
+  in.out = HostArray(dtype, {nq, h.heads_q, h.head_dim});
+  return in;
+}
+
+Timing sorted_timing(std::vector<double>& us) {
+  std::sort(us.begin(), us.end());
+  return us.empty() ? Timing{0.0, 0.0} : Timing{us.front(), us[us.size() / 2]};
+}
+
+// The same tree kept by an IncrementalPlanner, then the workload's next
+// decode steps, one per repetition: the changes handed over and the update
+// timed (a step past the drift makes the model's choices again).
+struct UpdateTiming {
+  Timing time;
+  std::size_t steps = 0;
+  std::int64_t choices = 0, held = 0, block_tokens = 0;
+};
+
+UpdateTiming time_updates(const BenchOptions& o, NamedTree& named, const PlanOptions& options) {
+  IncrementalPlanner updater(named.tree.heads, options, incremental_options(o.bitwise_updates, o.plan_threads));
+  named.next->start(updater, named.tree);
+  updater.update();
+  std::vector<double> update_us;
+  UpdateTiming t;
+  for (int r = 0; r < o.repeat && named.next->next(); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    named.next->hand_over(updater);
+    updater.update();
+    update_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    t.choices += updater.last_update().chosen ? 1 : 0;
+    t.held += updater.last_update().held_layout ? 1 : 0;
+  }
+  t.steps = update_us.size();
+  t.time = sorted_timing(update_us);
+  t.block_tokens = updater.block_tokens();
+  return t;
+}
+
+// One row's case: a workload, a strategy, a block size and a cost model, on a backend or none.
+struct BenchCase {
+  Workload& workload;
+  const std::string& strategy;
+  const std::string& block_tokens;
+  const CostModel& cost;
+  TimedBackend* timed;
+};
+
+// The row's plan: its statistics, the cost model's estimate and the planning times.
+nlohmann::json plan_row(const BenchOptions& o, const BenchCase& c, const Plan& plan, const Timing& plan_time,
+                        const UpdateTiming& updates, int plan_threads) {
+  const Tree& tree = c.workload.named.tree;
+  const HeadConfig& h = tree.heads;
+  const PlanStats st = compute_stats(plan);
+  const CostEstimate est = estimate_cost(plan, c.cost);
+  const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
+  return {{"workload", c.workload.named.name},  {"model", c.workload.model.name},
+          {"strategy", c.strategy},             {"block_tokens_option", c.block_tokens},
+          {"block_tokens", plan.block_tokens},  {"heads_q", h.heads_q},
+          {"heads_kv", h.heads_kv},             {"head_dim", h.head_dim},
+          {"nodes", tree.node_count()},         {"queries", tree.query_count()},
+          {"tokens", st.tokens},                {"items", st.items},
+          {"passes", st.passes},                {"partials", st.partials},
+          {"cost_model", c.cost.to_string()},   {"model_us", est.time_us},
+          {"launch_order", est.longest_first ? "longest_first" : "items"},
+          {"model_item_order_us", est.item_order_us},
+          {"large_passes", est.large_passes},   {"small_passes", est.small_passes},
+          {"large_tiles", est.large_tiles},     {"small_tiles", est.small_tiles},
+          {"partial_rows", est.partial_rows},   {"max_fanin", est.max_fanin},
+          {"longest_pass_tiles", est.longest_pass_tiles}, {"longest_pass_large", est.longest_pass_large},
+          {"unique_kv_bytes", unique},          {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
+          {"sequence_kv_bytes", sequence},      {"kv_io_reduction", double(sequence) / double(unique)},
+          {"plan_min_us", plan_time.min_us},    {"plan_median_us", plan_time.median_us},
+          {"plan_update_min_us", updates.time.min_us}, {"plan_update_median_us", updates.time.median_us},
+          {"plan_update_block_tokens", updates.block_tokens},
+          {"plan_update_steps", updates.steps}, {"plan_update_choices", updates.choices},
+          {"plan_update_held", updates.held},   {"bitwise_updates", o.bitwise_updates},
+          {"plan_threads", plan_threads}};
+}
+
+// The table's cells a backend fills ("-" without one).
+struct RunCells {
+  std::string upload = "-", run = "-", gbps = "-", roof = "-";
+};
+
+void print_row(const BenchCase& c, const nlohmann::json& row, const std::string& block_cell, const RunCells& cells) {
+  const std::int64_t unique = row["unique_kv_bytes"].get<std::int64_t>();
+  fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>9.1f} {:>9} {:>10} {:>9} {:>7}\n",
+             c.workload.named.name, c.workload.model.name, c.strategy, block_cell,
+             c.timed != nullptr ? c.timed->backend->name() : "none", c.workload.named.tree.query_count(),
+             row["tokens"].get<std::int64_t>(), double(unique) / 1e6, row["kv_io_reduction"].get<double>(),
+             row["plan_median_us"].get<double>(), row["plan_update_median_us"].get<double>(), cells.upload, cells.run,
+             cells.gbps, cells.roof);
+  std::fflush(stdout);
+}
+
+// The plan uploaded and its layers run on the case's backend: the row's run
+// columns, and the cells of the table.
+RunCells time_on_backend(const BenchOptions& o, const BenchCase& c, const Plan& plan, Inputs& in, nlohmann::json& row) {
+  Backend& backend = *c.timed->backend;
+  RunCells cells;
+  std::vector<double> uploads = backend.time_uploads(plan, o.repeat);
+  if (!uploads.empty()) {
+    std::sort(uploads.begin(), uploads.end());
+    row["upload_median_us"] = uploads[uploads.size() / 2];
+    cells.upload = fmt::format("{:.1f}", uploads[uploads.size() / 2]);
+  }
+  std::vector<double> us =
+      backend.time_layers(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), in.out.view(), {}}, o.layers, o.run_repeat);
+  const Timing run_time = sorted_timing(us);
+  const double per_layer = run_time.median_us / o.layers;
+  const double gbps = double(row["unique_kv_bytes"].get<std::int64_t>()) / (per_layer * 1e3);
+  row["backend"] = backend.name();
+  row["dtype"] = o.dtype;
+  row["layers"] = o.layers;
+  if (std::string(backend.name()) == "cuda") row["graph_headroom"] = o.backend_flags.options.cuda_graph_headroom;
+  row["run_median_us"] = per_layer;
+  row["run_min_us"] = run_time.min_us / o.layers;
+  row["effective_gbps"] = gbps;
+  if (c.timed->peak_gbps > 0.0) {
+    row["peak_gbps"] = c.timed->peak_gbps;
+    row["roofline_fraction"] = gbps / c.timed->peak_gbps;
+    cells.roof = fmt::format("{:.1f}%", 100.0 * gbps / c.timed->peak_gbps);
+  }
+  cells.run = fmt::format("{:.0f}", per_layer);
+  cells.gbps = fmt::format("{:.2f}", gbps);
+  return cells;
+}
+
+// One row: the case planned (timed), its updates timed, and its layers run where it has a backend.
+nlohmann::json bench_case(const BenchOptions& o, const BenchCase& c, Planner& planner, Inputs& in) {
+  NamedTree& named = c.workload.named;
+  PlanOptions options;
+  options.strategy = parse_strategy(c.strategy);
+  options.block_tokens = parse_block_tokens(c.block_tokens);
+  options.cost = c.cost;
+  Plan plan;
+  const Timing plan_time = time_it(o.repeat, [&] { plan = planner.plan(named.tree, options); });
+  const UpdateTiming updates = time_updates(o, named, options);
+  nlohmann::json row = plan_row(o, c, plan, plan_time, updates, planner.threads());
+  // The block size the plan runs, and that auto chose it; greedy's is its longest block.
+  const std::string block_cell = options.block_tokens == kAutoBlockTokens ? fmt::format("auto:{}", plan.block_tokens)
+                                                                          : std::to_string(plan.block_tokens);
+  const RunCells cells = c.timed != nullptr ? time_on_backend(o, c, plan, in, row) : RunCells{};
+  print_row(c, row, block_cell, cells);
+  return row;
+}
+
+void run_bench(const BenchOptions& o) {
+  Planner planner(o.plan_threads);
+  std::vector<TimedBackend> backends = make_backends(o);
+  std::vector<Workload> workloads = make_workloads(o);
+  std::vector<TimedBackend*> planners;  // null: plan only (--backend none)
+  for (TimedBackend& timed : backends) planners.push_back(&timed);
+  if (planners.empty()) planners.push_back(nullptr);
+  for (const TimedBackend* timed : planners) {  // every --cost checked before any work
+    for (const std::string& assignments : o.costs) (void)cost_model_of(timed, assignments);
+  }
+  print_header();
   const std::size_t total =
-      trees.size() * o.strategies.size() * o.block_tokens.size() * o.costs.size() * planners.size();
+      workloads.size() * o.strategies.size() * o.block_tokens.size() * o.costs.size() * planners.size();
   std::size_t done = 0;
-  for (std::size_t w = 0; w < trees.size(); ++w) {
-    const Tree& tree = trees[w].tree;
-    const HeadConfig& h = tree.heads;
-    HostArray q, k, v, out;
-    const DType dtype = o.dtype == "bf16" ? DType::bf16 : DType::f16;
-    if (!backends.empty()) {  // synthetic data, shared by the strategies and backends of this workload
-      const std::int64_t slots = std::max<std::int64_t>(1, treeattn::plan(tree).min_kv_slots);
-      const std::int64_t nq = std::int64_t(tree.query_count());
-      q = random_array(dtype, {nq, h.heads_q, h.head_dim}, 1);
-      k = random_array(dtype, {slots, h.heads_kv, h.head_dim}, 2);
-      v = random_array(dtype, {slots, h.heads_kv, h.head_dim}, 3);
-      out = HostArray(dtype, {nq, h.heads_q, h.head_dim});
-    }
+  nlohmann::json rows = nlohmann::json::array();
+  for (Workload& w : workloads) {
+    Inputs in = backends.empty() ? Inputs{} : synthetic_inputs(w.named.tree, o.dtype);
     for (const std::string& strategy : o.strategies) for (const std::string& block_tokens : o.block_tokens)
-    for (const std::string& assignments : o.costs) for (Timed* timed : planners) {
-      const CostModel cost = cost_model(timed, assignments);
-      const std::string backend_name = timed != nullptr ? timed->backend->name() : "none";
-      fmt::print(stderr, "[{}/{}] {} {} {} block tokens {} {}{}\n", ++done, total, trees[w].name, jobs[w].model.name,
-                 strategy, block_tokens, backend_name, o.costs.size() > 1 ? " " + cost.to_string() : "");
-      PlanOptions options;
-      options.strategy = parse_strategy(strategy);
-      options.block_tokens = parse_block_tokens(block_tokens);
-      options.cost = cost;
-      Plan plan;
-      const Timing plan_time = time_it(o.repeat, [&] { plan = planner.plan(tree, options); });
-      // The same tree kept by an IncrementalPlanner, then the workload's next
-      // decode steps, one per repetition: the changes handed over and the
-      // update timed (a step past the drift makes the model's choices again).
-      IncrementalPlanner updater(h, options, incremental_options(o.bitwise_updates, o.plan_threads));
-      trees[w].next->start(updater, tree);
-      updater.update();
-      std::vector<double> update_us;
-      std::int64_t choices = 0, held = 0;
-      for (int r = 0; r < o.repeat && trees[w].next->next(); ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        trees[w].next->hand_over(updater);
-        updater.update();
-        update_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-        choices += updater.last_update().chosen ? 1 : 0;
-        held += updater.last_update().held_layout ? 1 : 0;
-      }
-      std::sort(update_us.begin(), update_us.end());
-      const Timing update_time = update_us.empty() ? Timing{0.0, 0.0} : Timing{update_us.front(), update_us[update_us.size() / 2]};
-      const PlanStats st = compute_stats(plan);
-      const CostEstimate est = estimate_cost(plan, cost);
-      const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
-      nlohmann::json row = {{"workload", trees[w].name},       {"model", jobs[w].model.name},
-                            {"strategy", strategy},            {"block_tokens_option", block_tokens},
-                            {"block_tokens", plan.block_tokens}, {"heads_q", h.heads_q},
-                            {"heads_kv", h.heads_kv},          {"head_dim", h.head_dim},
-                            {"nodes", tree.node_count()},      {"queries", tree.query_count()},
-                            {"tokens", st.tokens},             {"items", st.items},
-                            {"passes", st.passes},             {"partials", st.partials},
-                            {"cost_model", cost.to_string()},  {"model_us", est.time_us},
-                            {"launch_order", est.longest_first ? "longest_first" : "items"},
-                            {"model_item_order_us", est.item_order_us},
-                            {"large_passes", est.large_passes}, {"small_passes", est.small_passes},
-                            {"large_tiles", est.large_tiles},  {"small_tiles", est.small_tiles},
-                            {"partial_rows", est.partial_rows}, {"max_fanin", est.max_fanin},
-                            {"longest_pass_tiles", est.longest_pass_tiles}, {"longest_pass_large", est.longest_pass_large},
-                            {"unique_kv_bytes", unique},       {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
-                            {"sequence_kv_bytes", sequence},   {"kv_io_reduction", double(sequence) / double(unique)},
-                            {"plan_min_us", plan_time.min_us}, {"plan_median_us", plan_time.median_us},
-                            {"plan_update_min_us", update_time.min_us}, {"plan_update_median_us", update_time.median_us},
-                            {"plan_update_block_tokens", updater.block_tokens()},
-                            {"plan_update_steps", update_us.size()}, {"plan_update_choices", choices},
-                            {"plan_update_held", held}, {"bitwise_updates", o.bitwise_updates},
-                            {"plan_threads", planner.threads()}};
-      // The block size the plan runs, and that auto chose it; greedy's is its longest block.
-      const std::string block_cell = options.block_tokens == kAutoBlockTokens
-                                         ? fmt::format("auto:{}", plan.block_tokens)
-                                         : std::to_string(plan.block_tokens);
-      auto print_row = [&](const std::string& upload_cell, const std::string& run_cell, const std::string& gbps_cell,
-                           const std::string& roof_cell) {
-        fmt::print("{:<34} {:<16} {:<10} {:>10} {:<7} {:>7} {:>9} {:>9.1f} {:>7.2f} {:>9.0f} {:>9.1f} {:>9} {:>10} {:>9} {:>7}\n",
-                   trees[w].name, jobs[w].model.name, strategy, block_cell, backend_name, tree.query_count(), st.tokens,
-                   double(unique) / 1e6, double(sequence) / double(unique), plan_time.median_us, update_time.median_us,
-                   upload_cell, run_cell, gbps_cell, roof_cell);
-        std::fflush(stdout);
-      };
-      if (timed == nullptr) {
-        print_row("-", "-", "-", "-");
-        rows.push_back(row);
-        continue;
-      }
-      Backend& backend = *timed->backend;
-      std::string upload_cell = "-";
-      std::vector<double> uploads = backend.time_uploads(plan, o.repeat);
-      if (!uploads.empty()) {
-        std::sort(uploads.begin(), uploads.end());
-        row["upload_median_us"] = uploads[uploads.size() / 2];
-        upload_cell = fmt::format("{:.1f}", uploads[uploads.size() / 2]);
-      }
-      std::vector<double> us =
-          backend.time_layers(plan, AttentionArgs{q.view(), k.view(), v.view(), out.view(), {}}, o.layers, o.run_repeat);
-      std::sort(us.begin(), us.end());
-      const Timing run_time{us.front(), us[us.size() / 2]};
-      const double per_layer = run_time.median_us / o.layers;
-      const double gbps = double(unique) / (per_layer * 1e3);
-      row["backend"] = backend.name();
-      row["dtype"] = o.dtype;
-      row["layers"] = o.layers;
-      if (std::string(backend.name()) == "cuda") row["graph_headroom"] = o.backend_flags.options.cuda_graph_headroom;
-      row["run_median_us"] = per_layer;
-      row["run_min_us"] = run_time.min_us / o.layers;
-      row["effective_gbps"] = gbps;
-      std::string roof_cell = "-";
-      if (timed->peak_gbps > 0.0) {
-        row["peak_gbps"] = timed->peak_gbps;
-        row["roofline_fraction"] = gbps / timed->peak_gbps;
-        roof_cell = fmt::format("{:.1f}%", 100.0 * gbps / timed->peak_gbps);
-      }
-      print_row(upload_cell, fmt::format("{:.0f}", per_layer), fmt::format("{:.2f}", gbps), roof_cell);
-      rows.push_back(std::move(row));
+    for (const std::string& assignments : o.costs) for (TimedBackend* timed : planners) {
+      const CostModel cost = cost_model_of(timed, assignments);
+      fmt::print(stderr, "[{}/{}] {} {} {} block tokens {} {}{}\n", ++done, total, w.named.name, w.model.name, strategy,
+                 block_tokens, timed != nullptr ? timed->backend->name() : "none",
+                 o.costs.size() > 1 ? " " + cost.to_string() : "");
+      rows.push_back(bench_case(o, BenchCase{w, strategy, block_tokens, cost, timed}, planner, in));
     }
   }
   if (!o.json.empty()) {

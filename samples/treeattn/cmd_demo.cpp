@@ -2,10 +2,10 @@
 // (the workload's Scenario) grows, forks and prunes a sequence tree whose KV
 // lives in a paged cache; every step hands the tree's changes to an
 // IncrementalPlanner and runs attention for every layer of the model on
-// synthetic Q/K/V (on CUDA through the device path, the next step planned
-// while the GPU runs this one). Reports per step the planning, upload and
-// attention times; can draw the plan at one step and dump one step's inputs
-// and outputs for `treeattn run`.
+// synthetic Q/K/V (on CUDA and Vulkan through the device path, the next step
+// planned while the GPU runs this one). Reports per step the planning, upload
+// and attention times; can draw the plan at one step and dump one step's
+// inputs and outputs for `treeattn run`.
 
 #include <unistd.h>
 
@@ -99,215 +99,331 @@ struct StepRecord {
   std::int64_t replaced_nodes = 0;  // nodes that came in place of ones of the same shape
 };
 
-void run_demo(const DemoOptions& o) {
-  const ModelShape& model = find_model(o.model);
-  const HeadConfig& heads = model.heads;
-  const int layers = o.layers > 0 ? o.layers : model.layers;
-  NamedScenario named = std::move(make_scenarios(o.kind, o.workloads).front());
-  Scenario& scenario = *named.scenario;
-  const std::int64_t steps = o.steps > 0 ? std::min(o.steps, scenario.steps()) : scenario.steps();
-  const std::int64_t svg_step = o.svg_step > 0 ? o.svg_step : steps;
-  if (o.dump_step > steps || o.svg_step > steps) {
-    throw Error(ErrorCategory::InvalidArgument, fmt::format("--svg-step/--dump-step beyond the {} steps run", steps));
+// What the options resolve to: the model, the scenario, and the steps to run.
+struct DemoSetup {
+  const ModelShape* model = nullptr;
+  int layers = 0;
+  NamedScenario named;
+  std::int64_t steps = 0, svg_step = 0;
+};
+
+DemoSetup resolve_options(const DemoOptions& o) {
+  DemoSetup s;
+  s.model = &find_model(o.model);
+  s.layers = o.layers > 0 ? o.layers : s.model->layers;
+  s.named = std::move(make_scenarios(o.kind, o.workloads).front());
+  s.steps = o.steps > 0 ? std::min(o.steps, s.named.scenario->steps()) : s.named.scenario->steps();
+  s.svg_step = o.svg_step > 0 ? o.svg_step : s.steps;
+  if (o.dump_step > s.steps || o.svg_step > s.steps) {
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("--svg-step/--dump-step beyond the {} steps run", s.steps));
   }
   if (o.dump_step > 0 && o.dump_dir.empty()) throw Error(ErrorCategory::InvalidArgument, "--dump-step needs --dump-dir");
+  return s;
+}
 
-  // A dry run of the controller sizes the KV cache (the pool holds the peak) and Q.
-  std::int64_t peak_pages = 0, peak_queries = 1;
-  {
-    NamedScenario dry = std::move(make_scenarios(o.kind, o.workloads).front());
-    PagedKvCache counter(o.page_size, 0);
-    SequenceTree tree(counter);
-    std::vector<TreeQuery> queries;
-    for (std::int64_t s = 0; s < steps; ++s) {
-      dry.scenario->advance(tree, queries);
-      peak_queries = std::max(peak_queries, std::int64_t(queries.size()));
-    }
-    peak_pages = counter.peak_pages_in_use();
-  }
-  PagedKvCache cache(o.page_size, peak_pages);
-  SequenceTree live(cache);
-  HostArray k(DType::f16, {cache.slots(), heads.heads_kv, heads.head_dim});
-  HostArray v(DType::f16, {cache.slots(), heads.heads_kv, heads.head_dim});
-  BackendOptions backend_options = o.backend_flags.options;
-  backend_options.verbose = o.verbose;
-  std::unique_ptr<Backend> backend = make_backend(parse_backend(o.backend), backend_options);
-  std::unique_ptr<StepRunner> runner = make_step_runner(*backend, backend_options, heads, k, v, peak_queries);
-  fmt::print(stderr, "demo: {} on {} ({} layers, heads {}/{}/{}), backend {} ({}), strategy {}, KV cache {} pages of {} tokens\n",
-             named.name, model.name, layers, heads.heads_q, heads.heads_kv, heads.head_dim, backend->name(),
-             runner->name(), o.plan.strategy, peak_pages, o.page_size);
+// A dry run of the controller sizes the KV cache (the pool holds the peak) and Q.
+struct PeakSizes {
+  std::int64_t pages = 0, queries = 1;
+};
 
+PeakSizes dry_run(const DemoOptions& o, std::int64_t steps) {
+  NamedScenario dry = std::move(make_scenarios(o.kind, o.workloads).front());
+  PagedKvCache counter(o.page_size, 0);
+  SequenceTree tree(counter);
   std::vector<TreeQuery> queries;
-  const PlanOptions options = o.plan.options(cache.slots(), backend->cost_model());
-  // The plan each step runs comes from an IncrementalPlanner fed the tree's
-  // changes; a from-scratch Planner plans the same tree beside it, timed for comparison.
-  IncrementalPlanner incremental(heads, options, incremental_options(o.bitwise_updates, o.plan.plan_threads));
-  Planner planner(o.plan.plan_threads);
-  ProgressBar progress(steps);
-  std::vector<StepRecord> records;
-  std::size_t timed = 0;  // records whose attention time is in
-  std::int64_t generated = 0, unique_bytes = 0, sequence_bytes = 0;
-  std::vector<std::int64_t> new_slots;
-  auto collect = [&](bool wait) {
-    for (double us : runner->finished(wait)) records[timed++].attention_us = us;
-  };
-  auto since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count();
-  };
-  for (std::int64_t step = 1; step <= steps; ++step) {
-    StepRecord record;
-    generated += scenario.advance(live, queries);
-    const auto sync_start = std::chrono::steady_clock::now();
-    new_slots.clear();
-    live.sync(incremental, queries, &new_slots);
-    record.host_us = since(sync_start);
-    const Tree& tree = incremental.tree();
+  PeakSizes peak;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    dry.scenario->advance(tree, queries);
+    peak.queries = std::max(peak.queries, std::int64_t(queries.size()));
+  }
+  peak.pages = counter.peak_pages_in_use();
+  return peak;
+}
 
-    // The tokens handed over get their K/V rows; pruned nodes simply stop being referenced.
-    for (const std::int64_t slot : new_slots) {
-      const std::size_t row = std::size_t(slot) * std::size_t(heads.heads_kv * heads.head_dim);
-      for (std::size_t e = 0; e < std::size_t(heads.heads_kv * heads.head_dim); ++e) {
-        store_from_float(k.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(slot), e, 1));
-        store_from_float(v.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(slot), e, 2));
-      }
+// The tokens handed over get their K/V rows; pruned nodes simply stop being referenced.
+void write_kv_rows(HostArray& k, HostArray& v, const HeadConfig& heads, const std::vector<std::int64_t>& slots) {
+  const std::size_t row_elements = std::size_t(heads.heads_kv * heads.head_dim);
+  for (const std::int64_t slot : slots) {
+    const std::size_t row = std::size_t(slot) * row_elements;
+    for (std::size_t e = 0; e < row_elements; ++e) {
+      store_from_float(k.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(slot), e, 1));
+      store_from_float(v.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(slot), e, 2));
     }
-    runner->kv_written(new_slots);
+  }
+}
 
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The replay: the live tree in its paged KV cache, the runner of each step's
+// layers, the planners, and what each step recorded.
+class DemoLoop {
+ public:
+  DemoLoop(const DemoOptions& o, DemoSetup& setup, const PeakSizes& peak)
+      : o_(o),
+        setup_(setup),
+        heads_(setup.model->heads),
+        cache_(o.page_size, peak.pages),
+        live_(cache_),
+        k_(DType::f16, {cache_.slots(), heads_.heads_kv, heads_.head_dim}),
+        v_(DType::f16, {cache_.slots(), heads_.heads_kv, heads_.head_dim}),
+        backend_(make_backend(parse_backend(o.backend), backend_options(o))),
+        runner_(make_step_runner(*backend_, backend_options(o), heads_, k_, v_, peak.queries)),
+        options_(o.plan.options(cache_.slots(), backend_->cost_model())),
+        // The plan each step runs comes from an IncrementalPlanner fed the tree's
+        // changes; a from-scratch Planner plans the same tree beside it, timed for comparison.
+        incremental_(heads_, options_, incremental_options(o.bitwise_updates, o.plan.plan_threads)),
+        planner_(o.plan.plan_threads),
+        progress_(setup.steps) {
+    fmt::print(stderr, "demo: {} on {} ({} layers, heads {}/{}/{}), backend {} ({}), strategy {}, KV cache {} pages of {} tokens\n",
+               setup.named.name, setup.model->name, setup.layers, heads_.heads_q, heads_.heads_kv, heads_.head_dim,
+               backend_->name(), runner_->name(), o.plan.strategy, peak.pages, o.page_size);
+  }
+
+  void run_steps() {
+    for (std::int64_t step = 1; step <= setup_.steps; ++step) run_step(step);
+    collect(true);
+  }
+
+  const std::vector<StepRecord>& records() const { return records_; }
+  const Backend& backend() const { return *backend_; }
+  const StepRunner& runner() const { return *runner_; }
+  const PagedKvCache& cache() const { return cache_; }
+  // Tokens generated, and the KV bytes every layer's attention read (unique tree KV) or would read sequence by sequence.
+  struct Totals {
+    std::int64_t generated = 0, unique_bytes = 0, sequence_bytes = 0;
+  };
+  const Totals& totals() const { return totals_; }
+
+ private:
+  static BackendOptions backend_options(const DemoOptions& o) {
+    BackendOptions b = o.backend_flags.options;
+    b.verbose = o.verbose;
+    return b;
+  }
+
+  // One decode step: the tree's changes handed over with the new tokens' K/V,
+  // the plan updated and the layers queued; beside them, the from-scratch plan,
+  // the statistics and the files asked for.
+  void run_step(std::int64_t step) {
+    StepRecord record;
+    totals_.generated += setup_.named.scenario->advance(live_, queries_);
+    const auto sync_start = std::chrono::steady_clock::now();
+    new_slots_.clear();
+    live_.sync(incremental_, queries_, &new_slots_);
+    record.host_us = since(sync_start);
+    write_kv_rows(k_, v_, heads_, new_slots_);
+    runner_->kv_written(new_slots_);
+    const Plan& plan = update_plan(record);
+    const HostArray q =
+        random_array(DType::f16, {plan.num_queries, heads_.heads_q, heads_.head_dim}, std::uint64_t(step));
+    queue_layers(plan, q, record);
+    records_.push_back(record);
+    beside_the_step(step, plan, q);
+    collect(false);
+    progress_.update(step, fmt::format("{} nodes, {} queries, {} tokens, plan update {:.0f} us",
+                                       incremental_.tree().node_count(), plan.num_queries, live_.tokens(),
+                                       record.plan_update_us));
+  }
+
+  const Plan& update_plan(StepRecord& record) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Plan& plan = incremental.update();
+    const Plan& plan = incremental_.update();
     record.plan_update_us = since(t0);
-    record.reanalysed = incremental.last_update().reanalysed;
-    record.replaced_nodes = incremental.last_update().replaced_nodes;
-    record.chosen = incremental.last_update().chosen;
-    record.held_layout = incremental.last_update().held_layout;
-    const std::int64_t nq = plan.num_queries;
-    const HostArray q = random_array(DType::f16, {nq, heads.heads_q, heads.head_dim}, std::uint64_t(step));
+    const PlanUpdate& last = incremental_.last_update();
+    record.reanalysed = last.reanalysed;
+    record.replaced_nodes = last.replaced_nodes;
+    record.chosen = last.chosen;
+    record.held_layout = last.held_layout;
+    return plan;
+  }
+
+  void queue_layers(const Plan& plan, const HostArray& q, StepRecord& record) {
     const auto t1 = std::chrono::steady_clock::now();
-    const StepRunner::HostTimes run = runner->run(plan, q, layers);
+    const StepRunner::HostTimes run = runner_->run(plan, q, setup_.layers);
     record.upload_us = run.upload_us;
     record.gpu_wait_us = run.waited_us;
     record.host_us += record.plan_update_us + since(t1) - run.waited_us;
-    records.push_back(record);
-
-    // Beside the step (the GPU may still be running it): the from-scratch plan, statistics, files.
-    const auto s0 = std::chrono::steady_clock::now();
-    const Plan scratch = planner.plan(tree, options);
-    records.back().plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s0).count();
-    const PlanStats st = compute_stats(plan);
-    unique_bytes += st.kv_bytes(st.tokens, 2) * layers;
-    sequence_bytes += st.kv_bytes(st.sequence_read_tokens, 2) * layers;
-    records.back().nodes = std::int64_t(tree.node_count());
-    records.back().queries = nq;
-    records.back().tokens = live.tokens();
-
-    if (step == svg_step && !o.svg.empty()) {
-      PendingOutputs outputs;
-      outputs.write_text(o.svg, plan_svg(tree, plan, fmt::format("{} on {}, step {}", named.name, model.name, step)));
-      outputs.commit();
-    }
-    if (step == o.dump_step) {
-      HostArray out, lse;
-      runner->outputs(out, lse);
-      PendingOutputs outputs;
-      outputs.write_text(o.dump_dir + "/tree.json", tree_to_json(tree));
-      outputs.write_npy(o.dump_dir + "/q.npy", const_cast<HostArray&>(q).view());
-      outputs.write_npy(o.dump_dir + "/k.npy", k.view());
-      outputs.write_npy(o.dump_dir + "/v.npy", v.view());
-      outputs.write_npy(o.dump_dir + "/o.npy", out.view());
-      outputs.write_npy(o.dump_dir + "/lse.npy", lse.view());
-      outputs.commit();
-    }
-    collect(false);
-    progress.update(step, fmt::format("{} nodes, {} queries, {} tokens, plan update {:.0f} us", tree.node_count(), nq,
-                                      live.tokens(), record.plan_update_us));
   }
-  collect(true);
 
+  // Beside the step (the GPU may still be running it): the from-scratch plan, statistics, files.
+  void beside_the_step(std::int64_t step, const Plan& plan, const HostArray& q) {
+    const Tree& tree = incremental_.tree();
+    const auto s0 = std::chrono::steady_clock::now();
+    const Plan scratch = planner_.plan(tree, options_);
+    StepRecord& record = records_.back();
+    record.plan_us = since(s0);
+    const PlanStats st = compute_stats(plan);
+    totals_.unique_bytes += st.kv_bytes(st.tokens, 2) * setup_.layers;
+    totals_.sequence_bytes += st.kv_bytes(st.sequence_read_tokens, 2) * setup_.layers;
+    record.nodes = std::int64_t(tree.node_count());
+    record.queries = plan.num_queries;
+    record.tokens = live_.tokens();
+    if (step == setup_.svg_step && !o_.svg.empty()) {
+      PendingOutputs outputs;
+      outputs.write_text(o_.svg, plan_svg(tree, plan, fmt::format("{} on {}, step {}", setup_.named.name,
+                                                                  setup_.model->name, step)));
+      outputs.commit();
+    }
+    if (step == o_.dump_step) dump_step(tree, q);
+  }
+
+  // The step's tree.json and Q/K/V as `treeattn run` reads them, and layer 0's O and LSE.
+  void dump_step(const Tree& tree, const HostArray& q) {
+    HostArray out, lse;
+    runner_->outputs(out, lse);
+    PendingOutputs outputs;
+    outputs.write_text(o_.dump_dir + "/tree.json", tree_to_json(tree));
+    outputs.write_npy(o_.dump_dir + "/q.npy", const_cast<HostArray&>(q).view());
+    outputs.write_npy(o_.dump_dir + "/k.npy", k_.view());
+    outputs.write_npy(o_.dump_dir + "/v.npy", v_.view());
+    outputs.write_npy(o_.dump_dir + "/o.npy", out.view());
+    outputs.write_npy(o_.dump_dir + "/lse.npy", lse.view());
+    outputs.commit();
+  }
+
+  // The attention times of the steps the runner has finished (all with `wait`).
+  void collect(bool wait) {
+    for (double us : runner_->finished(wait)) records_[timed_++].attention_us = us;
+  }
+
+  const DemoOptions& o_;
+  DemoSetup& setup_;
+  const HeadConfig& heads_;
+  PagedKvCache cache_;
+  SequenceTree live_;
+  HostArray k_, v_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<StepRunner> runner_;
+  const PlanOptions options_;
+  IncrementalPlanner incremental_;
+  Planner planner_;
+  ProgressBar progress_;
+  std::vector<StepRecord> records_;
+  std::size_t timed_ = 0;  // records whose attention time is in
+  Totals totals_;
+  std::vector<TreeQuery> queries_;
+  std::vector<std::int64_t> new_slots_;
+};
+
+double mean(const std::vector<double>& values) {
+  double sum = 0.0;
+  for (double x : values) sum += x;
+  return values.empty() ? 0.0 : sum / double(values.size());
+}
+
+// The steps' columns and counts the summary reports.
+struct DemoSummary {
+  std::vector<double> update_us, plan_us, upload_us, host_us, attention_us, gpu_wait_us;
+  std::int64_t max_nodes = 0, max_queries = 0, appended_only = 0, replaced = 0, chosen = 0, held = 0;
+};
+
+DemoSummary summarize(const std::vector<StepRecord>& records) {
   auto column = [&](double StepRecord::*field) {
     std::vector<double> values;
     for (const StepRecord& r : records) values.push_back(r.*field);
     return values;
   };
-  auto mean = [](const std::vector<double>& values) {
-    double sum = 0.0;
-    for (double x : values) sum += x;
-    return values.empty() ? 0.0 : sum / double(values.size());
-  };
-  const std::vector<double> update_us = column(&StepRecord::plan_update_us), plan_us = column(&StepRecord::plan_us),
-                            upload_us = column(&StepRecord::upload_us), host_us = column(&StepRecord::host_us),
-                            attention_us = column(&StepRecord::attention_us), gpu_wait_us = column(&StepRecord::gpu_wait_us);
-  std::int64_t max_nodes = 0, max_queries = 0, appended_only = 0, replaced = 0, chosen = 0, held = 0;
+  DemoSummary s;
+  s.update_us = column(&StepRecord::plan_update_us);
+  s.plan_us = column(&StepRecord::plan_us);
+  s.upload_us = column(&StepRecord::upload_us);
+  s.host_us = column(&StepRecord::host_us);
+  s.attention_us = column(&StepRecord::attention_us);
+  s.gpu_wait_us = column(&StepRecord::gpu_wait_us);
   for (const StepRecord& r : records) {
-    max_nodes = std::max(max_nodes, r.nodes);
-    max_queries = std::max(max_queries, r.queries);
-    appended_only += !r.reanalysed && r.replaced_nodes == 0 ? 1 : 0;
-    replaced += !r.reanalysed && r.replaced_nodes > 0 ? 1 : 0;
-    chosen += r.chosen ? 1 : 0;
-    held += r.held_layout ? 1 : 0;
+    s.max_nodes = std::max(s.max_nodes, r.nodes);
+    s.max_queries = std::max(s.max_queries, r.queries);
+    s.appended_only += !r.reanalysed && r.replaced_nodes == 0 ? 1 : 0;
+    s.replaced += !r.reanalysed && r.replaced_nodes > 0 ? 1 : 0;
+    s.chosen += r.chosen ? 1 : 0;
+    s.held += r.held_layout ? 1 : 0;
   }
-  fmt::print("demo: {} on {}, backend {} ({}), strategy {}\n", named.name, model.name, backend->name(), runner->name(),
-             o.plan.strategy);
-  fmt::print("  steps {}, tokens generated {}, live nodes at most {}, queries per step at most {}\n", steps, generated,
-             max_nodes, max_queries);
-  fmt::print("  attention per step {:.3f} ms for {} layer{} (median; {})\n", median(attention_us) / 1e3, layers,
-             layers == 1 ? "" : "s", runner->overlaps() ? "GPU time" : "wall time of the backend's calls");
+  return s;
+}
+
+void print_summary(const DemoOptions& o, const DemoSetup& setup, const DemoLoop& loop, const DemoSummary& s) {
+  const bool overlaps = loop.runner().overlaps();
+  fmt::print("demo: {} on {}, backend {} ({}), strategy {}\n", setup.named.name, setup.model->name, loop.backend().name(),
+             loop.runner().name(), o.plan.strategy);
+  fmt::print("  steps {}, tokens generated {}, live nodes at most {}, queries per step at most {}\n", setup.steps,
+             loop.totals().generated, s.max_nodes, s.max_queries);
+  fmt::print("  attention per step {:.3f} ms for {} layer{} (median; {})\n", median(s.attention_us) / 1e3, setup.layers,
+             setup.layers == 1 ? "" : "s", overlaps ? "GPU time" : "wall time of the backend's calls");
   fmt::print("  planning per step (median): {:.1f} us updated incrementally ({} of {} steps by appends alone, {} by "
              "same-shape replacements, {} on a held layout, the cost model's choices made {} time{}), {:.1f} us from "
              "scratch\n",
-             median(update_us), appended_only, steps, replaced, held, chosen, chosen == 1 ? "" : "s", median(plan_us));
-  if (runner->overlaps()) {
+             median(s.update_us), s.appended_only, setup.steps, s.replaced, s.held, s.chosen, s.chosen == 1 ? "" : "s",
+             median(s.plan_us));
+  if (overlaps) {
     fmt::print("  treeattn on the host per step (median; the changes handed over, the update, the upload, the "
                "layers queued): {:.1f} us, the upload {:.1f} us of it, while the GPU runs the step before: {} (then "
                "{:.1f} us waiting for the GPU, two steps ahead)\n",
-               median(host_us), median(upload_us),
-               median(host_us) < median(attention_us) ? "hidden behind it" : "longer than it", median(gpu_wait_us));
+               median(s.host_us), median(s.upload_us),
+               median(s.host_us) < median(s.attention_us) ? "hidden behind it" : "longer than it", median(s.gpu_wait_us));
   }
   fmt::print("  KV read: {} unique tree KV vs {} for sequence-based decoding: {} saved ({:.2f}x less)\n",
-             format_bytes(double(unique_bytes)), format_bytes(double(sequence_bytes)),
-             format_bytes(double(sequence_bytes - unique_bytes)), double(sequence_bytes) / double(std::max<std::int64_t>(unique_bytes, 1)));
-  fmt::print("  KV cache: {} pages of {} tokens in use at peak, {} at the end\n", cache.peak_pages_in_use(),
-             o.page_size, cache.pages_in_use());
-  if (!o.json.empty()) {
-    nlohmann::json per_step = nlohmann::json::array();
-    for (std::size_t i = 0; i < records.size(); ++i) {
-      const StepRecord& r = records[i];
-      per_step.push_back({{"step", i + 1}, {"nodes", r.nodes}, {"queries", r.queries}, {"tokens", r.tokens},
-                          {"plan_update_us", r.plan_update_us}, {"plan_us", r.plan_us}, {"upload_us", r.upload_us},
-                          {"gpu_wait_us", r.gpu_wait_us}, {"host_us", r.host_us}, {"attention_us", r.attention_us}, {"reanalysed", r.reanalysed},
-                          {"replaced_nodes", r.replaced_nodes}, {"chosen", r.chosen}, {"held_layout", r.held_layout}});
-    }
-    const nlohmann::json summary = {{"workload", named.name},
-                                    {"model", model.name},
-                                    {"backend", backend->name()},
-                                    {"runner", runner->name()},
-                                    {"strategy", o.plan.strategy},
-                                    {"block_tokens_option", o.plan.block_tokens},
-                                    {"layers", layers},
-                                    {"steps", steps},
-                                    {"tokens_generated", generated},
-                                    {"attention_ms_per_step", mean(attention_us) / 1e3},
-                                    {"plan_ms_per_step", mean(update_us) / 1e3},
-                                    {"plan_update_median_us", median(update_us)},
-                                    {"plan_median_us", median(plan_us)},
-                                    {"upload_median_us", median(upload_us)},
-                                    {"host_step_median_us", median(host_us)},
-                                    {"gpu_wait_median_us", median(gpu_wait_us)},
-                                    {"attention_median_us", median(attention_us)},
-                                    {"attention_overlaps_host", runner->overlaps()},
-                                    {"steps_by_appends", appended_only},
-                                    {"steps_by_replacement", replaced},
-                                    {"choices_made", chosen},
-                                    {"steps_on_held_layout", held},
-                                    {"bitwise_updates", o.bitwise_updates},
-                                    {"unique_kv_bytes", unique_bytes},
-                                    {"sequence_kv_bytes", sequence_bytes},
-                                    {"peak_pages", cache.peak_pages_in_use()},
-                                    {"page_size", o.page_size},
-                                    {"per_step", per_step}};
-    PendingOutputs outputs;
-    outputs.write_text(o.json, summary.dump(2) + "\n");
-    outputs.commit();
+             format_bytes(double(loop.totals().unique_bytes)), format_bytes(double(loop.totals().sequence_bytes)),
+             format_bytes(double(loop.totals().sequence_bytes - loop.totals().unique_bytes)),
+             double(loop.totals().sequence_bytes) / double(std::max<std::int64_t>(loop.totals().unique_bytes, 1)));
+  fmt::print("  KV cache: {} pages of {} tokens in use at peak, {} at the end\n", loop.cache().peak_pages_in_use(),
+             o.page_size, loop.cache().pages_in_use());
+}
+
+nlohmann::json per_step_json(const std::vector<StepRecord>& records) {
+  nlohmann::json per_step = nlohmann::json::array();
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const StepRecord& r = records[i];
+    per_step.push_back({{"step", i + 1}, {"nodes", r.nodes}, {"queries", r.queries}, {"tokens", r.tokens},
+                        {"plan_update_us", r.plan_update_us}, {"plan_us", r.plan_us}, {"upload_us", r.upload_us},
+                        {"gpu_wait_us", r.gpu_wait_us}, {"host_us", r.host_us}, {"attention_us", r.attention_us}, {"reanalysed", r.reanalysed},
+                        {"replaced_nodes", r.replaced_nodes}, {"chosen", r.chosen}, {"held_layout", r.held_layout}});
   }
+  return per_step;
+}
+
+void write_json(const DemoOptions& o, const DemoSetup& setup, const DemoLoop& loop, const DemoSummary& s) {
+  const nlohmann::json summary = {{"workload", setup.named.name},
+                                  {"model", setup.model->name},
+                                  {"backend", loop.backend().name()},
+                                  {"runner", loop.runner().name()},
+                                  {"strategy", o.plan.strategy},
+                                  {"block_tokens_option", o.plan.block_tokens},
+                                  {"layers", setup.layers},
+                                  {"steps", setup.steps},
+                                  {"tokens_generated", loop.totals().generated},
+                                  {"attention_ms_per_step", mean(s.attention_us) / 1e3},
+                                  {"plan_ms_per_step", mean(s.update_us) / 1e3},
+                                  {"plan_update_median_us", median(s.update_us)},
+                                  {"plan_median_us", median(s.plan_us)},
+                                  {"upload_median_us", median(s.upload_us)},
+                                  {"host_step_median_us", median(s.host_us)},
+                                  {"gpu_wait_median_us", median(s.gpu_wait_us)},
+                                  {"attention_median_us", median(s.attention_us)},
+                                  {"attention_overlaps_host", loop.runner().overlaps()},
+                                  {"steps_by_appends", s.appended_only},
+                                  {"steps_by_replacement", s.replaced},
+                                  {"choices_made", s.chosen},
+                                  {"steps_on_held_layout", s.held},
+                                  {"bitwise_updates", o.bitwise_updates},
+                                  {"unique_kv_bytes", loop.totals().unique_bytes},
+                                  {"sequence_kv_bytes", loop.totals().sequence_bytes},
+                                  {"peak_pages", loop.cache().peak_pages_in_use()},
+                                  {"page_size", o.page_size},
+                                  {"per_step", per_step_json(loop.records())}};
+  PendingOutputs outputs;
+  outputs.write_text(o.json, summary.dump(2) + "\n");
+  outputs.commit();
+}
+
+void run_demo(const DemoOptions& o) {
+  DemoSetup setup = resolve_options(o);
+  DemoLoop loop(o, setup, dry_run(o, setup.steps));
+  loop.run_steps();
+  const DemoSummary summary = summarize(loop.records());
+  print_summary(o, setup, loop, summary);
+  if (!o.json.empty()) write_json(o, setup, loop, summary);
 }
 
 }  // namespace

@@ -11,6 +11,10 @@ namespace treeattn::cli {
 std::unique_ptr<StepRunner> make_cuda_step_runner(const BackendOptions& options, const HeadConfig& heads, HostArray& k,
                                                   HostArray& v, std::int64_t max_queries);
 #endif
+#if TREEATTN_HAS_VULKAN
+std::unique_ptr<StepRunner> make_vulkan_step_runner(const BackendOptions& options, const HeadConfig& heads, HostArray& k,
+                                                    HostArray& v, std::int64_t max_queries);
+#endif
 
 namespace {
 
@@ -55,7 +59,11 @@ std::unique_ptr<StepRunner> make_step_runner(Backend& backend, const BackendOpti
                                              HostArray& k, HostArray& v, std::int64_t max_queries) {
 #if TREEATTN_HAS_CUDA
   if (std::string(backend.name()) == "cuda") return make_cuda_step_runner(options, heads, k, v, max_queries);
-#else
+#endif
+#if TREEATTN_HAS_VULKAN
+  if (std::string(backend.name()) == "vulkan") return make_vulkan_step_runner(options, heads, k, v, max_queries);
+#endif
+#if !TREEATTN_HAS_CUDA && !TREEATTN_HAS_VULKAN
   (void)options;
   (void)heads;
   (void)max_queries;

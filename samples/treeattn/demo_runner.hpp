@@ -19,7 +19,8 @@ class StepRunner {
   virtual const char* name() const noexcept = 0;
   // Whether run() returns before the layers are done (planning then overlaps them).
   virtual bool overlaps() const noexcept = 0;
-  // The K and V rows of `slots` were written on the host (new tokens).
+  // The K and V rows of `slots` were written on the host (new tokens); they
+  // stay as written until the step's run(), which may be when they are copied up.
   virtual void kv_written(const std::vector<std::int64_t>& slots) = 0;
   // What run() spent on the host, in microseconds.
   struct HostTimes {
@@ -36,7 +37,7 @@ class StepRunner {
   virtual void outputs(HostArray& o, HostArray& lse) = 0;
 };
 
-// The CUDA device runner where the backend is CUDA, else layers through `backend`.
+// The CUDA or Vulkan device runner where the backend is one of those, else layers through `backend`.
 // `k` and `v` are the host's KV pool; Q has at most `max_queries` rows.
 std::unique_ptr<StepRunner> make_step_runner(Backend& backend, const BackendOptions& options, const HeadConfig& heads,
                                              HostArray& k, HostArray& v, std::int64_t max_queries);

@@ -412,6 +412,53 @@ TEST_CASE("demo replays a workload; its attention equals `run` on the dumped sna
   CHECK(r.output.find("beyond the 3 steps") != std::string::npos);
 }
 
+#ifdef TREEATTN_TEST_HAVE_VULKAN
+// The Vulkan device path (KV cache on the device, new rows copied as written,
+// two steps in flight, under the validation layer): a dumped step equals `run
+// --backend vulkan` on the step's host arrays, so every row the steps wrote
+// reached the device. The speculative draft's slots are freed and written
+// again every step.
+TEST_CASE("demo on the Vulkan device path: a dumped step equals `run --backend vulkan`") {
+  struct Workload {
+    std::string args;
+    std::int64_t steps;
+  };
+  for (const Workload& w : {Workload{"--workload fewshot --branches 3 --prompt 100 --generated 10 --layers 2", 10},
+                            Workload{"--workload speculative --tree-size 32 --steps 3 --layers 1", 3}}) {
+    CAPTURE(w.args);
+    TempDir dir;
+    Result r = cli("demo --backend vulkan " + w.args + " --block-tokens 32 --bitwise-updates --dump-step " +
+                       std::to_string(w.steps - 1) + " --dump-dir " + dir.path + " --json " + (dir / "demo.json"),
+                   false, "TREEATTN_VK_VALIDATION=1 ");
+    REQUIRE_MESSAGE(r.status == 0, r.output);
+    CHECK(r.output.find("backend vulkan (Vulkan device path)") != std::string::npos);
+    CHECK(r.output.find("validation") == std::string::npos);
+    const nlohmann::json summary = read_json(dir / "demo.json");
+    CHECK(summary["runner"] == "Vulkan device path");
+    CHECK(summary["attention_overlaps_host"] == true);
+    REQUIRE(summary["per_step"].size() == std::size_t(w.steps));
+    for (const auto& step : summary["per_step"]) CHECK(step["attention_us"].get<double>() > 0.0);  // GPU time of every step
+
+    r = cli("run --backend vulkan --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") +
+            " --v " + (dir / "v.npy") + " --out " + (dir / "o_run.npy") + " --lse " + (dir / "lse_run.npy") +
+            " --block-tokens 32");
+    REQUIRE_MESSAGE(r.status == 0, r.output);
+    for (const char* name : {"o", "lse"}) {
+      CAPTURE(name);
+      const HostArray demo = read_npy(dir / (std::string(name) + ".npy"));
+      const HostArray run = read_npy(dir / (std::string(name) + "_run.npy"));
+      REQUIRE(demo.shape == run.shape);
+      float most = 0.0f;
+      for (std::int64_t i = 0; i < run.numel(); ++i) {
+        most = std::max(most, std::abs(load_as_float(demo.bytes.data(), demo.dtype, std::size_t(i)) -
+                                       load_as_float(run.bytes.data(), run.dtype, std::size_t(i))));
+      }
+      CHECK(most <= 2e-3f);
+    }
+  }
+}
+#endif
+
 TEST_CASE("bf16 inputs travel as <u2 and run end to end") {
   TempDir dir;
   REQUIRE(cli("random-inputs --tree " + kExample + " --out-dir " + dir.path + " --dtype bf16").status == 0);

@@ -66,6 +66,9 @@ std::vector<std::string> model_names() {
 BackendFlags::BackendFlags() {
   options.log = [](LogLevel, const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); };
   if (const char* path = std::getenv("TREEATTN_VK_PIPELINE_CACHE"); path != nullptr) options.vk_pipeline_cache = path;
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    options.model_cache = std::string(home) + "/.cache/treeattn/device_models.json";
+  }
 }
 
 void BackendFlags::add_to(CLI::App& sub) {
@@ -81,6 +84,10 @@ void BackendFlags::add_to(CLI::App& sub) {
                  "memory) or coopmat-shared (the shared-memory softmax anyway)")
       ->check(CLI::IsMember({"auto", "scalar", "coopmat", "coopmat-shared"}))
       ->capture_default_str();
+  sub.add_flag_callback(
+      "--no-model-cache", [this] { options.model_cache.clear(); },
+      "Neither read nor write ~/.cache/treeattn/device_models.json, where the cost models calibrated on GPUs "
+      "without a fitted one are kept (a device is then calibrated again in each process)");
 }
 
 void PlanFlags::add_to(CLI::App& sub) {

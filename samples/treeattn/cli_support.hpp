@@ -55,8 +55,10 @@ struct PlanFlags {
 struct BackendFlags {
   BackendOptions options;
 
-  // The CLI's messages go to stderr, and TREEATTN_VK_PIPELINE_CACHE names the
-  // Vulkan pipeline cache file (the library itself reads neither).
+  // The CLI's messages go to stderr, TREEATTN_VK_PIPELINE_CACHE names the
+  // Vulkan pipeline cache file, and calibrated cost models are kept in
+  // $HOME/.cache/treeattn/device_models.json (the library itself reads none
+  // of these; --no-model-cache turns the last off).
   BackendFlags();
 
   void add_to(CLI::App& sub);

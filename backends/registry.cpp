@@ -51,3 +51,9 @@ std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions&) {
 }
 }  // namespace treeattn
 #endif
+
+#ifndef TREEATTN_HAVE_CUDA
+namespace treeattn {
+std::vector<CudaDeviceReport> cuda_devices(const BackendOptions&) { return {}; }
+}  // namespace treeattn
+#endif

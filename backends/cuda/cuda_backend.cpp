@@ -29,7 +29,9 @@ std::size_t rows(const TensorRef& t) { return t.shape.empty() ? 0 : std::size_t(
 }  // namespace
 
 CudaBackend::CudaBackend(const BackendOptions& options)
-    : options_(options), context_(options.device >= 0 ? options.device : 0), workspace_(context_) {
+    : options_(options),
+      context_(options.device >= 0 ? options.device : 0, ContextOptions{options.model_cache, options.verbose, options.log}),
+      workspace_(context_) {
   DeviceScope scope(context_.device());
   TREEATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (options.verbose) {

@@ -10,8 +10,10 @@
 #include <fstream>
 #include <iterator>
 
+#include "calibrate.hpp"
 #include "context_state.hpp"
 #include "coopmat_layout.hpp"
+#include "device_models.hpp"
 #include "shaders.hpp"
 #include "spirv_bf16.hpp"
 #include "vk_check.hpp"
@@ -166,59 +168,6 @@ const ComputePipeline& Context::State::merge_pipeline(int head_dim) {
   return *slot;
 }
 
-CostModel Context::State::cost_model() const {
-  // The coopmat shaders' coefficients, fitted to the shared-memory one's
-  // timings on the H100 (docs/performance.md under Vulkan):
-  // every pass runs 64 rows, so a 16-row tile costs the same, and two work
-  // groups share an SM (225-231 registers). The fragments shader, 1.11x faster
-  // there, plans as well with them: its tiles' costs scaled by 0.85 or 0.75
-  // moved DESIGN 1.001x and 0.993x (docs/performance.md).
-  //
-  // A pass's fixed cost is 2 500 ns, not the fit's 1 469: the fragments
-  // shader's clock counters put a work group's start at 5 000-9 000 cycles
-  // (its chain of loads before the first chunk) and its end at 600-2 500.
-  // Only one DESIGN plan moves, 1x1024/4x256/16x128/512x32 with flatten to
-  // 512-token blocks, 1.087x (DESIGN flatten 1.009x, three rounds); four
-  // greedy peer plans move, 0.97-1.07x, 1.000x over the 57
-  // (benchmarks/h100/vulkan_start_latency_and_pass_cost.json).
-  CostModel model = cost_model_for("h100");
-  model.pass_ns = 2500.0;
-  model.tile_ns_large = 3993.0;
-  model.tile_ns_small = 3972.0;
-  model.slots = 2.0 * model.sms;
-  // partial_ns stays the CUDA kernels': the fit's 86 ns, about what the merge
-  // takes per row here, made greedy keep the partials of deep trees that it
-  // reads whole at 169 (0.65x on 1/2/.../1024 x 16 tokens).
-  //
-  // A lone work group's speedup 1.25, not the CUDA kernels' 2: of 1-2 it is
-  // the value whose picks among 256-1024-token blocks came closest to the
-  // best measured size per tree (DESIGN 1.078x over 256, no tree slower,
-  // where the best size per tree gives 1.083x; at 1.75, 1.064x and a worst of
-  // 0.96x). Each SM's freed slots are refilled in turn (refill_spread 0): the
-  // other order made four greedy peer plans 0.72-0.99x under the model before,
-  // and moves one of the 69 flatten block sizes picked here.
-  model.solo_speedup = 1.25;
-  model.split_solo_speedup = 1.25;
-  model.refill_spread = 0.0;
-  // auto from 192 tokens: a tree whose work groups fill under one wave (the
-  // small speculative and tree-of-thought trees) runs each of them alone on
-  // its SM, at the pace of its chunk chain, and shorter blocks spread it over
-  // more of them (DESIGN 1.029x flatten, 1.034x greedy over 256, up to 1.19x;
-  // the peer shapes 0.999x); 128 gains as much on DESIGN but loses more on
-  // the small 16/1 and 32/8 peer trees (0.998x). Up to 2048 tokens: long
-  // prompts under many queries and the wide 32/32 trees take longer blocks
-  // (the peer shapes 1.020x over 1024, up to 1.23x; few-shot b=50 0.982x at
-  // 1216 tokens instead of 384, DESIGN 0.999x; docs/performance.md).
-  model.auto_block_min = 192;
-  model.auto_block_max = 2048;
-  // Greedy's own layouts are mispredicted more here than on CUDA, so flatten's
-  // is kept unless the own one is predicted 1.4x faster: 1.095x over the 57
-  // peer shapes against 1.090x at 1.2, whose worst plan (one 2 000-token pass
-  // per KV head, 32/32 heads) ran 0.69x.
-  model.switch_gain = 1.4;
-  return model;
-}
-
 // --- the public face ---------------------------------------------------------
 
 Context::Context(const ContextOptions& options)
@@ -228,7 +177,55 @@ Context::Context(const ExternalDevice& device, const ContextOptions& options)
 Context::Context(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Context::~Context() = default;
 
-CostModel Context::cost_model() const { return state_->cost_model(); }
+CostModel Context::cost_model() const {
+  const DeviceCaps& caps = state_->device->caps();
+  bool coopmat = false;  // the stage-1 shaders f16 inputs run (none at all: planned as the scalar ones)
+  try {
+    coopmat = state_->variant(DType::f16, 128) != Variant::scalar;
+  } catch (const Error&) {
+  }
+  // CPU devices (lavapipe) plan as the H100's coopmat shaders do, on every
+  // machine alike: their timings say nothing of a GPU's, and the tests that
+  // run on them compare results, not speeds.
+  if (caps.type == VK_PHYSICAL_DEVICE_TYPE_CPU) {
+    CostModel model = cost_model_for("h100-vulkan");
+    model.source = "cpu device: h100-vulkan (fitted on Vulkan), not calibrated";
+    return model;
+  }
+  // The fit's device and shaders: an NVIDIA H100 running the coopmat ones, its SMs its own.
+  const std::uint32_t sms = caps.compute_units;
+  if (coopmat && caps.vendor_id == 0x10de && caps.name.find("H100") != std::string::npos) {
+    const CostModel h100 = cost_model_for("h100-vulkan");
+    return sms == 0 ? h100 : scaled_cost_model(h100, sms, h100.slots / h100.sms, fmt::format("{}; {} SMs", h100.source, sms));
+  }
+  // Elsewhere the H100's model of the same shaders is the starting point and
+  // the fallback; a device that does not say its compute units is timed as
+  // if it had 32.
+  const CostModel base = coopmat ? cost_model_for("h100-vulkan") : cost_model_for("h100");
+  const std::uint32_t units = sms > 0 ? sms : 32;
+  const std::string variant = coopmat ? "coopmat" : "scalar";
+  std::string uuid;
+  for (std::uint8_t byte : caps.device_uuid) uuid += fmt::format("{:02x}", byte);
+  const ContextOptions& o = state_->options;
+  // An application's device is never timed (its fallback is its own entry,
+  // so a device treeattn opens itself is still calibrated).
+  const DeviceModelRequest request{fmt::format("vulkan-{}:{}:{}{}", variant, uuid, caps.driver_version,
+                                               state_->device->owned() ? "" : ":application"),
+                                   o.model_cache_path, o.log, o.verbose};
+  const std::string units_said = sms > 0 ? "" : ", compute units unknown: 32 assumed";
+  return device_model(
+      request,
+      [&] {
+        return calibrated_cost_model(*this, units, base,
+                                     fmt::format("calibrated on {} ({}, {} shaders{})", caps.name, caps.driver, variant, units_said),
+                                     o.verbose ? o.log : LogSink{});
+      },
+      [&](const std::string& why) {
+        return scaled_cost_model(base, units, base.slots / base.sms,
+                                 fmt::format("{} scaled to {} compute units{} (calibration failed: {})",
+                                             coopmat ? "h100-vulkan" : "h100", units, units_said, why));
+      });
+}
 std::string Context::variant(DType inputs, int head_dim) const {
   std::string reason;
   state_->variant(inputs, head_dim, &reason);

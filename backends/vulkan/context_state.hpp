@@ -30,7 +30,6 @@ struct Context::State {
   // Built on first use, then shared; safe to call from several threads.
   const ComputePipeline& stage1_pipeline(Variant variant, int head_dim, bool bf16);
   const ComputePipeline& merge_pipeline(int head_dim);
-  CostModel cost_model() const;
   // At verbose, says which variant runs and why, when it differs from the last said.
   void log_variant(const std::string& reason);
 

@@ -4,6 +4,7 @@
 
 #include "treeattn/backend.hpp"
 #include "treeattn/error.hpp"
+#include "context_state.hpp"
 #include "coopmat_layout.hpp"
 #include "vulkan_backend.hpp"
 
@@ -77,6 +78,22 @@ std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions& options) {
       }
     }
     r.selected = selected == &c;
+    r.compute_units = c.compute_units;
+    if (c.scalar_unsupported().empty()) {
+      vulkan::ContextOptions o;
+      o.variant = options.vk_variant;
+      o.model_cache_path = options.model_cache;
+      o.verbose = options.verbose;
+      o.log = options.log;
+      try {
+        const CostModel model =
+            vulkan::Context(std::make_unique<vulkan::Context::State>(o, instance, &c)).cost_model();
+        r.cost_model_source = model.source;
+        r.cost_model = model.to_string();
+      } catch (const Error& e) {
+        r.cost_model_source = std::string("none (") + e.what() + ")";
+      }
+    }
     reports.push_back(std::move(r));
   }
   return reports;

@@ -218,15 +218,35 @@ DeviceCaps probe_device(const Instance& instance, VkPhysicalDevice physical, std
   VkPhysicalDeviceMaintenance3Properties maintenance3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
   VkPhysicalDeviceMaintenance4Properties maintenance4{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES};
   VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+  VkPhysicalDeviceIDProperties id{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES};
+  VkPhysicalDeviceShaderSMBuiltinsPropertiesNV sm_builtins{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV};
+  VkPhysicalDeviceShaderCorePropertiesAMD amd_cores{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD};
   props.pNext = &subgroup;
   subgroup.pNext = &maintenance3;
   maintenance3.pNext = &driver;
+  driver.pNext = &id;
+  void** props_end = &id.pNext;
   const bool v13 = c.api_version >= VK_API_VERSION_1_3;
   if (v13) {
-    driver.pNext = &size_control;
+    *props_end = &size_control;
     size_control.pNext = &maintenance4;
+    props_end = &maintenance4.pNext;
   }
+  const bool sm_count = has_extension(VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME);
+  const bool amd_count = has_extension(VK_AMD_SHADER_CORE_PROPERTIES_EXTENSION_NAME);
+  if (sm_count) {
+    *props_end = &sm_builtins;
+    props_end = &sm_builtins.pNext;
+  }
+  if (amd_count) *props_end = &amd_cores;
   vkGetPhysicalDeviceProperties2(c.physical, &props);
+  std::copy(std::begin(id.deviceUUID), std::end(id.deviceUUID), c.device_uuid.begin());
+  c.driver_version = props.properties.driverVersion;
+  if (sm_count) {
+    c.compute_units = sm_builtins.shaderSMCount;
+  } else if (amd_count) {
+    c.compute_units = amd_cores.shaderEngineCount * amd_cores.shaderArraysPerEngineCount * amd_cores.computeUnitsPerShaderArray;
+  }
   c.name = props.properties.deviceName;
   c.vendor_id = props.properties.vendorID;
   c.device_id = props.properties.deviceID;

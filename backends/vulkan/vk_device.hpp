@@ -58,6 +58,11 @@ struct DeviceCaps {
   std::string name, driver;
   std::uint32_t vendor_id = 0, device_id = 0;
   std::array<std::uint8_t, VK_UUID_SIZE> pipeline_cache_uuid{};  // which pipeline-cache data this driver accepts
+  std::array<std::uint8_t, VK_UUID_SIZE> device_uuid{};  // the device (VkPhysicalDeviceIDProperties)
+  std::uint32_t driver_version = 0;                       // VkPhysicalDeviceProperties::driverVersion, vendor-encoded
+  // SMs (VK_NV_shader_sm_builtins) or compute units (VK_AMD_shader_core_properties:
+  // engines x arrays x units an array); 0 where the device does not say.
+  std::uint32_t compute_units = 0;
   VkPhysicalDeviceType type = VK_PHYSICAL_DEVICE_TYPE_OTHER;
   std::uint32_t api_version = 0;
   std::uint32_t subgroup_size = 0, min_subgroup_size = 0, max_subgroup_size = 0;

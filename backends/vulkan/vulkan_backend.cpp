@@ -43,6 +43,7 @@ ContextOptions context_options(const BackendOptions& o) {
   c.verbose = o.verbose;
   c.log = o.log;
   c.pipeline_cache_path = o.vk_pipeline_cache;
+  c.model_cache_path = o.model_cache;
   c.validation = o.vk_validation;
   return c;
 }

@@ -1,4 +1,5 @@
 #include "treeattn/cost_model.hpp"
+#include "cost_model_internal.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -121,8 +122,62 @@ std::string CostModel::to_string() const {
   return out;
 }
 
-CostModel cost_model_for(const std::string&) {
-  return CostModel{};  // the member defaults are the H100's, the one device measured so far
+namespace {
+
+// The Vulkan coopmat shaders on an H100: two work groups an SM (225-231
+// registers), every pass 64 rows, so a 16-row tile costs a 64-row one
+// (docs/performance.md). The fragments shader plans as well with the
+// shared-memory shader's tile costs: scaled by 0.85 or 0.75 they move DESIGN
+// 1.001x and 0.993x.
+CostModel h100_vulkan() {
+  CostModel model;
+  model.source = "h100-vulkan (fitted on Vulkan)";
+  // A work group's start (its chain of loads before the first chunk) and end
+  // take 5 000-9 000 and 600-2 500 cycles: 2 500 ns, above the tile fit's
+  // 1 469 (benchmarks/h100/vulkan_start_latency_and_pass_cost.json).
+  model.pass_ns = 2500.0;
+  model.tile_ns_large = 3993.0;
+  model.tile_ns_small = 3972.0;
+  model.slots = 2.0 * model.sms;
+  // partial_ns stays the CUDA kernels' 169: at the merge's own 86 ns a row,
+  // greedy keeps the partials of deep trees it reads whole (0.65x on
+  // 1/2/.../1024 x 16 tokens).
+  // A lone work group runs 1.25x its full-SM pace: the speedup whose block
+  // sizes come closest to the best measured size per tree (DESIGN 1.078x over
+  // 256 tokens, the best size per tree 1.083x; docs/performance.md).
+  model.solo_speedup = 1.25;
+  model.split_solo_speedup = 1.25;
+  // Each SM's freed slots refill in turn: spread refills mispredict four
+  // greedy peer plans by 0.72-0.99x (docs/performance.md).
+  model.refill_spread = 0.0;
+  // Blocks from 192 tokens: a tree under one wave runs each work group alone
+  // at the pace of its chunk chain, and shorter blocks spread it over more SMs
+  // (DESIGN 1.029x flatten, 1.034x greedy over 256). Up to 2048: long prompts
+  // under many queries and the wide 32/32 trees take longer blocks (the peer
+  // shapes 1.020x over 1024; docs/performance.md).
+  model.auto_block_min = 192;
+  model.auto_block_max = 2048;
+  // Greedy's own layouts are mispredicted more than on CUDA: flatten's is
+  // kept unless the own one is predicted 1.4x faster (the 57 peer shapes
+  // 1.095x, against 1.090x at 1.2; docs/performance.md).
+  model.switch_gain = 1.4;
+  return model;
+}
+
+}  // namespace
+
+CostModel cost_model_for(const std::string& device) {
+  if (device == "h100") return CostModel{};  // the member defaults
+  if (device == "h100-vulkan") return h100_vulkan();
+  fail(ErrorCategory::InvalidArgument, "cost model: no fitted model named '{}' (choose h100 or h100-vulkan)", device);
+}
+
+CostModel scaled_cost_model(const CostModel& base, double sms, double per_sm, const std::string& source) {
+  CostModel model = base;
+  model.sms = std::max(1.0, sms);
+  model.slots = model.sms * std::max(1.0, per_sm);
+  model.source = source;
+  return model;
 }
 
 std::vector<std::int32_t> auto_block_candidates(const CostModel& model) {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "treeattn/cost_model.hpp"
+#include "cost_model_internal.hpp"
 
 namespace treeattn {
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "cost_model_internal.hpp"
 #include "fail.hpp"
 #include "held_blocks.hpp"
 #include "id_map.hpp"

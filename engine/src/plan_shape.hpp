@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "treeattn/cost_model.hpp"
+#include "cost_model_internal.hpp"
 #include "treeattn/tree.hpp"
 
 namespace treeattn {

@@ -78,6 +78,9 @@ BackendFlags::BackendFlags() {
       bad_vk_device = device;
     }
   }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    options.model_cache = std::string(home) + "/.cache/treeattn/device_models.json";
+  }
 }
 
 void BackendFlags::add_to(CLI::App& sub) {
@@ -98,6 +101,10 @@ void BackendFlags::add_to(CLI::App& sub) {
                  "memory) or coopmat-shared (the shared-memory softmax anyway)")
       ->check(CLI::IsMember({"auto", "scalar", "coopmat", "coopmat-shared"}))
       ->capture_default_str();
+  sub.add_flag_callback(
+      "--no-model-cache", [this] { options.model_cache.clear(); },
+      "Neither read nor write ~/.cache/treeattn/device_models.json, where the cost models calibrated on GPUs "
+      "without a fitted one are kept (a device is then calibrated again in each process)");
 }
 
 void PlanFlags::add_to(CLI::App& sub) {

@@ -57,8 +57,10 @@ struct BackendFlags {
 
   // The CLI's messages go to stderr; TREEATTN_VK_PIPELINE_CACHE names the
   // Vulkan pipeline cache file, TREEATTN_VK_DEVICE the Vulkan device where
-  // --device is not given, and TREEATTN_VK_VALIDATION=1 turns the Khronos
-  // validation layer on (the library itself reads none of them).
+  // --device is not given, TREEATTN_VK_VALIDATION=1 turns the Khronos
+  // validation layer on, and calibrated cost models are kept in
+  // $HOME/.cache/treeattn/device_models.json (--no-model-cache: not kept).
+  // The library itself reads none of these.
   BackendFlags();
 
   // Adds the flags; a TREEATTN_VK_DEVICE that is not an index fails the parse.

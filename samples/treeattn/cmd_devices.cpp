@@ -1,14 +1,17 @@
 // treeattn devices: every Vulkan device with the capabilities that choose the
-// shader variant, and which one --backend vulkan would use.
+// shader variant and which one --backend vulkan would use, every CUDA device,
+// and the cost model the planner uses on each.
 
 #include <fmt/format.h>
 
+#include <exception>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli_support.hpp"
 #include "commands.hpp"
 #include "treeattn/backend.hpp"
+#include "treeattn/error.hpp"
 
 namespace treeattn::cli {
 namespace {
@@ -17,6 +20,12 @@ struct DevicesOptions {
   bool json = false;
   BackendFlags backend_flags;
 };
+
+void print_model(const std::string& source, const std::string& coefficients) {
+  if (source.empty()) return;
+  fmt::print("    cost model        {}\n", source);
+  if (!coefficients.empty()) fmt::print("                      {}\n", coefficients);
+}
 
 void print_table(const std::vector<VulkanDeviceReport>& devices) {
   for (const VulkanDeviceReport& d : devices) {
@@ -31,15 +40,57 @@ void print_table(const std::vector<VulkanDeviceReport>& devices) {
     fmt::print("    coopmat           {}\n", d.cooperative_matrix ? shapes : std::string("no"));
     fmt::print("    variant f16       {}\n", d.variant_f16);
     fmt::print("    variant bf16      {}\n", d.variant_bf16);
+    if (d.compute_units > 0) fmt::print("    compute units     {}\n", d.compute_units);
+    print_model(d.cost_model_source, d.cost_model);
   }
   fmt::print("(* the device --backend vulkan uses; --device N or TREEATTN_VK_DEVICE=N picks another)\n");
 }
 
+void print_table(const std::vector<CudaDeviceReport>& devices) {
+  fmt::print("CUDA devices: {}\n", devices.size());
+  for (const CudaDeviceReport& d : devices) {
+    if (!d.error.empty()) {
+      fmt::print("  {}: {}\n", d.index, d.error);
+      continue;
+    }
+    fmt::print("  {}: {} (sm_{}{}, {} SMs, {:.0f} GB/s)\n", d.index, d.name, d.sm_major, d.sm_minor, d.sms, d.peak_gbps);
+    print_model(d.cost_model_source, d.cost_model);
+  }
+}
+
 void run(const DevicesOptions& o) {
-  const std::vector<VulkanDeviceReport> devices = vulkan_devices(o.backend_flags.options);
+  // Without Vulkan (no loader, no driver) the CUDA devices are still listed;
+  // the error stands when there are none.
+  std::vector<VulkanDeviceReport> devices;
+  std::exception_ptr vulkan_failed;
+  std::string vulkan_error;
+  try {
+    devices = vulkan_devices(o.backend_flags.options);
+  } catch (const Error& e) {
+    vulkan_failed = std::current_exception();
+    vulkan_error = e.what();
+  }
+  const std::vector<CudaDeviceReport> cuda = cuda_devices(o.backend_flags.options);
+  if (vulkan_failed && cuda.empty()) std::rethrow_exception(vulkan_failed);
   if (!o.json) {
-    print_table(devices);
+    if (vulkan_failed) {
+      fmt::print("Vulkan: {}\n", vulkan_error);
+    } else {
+      print_table(devices);
+    }
+    print_table(cuda);
     return;
+  }
+  nlohmann::json cuda_list = nlohmann::json::array();
+  for (const CudaDeviceReport& d : cuda) {
+    cuda_list.push_back({{"index", d.index},
+                         {"name", d.name},
+                         {"sm", fmt::format("{}{}", d.sm_major, d.sm_minor)},
+                         {"sms", d.sms},
+                         {"peak_gbps", d.peak_gbps},
+                         {"cost_model_source", d.cost_model_source},
+                         {"cost_model", d.cost_model},
+                         {"error", d.error}});
   }
   nlohmann::json list = nlohmann::json::array();
   for (const VulkanDeviceReport& d : devices) {
@@ -59,9 +110,14 @@ void run(const DevicesOptions& o) {
                     {"cooperative_matrix_shapes", d.cooperative_matrix_shapes},
                     {"variant_f16", d.variant_f16},
                     {"variant_bf16", d.variant_bf16},
-                    {"selected", d.selected}});
+                    {"selected", d.selected},
+                    {"compute_units", d.compute_units},
+                    {"cost_model_source", d.cost_model_source},
+                    {"cost_model", d.cost_model}});
   }
-  std::cout << nlohmann::json{{"vulkan_devices", list}}.dump(2) << "\n";
+  nlohmann::json doc{{"vulkan_devices", list}, {"cuda_devices", cuda_list}};
+  if (vulkan_failed) doc["vulkan_error"] = vulkan_error;
+  std::cout << doc.dump(2) << "\n";
 }
 
 }  // namespace
@@ -70,9 +126,13 @@ Command add_devices_command(CLI::App& app) {
   auto o = std::make_shared<DevicesOptions>();
   CLI::App* sub = app.add_subcommand(
       "devices",
-      "List the Vulkan devices: subgroup sizes, shared memory, buffer limits, cooperative-matrix shapes, and the "
-      "shader variant treeattn would run on each (--vk-variant forces one, to see why a device cannot)");
+      "List the Vulkan devices (subgroup sizes, shared memory, buffer limits, cooperative-matrix shapes, the "
+      "shader variant treeattn would run on each: --vk-variant forces one, to see why a device cannot) and the CUDA "
+      "devices, with the cost model the planner uses on each (a fitted one, or calibrated on first use)");
   sub->add_flag("--json", o->json, "Print JSON instead of the table");
+  sub->add_flag("--verbose", o->backend_flags.options.verbose,
+                "Log each device's shader variant, and a calibration's timed plans against the fit and the H100 "
+                "model (stderr)");
   o->backend_flags.add_to(*sub);
   return {sub, [o] { run(*o); }};
 }

@@ -252,6 +252,34 @@ TEST_CASE("plan --backend plans with that backend's device model") {
   CHECK(bad.output.find("--backend") != std::string::npos);
 }
 
+TEST_CASE("devices lists each device's cost model, in the table and the JSON") {
+  // HOME in a fresh directory: a device that calibrates writes its model under
+  // it, and --no-model-cache leaves it empty.
+  TempDir home;
+  const std::string env = "HOME=" + home.path + " ";
+  const Result out = cli("devices --json --no-model-cache", false, env);
+#ifdef TREEATTN_TEST_HAVE_VULKAN
+  REQUIRE_MESSAGE(out.status == 0, out.output);
+  const nlohmann::json doc = nlohmann::json::parse(out.output.substr(out.output.find('{')));
+  REQUIRE(doc["cuda_devices"].is_array());
+  for (const nlohmann::json& d : doc["vulkan_devices"]) {
+    if (d["variant_f16"].get<std::string>().rfind("none", 0) == 0) continue;
+    CHECK(!d["cost_model_source"].get<std::string>().empty());
+    CHECK(d["cost_model"].get<std::string>().find("pass_ns=") == 0);
+  }
+  for (const nlohmann::json& d : doc["cuda_devices"]) {
+    if (d["error"].get<std::string>().empty()) CHECK(!d["cost_model_source"].get<std::string>().empty());
+  }
+  CHECK(!exists(home / ".cache/treeattn/device_models.json"));
+  const Result table = cli("devices --no-model-cache", false, env);
+  REQUIRE_MESSAGE(table.status == 0, table.output);
+  CHECK(table.output.find("cost model") != std::string::npos);
+  CHECK(table.output.find("CUDA devices: ") != std::string::npos);
+#else
+  CHECK(out.status != 0);
+#endif
+}
+
 TEST_CASE("help teaches the commands and exits 0") {
   Result r = cli("--help");
   CHECK(r.status == 0);

@@ -125,9 +125,26 @@ TEST_CASE("stage 1's occupancy: the code the device runs, no spills at head_dim 
     CHECK(o.shared_bytes > 0);
     // Each cubin's register cap is set so that these do not spill (attn_traits.cuh).
     if (head_dim <= 128) CHECK(o.spill_bytes == 0);
-    if (head_dim == 128) CHECK(make_test_backend()->cost_model().slots == double(sms) * o.ctas_per_sm);
+    // The fitted H100 model (and the fallback) take the occupancy; a calibrated one measures its own.
+    const CostModel model = make_test_backend()->cost_model();
+    if (head_dim == 128 && model.source.rfind("calibrated", 0) != 0) CHECK(model.slots == double(sms) * o.ctas_per_sm);
   }
   CHECK(cuda::stage1_occupancy(96).ctas_per_sm == 0);  // no such kernel
+}
+
+TEST_CASE("the device's cost model: the H100 fit on an H100 or H200, calibrated once per process elsewhere") {
+  const cuda::Context first(0);
+  const CostModel model = first.cost_model();
+  CAPTURE(model.source);
+  const std::string& name = first.info().name;
+  const bool h100 = (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) &&
+                    first.info().sm_major == 9;
+  CHECK(model.source.rfind(h100 ? "h100 (fitted on CUDA" : "calibrated on " + first.info().name, 0) == 0);
+  CHECK(model.sms == first.info().sms);
+  // A second context on the device takes the model kept in this process: the same coefficients and source.
+  const CostModel again = cuda::Context(0).cost_model();
+  CHECK(again.to_string() == model.to_string());
+  CHECK(again.source == model.source);
 }
 
 int main(int argc, char** argv) {

@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "support/plan_check.hpp"
-#include "treeattn/cost_model.hpp"
+#include "cost_model_internal.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"

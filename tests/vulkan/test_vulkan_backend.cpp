@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include "../backends/vulkan/context_state.hpp"
 #include "../backends/vulkan/coopmat_layout.hpp"
 #include "../backends/vulkan/shaders.hpp"
 #include "../backends/vulkan/spirv_bf16.hpp"
@@ -98,9 +99,27 @@ TEST_CASE("the device list names every device and the variant it would run") {
     CHECK(d.shared_memory_bytes > 0);
     CHECK((d.variant_f16.rfind("scalar", 0) == 0 || d.variant_f16.rfind("coopmat", 0) == 0 ||
            d.variant_f16.rfind("none", 0) == 0));
+    if (d.variant_f16.rfind("none", 0) != 0) CHECK(!d.cost_model_source.empty());
     selected += d.selected;
   }
   CHECK(selected == 1);
+}
+
+TEST_CASE("the device's cost model: the H100 fit on a CPU device and an H100, calibrated once per process elsewhere") {
+  const vulkan::Context first;
+  const CostModel model = first.cost_model();
+  CAPTURE(model.source);
+  const vulkan::DeviceCaps& caps = first.state().device->caps();
+  if (caps.type == VK_PHYSICAL_DEVICE_TYPE_CPU) {
+    CHECK(model.source.rfind("cpu device: h100-vulkan", 0) == 0);
+    CHECK(model.to_string() == cost_model_for("h100-vulkan").to_string());  // the same plans on every machine
+  } else {
+    CHECK((model.source.rfind("h100-vulkan (fitted", 0) == 0 || model.source.rfind("calibrated on " + caps.name, 0) == 0));
+  }
+  // A second context on the device takes the model kept in this process.
+  const CostModel again = vulkan::Context().cost_model();
+  CHECK(again.to_string() == model.to_string());
+  CHECK(again.source == model.source);
 }
 
 TEST_CASE("a KV pool larger than one storage-buffer binding, split into several buffers") {

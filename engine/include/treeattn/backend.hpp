@@ -29,6 +29,9 @@ struct BackendOptions {
   LogSink log;                       // where messages go (none: dropped); the CLI's writes to stderr
   // Vulkan: a file that keeps compiled pipelines between processes ("": none).
   std::string vk_pipeline_cache;
+  // CUDA and Vulkan: a JSON file that keeps the cost models calibrated on
+  // devices without a fitted one, per device and driver ("": this process only).
+  std::string model_cache;
   // Vulkan: the Khronos validation layer on treeattn's instance, whose warnings
   // and errors go to `log` (the process's first Vulkan backend or context
   // decides both, and the instance keeps that sink for the process's life).
@@ -77,8 +80,8 @@ class Backend {
   virtual double peak_gbps() { return 0.0; }
 
   // The planner's cost model for this device (tile rows, the greedy strategy):
-  // the measured H100 profile, with `slots` from the device where the backend
-  // knows how many stage-1 CTAs it runs at once.
+  // a fitted model, a calibrated one or the H100 fit scaled to the device
+  // (CostModel::source says which).
   virtual CostModel cost_model() const { return cost_model_for("h100"); }
 };
 
@@ -97,9 +100,27 @@ struct VulkanDeviceReport {
   std::vector<std::string> cooperative_matrix_shapes;  // "16x16x16 f16->f32", subgroup scope
   std::string variant_f16, variant_bf16;               // the stage-1 variant chosen, and why
   bool selected = false;                               // the device --backend vulkan would use
+  std::uint32_t compute_units = 0;                     // SMs or CUs where the device says (0: it does not)
+  // The planner's cost model on the device (CostModel::source, to_string());
+  // empty where the device cannot run treeattn.
+  std::string cost_model_source, cost_model;
 };
 // Throws Backend when this build has no Vulkan backend or there is no loader.
+// Opens each device that can run treeattn for its cost model (which may
+// calibrate it: options.model_cache keeps the result).
 std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions& options = {});
+
+// A CUDA device as `treeattn devices` reports it.
+struct CudaDeviceReport {
+  int index = 0;
+  std::string name;
+  int sm_major = 0, sm_minor = 0, sms = 0;
+  double peak_gbps = 0.0;
+  std::string cost_model_source, cost_model;  // as VulkanDeviceReport's
+  std::string error;                          // why the device cannot be used ("" when it can)
+};
+// Every CUDA device this process sees (none without the CUDA backend, a driver or a GPU).
+std::vector<CudaDeviceReport> cuda_devices(const BackendOptions& options = {});
 
 // What an attention call's tensors must match: a plan's heads, queries and
 // the KV rows it reads (what a device workspace keeps of its uploaded plan).

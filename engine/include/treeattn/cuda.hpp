@@ -30,6 +30,7 @@
 #include <string>
 
 #include "treeattn/cost_model.hpp"
+#include "treeattn/log.hpp"
 #include "treeattn/plan.hpp"
 #include "treeattn/tensor.hpp"
 
@@ -45,24 +46,41 @@ int device_count() noexcept;
 struct DeviceInfo {
   int index = 0;
   std::string name;
+  std::string uuid;        // the device's UUID, 32 hex digits
+  int driver_version = 0;  // cudaDriverGetVersion: 13000 is 13.0
   int sm_major = 0, sm_minor = 0;
   int sms = 0;
   double peak_gbps = 0.0;  // HBM peak from the memory clock and bus width
   int stage1_ctas_per_sm = 0;  // at head_dim 128: the cost model's slots are sms x this
 };
 
+struct ContextOptions {
+  // A JSON file that keeps calibrated cost models between processes, keyed by
+  // device UUID and driver version ("": this process only).
+  std::string model_cache_path;
+  bool verbose = false;  // log where the cost model comes from
+  LogSink log;           // where messages go (none: dropped)
+};
+
 // A CUDA device bound by index (never an implicit device 0). Throws
 // Error(Backend) naming the device and the reason when it cannot be used.
 class Context {
  public:
-  explicit Context(int device);
+  explicit Context(int device, const ContextOptions& options = {});
   const DeviceInfo& info() const noexcept { return info_; }
   int device() const noexcept { return info_.index; }
-  // The planner's cost model for this device (plan with it: PlanOptions::cost).
+  // The planner's cost model for this device (plan with it: PlanOptions::cost):
+  // the H100 fit on an H100 or H200 (sm_90, "H100" or "H200" in its name),
+  // with its slots;
+  // elsewhere calibrated at the first call (eleven timed plans on a stream of
+  // its own: call it outside a graph capture; kept per device and driver in
+  // this process and in options.model_cache_path), or, where that fails, the
+  // H100 fit on this device's slots. CostModel::source says which.
   CostModel cost_model() const;
 
  private:
   DeviceInfo info_;
+  ContextOptions options_;
 };
 
 // What a plan needs of a workspace: the arrays the kernels read and the

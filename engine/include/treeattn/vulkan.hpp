@@ -69,6 +69,9 @@ struct ContextOptions {
   LogSink log;               // where messages go (none: dropped)
   // A file that keeps compiled pipelines between processes ("" none).
   std::string pipeline_cache_path;
+  // A JSON file that keeps calibrated cost models between processes, keyed by
+  // device UUID and driver version ("": this process only).
+  std::string model_cache_path;
   // treeattn's own instance: the Khronos validation layer, whose warnings and
   // errors go to `log` (the process's first Vulkan context decides both, and
   // the instance keeps that sink for the process's life).
@@ -127,7 +130,14 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
-  // The planner's cost model for this device's shaders (PlanOptions::cost).
+  // The planner's cost model for this device's shaders (PlanOptions::cost):
+  // the H100 fit of the coopmat shaders on an NVIDIA H100 that runs them;
+  // on a CPU device (lavapipe) the same fit, never calibrated; elsewhere
+  // calibrated at the first call (a few timed plans on treeattn's own queue,
+  // kept per device, driver and shader variant in this process and in
+  // options.model_cache_path), or, where that fails (an application's device,
+  // whose queues treeattn does not submit to), the H100 fit on this device's
+  // compute units. CostModel::source says which.
   CostModel cost_model() const;
   // The stage-1 shader variant for these inputs and head_dim, and why.
   std::string variant(DType inputs, int head_dim) const;

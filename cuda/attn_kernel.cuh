@@ -15,132 +15,16 @@
 // its log-sum-exp, or O and LSE directly when the item is the query's only one.
 // Stage 2 merges each query's partials in the plan's order (deterministic).
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
 #include "attn_params.hpp"
 #include "attn_traits.cuh"
+#include "instructions.cuh"
 #include "wgmma.cuh"
 
 namespace treeattn::cuda {
 
-// -inf as a bit pattern (no constexpr -inf float in device code before C++20).
-#define TREEATTN_NEG_INF (-__int_as_float(0x7f800000))
 constexpr int kDirectWrite = -1;  // plan.hpp: kDirect
-
-__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1.
-__device__ __forceinline__ void cp_async_16(std::uint32_t smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// 2^x in one MUFU.EX2: flushing subnormal results to zero drops only terms
-// below 2^-126 of a row whose largest term is 1 (exp2f's subnormal handling
-// costs three more instructions per score).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// leaf(0) op leaf(1) op ... leaf(N - 1) as a balanced tree (N a power of two):
-// log2(N) dependent steps instead of N - 1.
-template <int N, typename Leaf, typename Op>
-__device__ __forceinline__ float tree_reduce(Leaf leaf, Op op) {
-  static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
-  float v[N];
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = leaf(i);
-#pragma unroll
-  for (int width = N / 2; width > 0; width /= 2) {
-#pragma unroll
-    for (int i = 0; i < width; ++i) v[i] = op(v[i], v[i + width]);
-  }
-  return v[0];
-}
-
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(smem)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(smem)));
-}
-
-template <typename Element>
-struct Mma;
-
-template <>
-struct Mma<__half> {
-  __device__ __forceinline__ static void run(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                             std::uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<std::uint32_t*>(&h);
-  }
-};
-
-template <>
-struct Mma<__nv_bfloat16> {
-  __device__ __forceinline__ static void run(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                             std::uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<std::uint32_t*>(&h);
-  }
-};
-
-// Output elements `index` and `index + 1` (index even): one 4- or 8-byte store
-// where two scalar stores of 16-bit values made a warp's store instruction
-// twice as many and half as wide.
-__device__ __forceinline__ void store_out_pair(void* o, ElementType type, std::int64_t index, float v0, float v1) {
-  switch (type) {
-    case ElementType::f16: reinterpret_cast<__half2*>(static_cast<__half*>(o) + index)[0] = __floats2half2_rn(v0, v1); break;
-    case ElementType::bf16:
-      reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(o) + index)[0] = __floats2bfloat162_rn(v0, v1);
-      break;
-    case ElementType::f32: reinterpret_cast<float2*>(static_cast<float*>(o) + index)[0] = make_float2(v0, v1); break;
-  }
-}
-
-// Partials are written to be read once by the merge: kept in L2 ahead of the
-// KV lines streaming past (evict_last), so the merge finds them there — as far
-// as the L2 set-aside for such lines goes (about 10 MB on the H100; larger
-// partial sets still reach HBM; docs/performance.md).
-__device__ __forceinline__ std::uint64_t l2_keep_policy() {
-  std::uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ void store_partial2(float* at, float a, float b, std::uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(at), "f"(a), "f"(b), "l"(policy) : "memory");
-}
-__device__ __forceinline__ void store_partial4(float* at, float4 v, std::uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(at), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "l"(policy) : "memory");
-}
 
 // 1024-byte aligned: the 128-byte swizzle of wgmma's operands is by address.
 extern __shared__ __align__(1024) unsigned char smem[];
@@ -165,446 +49,561 @@ struct PassContext {
   int row_end, row0, q0, kv_head;  // the pass takes query rows [row0, row_end)
 };
 
-// One pass of up to 64 query rows over the whole KV block.
-// kSplitKV false: warp w owns rows 16w..16w+15 and every token of a tile.
-// kSplitKV true (at most 16 rows): every warp owns rows 0..15 and tokens
-// 16w..16w+15 of each tile; the four partial softmax states are merged in
-// shared memory at the end.
-template <typename Traits, bool kSplitKV>
-__device__ __forceinline__ void attend_pass(const PassContext& c) {
+// Row r of the pass (r counted from the item's first row) is tile query
+// r / group under query head kv_head * group + r % group.
+__device__ __forceinline__ int row_head(const PassContext& c, int r) { return c.kv_head * c.p.group + r % c.p.group; }
+
+// A thread's place in a pass (PassTraits says how the warps share it).
+template <typename Traits>
+struct PassLane {
+  int tid, warp;
+  int g, t4;     // the mma fragments' row group (lane / 4) and column pair (lane % 4)
+  int warp_row;  // the warp's first row, counted from the pass's first
+  // The thread's rows g and g + 8 of the warp (h = 0, 1), counted from the item's first row.
+  __device__ __forceinline__ int row(const PassContext& c, int h) const { return c.row0 + warp_row + g + h * 8; }
+};
+
+// The pass's cp.async traffic: tile maps into their ring, and K and V rows
+// through a landed map into a stage. A thread copies one chunk column of a
+// tile: chunk `chunk` of rows row0, row0 + kGatherRowStep, ... Rows 8 apart
+// share their swizzle, so a row costs a slot load, two 32 x 32 -> 64-bit
+// address multiply-adds and two copies (29 instructions in the sm_90a SASS
+// with a 64-bit slot stride and a swizzle per row). Rows past the item's end
+// repeat its last slot (TileMap), so no row needs a zero-fill predicate (four
+// more instructions).
+template <typename Traits>
+struct KvGather {
   using Element = typename Traits::Element;
   using Smem = SharedTiles<Traits>;
-  constexpr int D = Traits::kHeadDim;
-  constexpr int kTile = Traits::kTileTokens;
-  constexpr int kStages = Traits::kStages;
-  constexpr int kNTiles = kSplitKV ? 2 : kTile / 8;   // 8-token n-tiles of S per warp and tile
-  constexpr int kKSteps = kSplitKV ? 1 : kTile / 16;  // 16-token k-steps of P V per warp and tile
-  const KernelParams& p = c.p;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t4 = lane % 4;
-  const int warp_row = kSplitKV ? 0 : warp * 16;
-  const int n_base = kSplitKV ? warp * kNTiles : 0;
-  // Row r of the pass (r counted from the item's first row) is tile query
-  // r / group under query head kv_head * group + r % group.
-  auto row_head = [&](int r) { return c.kv_head * p.group + r % p.group; };
+  static constexpr int D = Traits::kHeadDim;
+  static constexpr int kTile = Traits::kTileTokens;
+  static constexpr int kStep = Traits::kGatherRowStep;
+  const PassContext& c;
+  int tid, chunk, row0;
+  const char* k_column;
+  const char* v_column;
+  std::uint32_t slot_bytes;    // one stride for K and V: one multiply a row
+  std::uint32_t column_bytes;  // the thread's first row's chunk in a stage
 
-  const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(c.kv_head) * D;
-  const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(c.kv_head) * D;
+  __device__ __forceinline__ KvGather(const PassContext& ctx, int thread) : c(ctx), tid(thread) {
+    const Element* k_head = static_cast<const Element*>(c.p.k) + std::int64_t(c.kv_head) * D;
+    const Element* v_head = static_cast<const Element*>(c.p.v) + std::int64_t(c.kv_head) * D;
+    chunk = tid % Traits::kChunksPerRow;
+    row0 = tid / Traits::kChunksPerRow;
+    k_column = reinterpret_cast<const char*>(k_head + chunk * 8);
+    v_column = reinterpret_cast<const char*>(v_head + chunk * 8);
+    slot_bytes = std::uint32_t(c.p.kv_row_stride) * 2;
+    column_bytes = 2 * Traits::swizzle(row0, chunk);
+  }
   // Tile m's token map into its ring entry, a 16-byte piece per thread.
-  constexpr int kMapChunks = int(sizeof(TileMap)) / 16;
-  static_assert(kMapChunks <= Traits::kThreads, "one map piece per thread");
-  auto load_map = [&](int m) {
-    if (m < c.ntiles && tid < kMapChunks) {
-      cp_async_16(smem_address(reinterpret_cast<uint4*>(Smem::map(m)) + tid), reinterpret_cast<const uint4*>(p.tile_map + c.tile0 + m) + tid);
+  __device__ __forceinline__ void load_map(int m) const {
+    if (m < c.ntiles && tid < Traits::kMapChunks) {
+      cp_async_16(smem_address(reinterpret_cast<uint4*>(Smem::map(m)) + tid), reinterpret_cast<const uint4*>(c.p.tile_map + c.tile0 + m) + tid);
     }
-  };
-  // Tile t's K and V rows through its map (which has landed). The thread
-  // copies one chunk column: chunk `chunk` of rows row0, row0 + kRowsPerStep,
-  // ... Rows 8 apart share their swizzle, so a row costs a slot load, two
-  // 32 x 32 -> 64-bit address multiply-adds and two copies (29 instructions in
-  // the sm_90a SASS with a 64-bit slot stride and a swizzle per row). Rows past
-  // the item's end repeat its last slot (TileMap), so no row needs the four
-  // more a zero-fill predicate took.
-  constexpr int kRowsPerStep = Traits::kThreads / Traits::kChunksPerRow;
-  const int chunk = tid % Traits::kChunksPerRow, row0 = tid / Traits::kChunksPerRow;
-  const char* k_column = reinterpret_cast<const char*>(k_head + chunk * 8);
-  const char* v_column = reinterpret_cast<const char*>(v_head + chunk * 8);
-  const std::uint32_t slot_bytes = std::uint32_t(p.kv_row_stride) * 2;  // one stride for K and V: one multiply a row
-  const std::uint32_t column_bytes = 2 * Traits::swizzle(row0, chunk);
-  // Rows unrolled: eight (a whole tile at head_dim 128; sixteen at 256 would
-  // spill). The mma.sync build took two while its registers were capped for
-  // three CTAs; capped for two (AttnTraits) eight do not spill there either,
-  // and ran 1.03x faster than two.
-  constexpr int kGatherUnroll = 8;
-  constexpr int kGatherRows = kTile / kRowsPerStep;  // rows a thread copies per tile
-  constexpr int kGatherBatch = kGatherUnroll < kGatherRows ? kGatherUnroll : kGatherRows;
-  static_assert(kGatherRows % kGatherBatch == 0, "whole batches of rows");
-  // The thread's i-th row of a tile (row0 + i * kRowsPerStep) from KV-pool slot `slot` into `stage`.
-  auto copy_row = [&](int stage, int i, int slot) {
+  }
+  // The thread's i-th row of a tile (row0 + i * kStep) from KV-pool slot `slot` into `stage`.
+  __device__ __forceinline__ void copy_row(int stage, int i, int slot) const {
     const std::uint32_t k_tile = smem_address(Smem::k() + stage * kTile * D);
     const std::uint32_t v_tile = smem_address(Smem::v() + stage * kTile * D);
-    const std::uint32_t at = kRowsPerStep % 8 == 0 ? column_bytes + i * kRowsPerStep * Traits::kPanel * 2
-                                                    : 2 * Traits::swizzle(row0 + i * kRowsPerStep, chunk);
+    const std::uint32_t at = kStep % 8 == 0 ? column_bytes + i * kStep * Traits::kPanel * 2
+                                            : 2 * Traits::swizzle(row0 + i * kStep, chunk);
     const std::uint64_t from = std::uint64_t(std::uint32_t(slot)) * slot_bytes;
     cp_async_16(k_tile + at, k_column + from);
     cp_async_16(v_tile + at, v_column + from);
-  };
-  // A batch's slots are all read before its copies: a slot read after the
-  // previous row's cp.async (which writes shared memory) cannot be moved above
-  // it, so each row waited out a shared-load latency of its own, eight in a
-  // row per tile (a quarter of the stall samples of a speculative tree's CTAs).
-  auto load_tile = [&](int t, int stage) {
+  }
+  // Tile t's K and V rows through its map (which has landed). A batch's slots
+  // are all read before its copies: a slot read after the previous row's
+  // cp.async (which writes shared memory) cannot be moved above it, so each
+  // row would wait out a shared-load latency of its own (eight a tile: a
+  // quarter of a speculative tree's stall samples).
+  __device__ __forceinline__ void load_tile(int t, int stage) const {
     const std::int32_t* slots = Smem::map(t)->slot;
 #pragma unroll 1
-    for (int i0 = 0; i0 < kGatherRows; i0 += kGatherBatch) {
-      int slot[kGatherBatch];
+    for (int i0 = 0; i0 < Traits::kGatherRows; i0 += Traits::kGatherBatch) {
+      int slot[Traits::kGatherBatch];
 #pragma unroll
-      for (int j = 0; j < kGatherBatch; ++j) slot[j] = slots[row0 + (i0 + j) * kRowsPerStep];
+      for (int j = 0; j < Traits::kGatherBatch; ++j) slot[j] = slots[row0 + (i0 + j) * kStep];
 #pragma unroll
-      for (int j = 0; j < kGatherBatch; ++j) copy_row(stage, i0 + j, slot[j]);
+      for (int j = 0; j < Traits::kGatherBatch; ++j) copy_row(stage, i0 + j, slot[j]);
     }
-  };
+  }
+  // Tile 0's slots, straight from its tile map in global memory: its gather
+  // then waits neither for the map's copy nor for the prologue's barrier.
+  __device__ __forceinline__ void read_first_slots(int (&slot)[Traits::kGatherRows]) const {
+#pragma unroll
+    for (int i = 0; i < Traits::kGatherRows; ++i) slot[i] = c.p.tile_map[c.tile0].slot[row0 + i * kStep];
+  }
+  __device__ __forceinline__ void load_first_tile(const int (&slot)[Traits::kGatherRows]) const {
+#pragma unroll
+    for (int i = 0; i < Traits::kGatherRows; ++i) copy_row(0, i, slot[i]);
+  }
+  // Ahead of tile t's math: tile t + kStages - 1's K/V (its map came with tile
+  // t - 1, or before the loop; tile 0 left in the prologue) and the map of
+  // tile t + 2 kStages - 1, one commit group per tile (empty past the end).
+  __device__ __forceinline__ void prefetch_for(int t) const {
+    const int ahead = t + Traits::kStages - 1;
+    if (ahead > 0 && ahead < c.ntiles) load_tile(ahead, ahead % Traits::kStages);
+    load_map(ahead + Traits::kStages);
+    cp_async_commit();
+  }
+};
 
-  // The prologue in two round trips: the first kStages maps, tile 0's slots
-  // (straight from the tile map in global memory) and the queries of this
-  // thread's two Q rows; then tile 0's K/V rows and the thread's Q elements.
-  // So tile 0 does not wait for the barrier below, which Q's loads hold up
-  // (with its slots read from the map's shared copy, it left 1.6 us into a
-  // speculative tree's 8.3-us CTAs), and Q needs neither shared memory nor
-  // barriers of its own. Every pass has a tile (a validated plan's blocks hold
-  // at least one token).
-  for (int m = 0; m < kStages; ++m) load_map(m);
-  cp_async_commit();
-  int slot0[kGatherRows];
+// The thread's two rows: their tile queries, whose entries give each row's
+// query and destination and whose words of each tile's visibility mask its
+// scores; their queries (-1 past the pass's end: zero Q); and, in a 64-row
+// pass, where they go — the item's partial, or -2 - query for a direct write,
+// so the epilogue has no dependent lookup (the split-KV path looks its rows up
+// over its merge's barrier). Rows past the pass's end take the last row's tile
+// query: they compute harmlessly and are never written.
+struct ThreadRows {
+  int tile_query[2];
+  int query[2];
+  int target[2];
+};
+
+// Both rows' lookups leave before either is used: behind the first row's
+// test, the second row's loads would take a round trip of their own.
+template <typename Traits>
+__device__ __forceinline__ ThreadRows locate_thread_rows(const PassContext& c, const PassLane<Traits>& lane) {
+  const KernelParams& p = c.p;
+  ThreadRows r{{0, 0}, {0, 0}, {0, 0}};
+  int partial[2] = {0, 0};
 #pragma unroll
-  for (int i = 0; i < kGatherRows; ++i) slot0[i] = p.tile_map[c.tile0].slot[row0 + i * kRowsPerStep];
-  // Rows g and g + 8 of the warp (h = 0, 1; counted from the item's first row)
-  // and their tile queries, whose entries give each row's query and
-  // destination and whose words of each tile's visibility mask its scores.
-  // Rows past the pass's end (zero Q) take the last row's tile query: they
-  // compute harmlessly and are never written.
-  auto thread_row = [&](int h) { return c.row0 + warp_row + g + h * 8; };
-  int row_query[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) row_query[h] = min(thread_row(h), c.row_end - 1) / p.group;
-  // The rows' query (-1 past the pass's end: zero Q) and, in a 64-row pass,
-  // where they go — the item's partial, or -2 - query for a direct write, so
-  // the epilogue has no dependent lookup (the split-KV path looks its rows up
-  // over its merge's barrier). Both rows' lookups leave before either is used:
-  // behind the first row's test, the second row's loads took a round trip of
-  // their own.
-  int q_query[2], row_target[2] = {0, 0}, partial[2] = {0, 0};
+  for (int h = 0; h < 2; ++h) r.tile_query[h] = min(lane.row(c, h), c.row_end - 1) / p.group;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    q_query[h] = p.tile_query[c.q0 + row_query[h]];
-    if constexpr (!kSplitKV) partial[h] = p.tile_partial[c.q0 + row_query[h]];
+    r.query[h] = p.tile_query[c.q0 + r.tile_query[h]];
+    if constexpr (!Traits::kSplitKV) partial[h] = p.tile_partial[c.q0 + r.tile_query[h]];
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (thread_row(h) >= c.row_end) {
-      q_query[h] = -1;
-    } else if constexpr (!kSplitKV) {
-      row_target[h] = partial[h] == kDirectWrite ? -2 - q_query[h] : partial[h];
+    if (lane.row(c, h) >= c.row_end) {
+      r.query[h] = -1;
+    } else if constexpr (!Traits::kSplitKV) {
+      r.target[h] = partial[h] == kDirectWrite ? -2 - r.query[h] : partial[h];
     }
   }
-  // Tile 0 and the map of tile kStages: the group the loop's first look-ahead
-  // step would have committed.
-#pragma unroll
-  for (int i = 0; i < kGatherRows; ++i) copy_row(0, i, slot0[i]);
-  if constexpr (kStages > 1) load_map(kStages);
-  cp_async_commit();
-  // The warp's 16 rows of Q as A fragments for the whole head dimension: per
-  // 16-column step, element pairs (row g, then g + 8) at columns 2 t4 and 2 t4 + 8.
-  std::uint32_t qf[D / 16][4];
+  return r;
+}
+
+// The warp's 16 rows of Q as A fragments for the whole head dimension: per
+// 16-column step, element pairs (row g, then g + 8) at columns 2 t4 and 2 t4 + 8.
+template <typename Traits>
+__device__ __forceinline__ void load_q_fragments(const PassContext& c, const PassLane<Traits>& lane, const ThreadRows& rows,
+                                                 std::uint32_t (&qf)[Traits::kHeadDim / 16][4]) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int head = row_head(thread_row(h));
+    const int head = row_head(c, lane.row(c, h));
     const std::uint32_t* q_row = reinterpret_cast<const std::uint32_t*>(
-        static_cast<const Element*>(p.q) + std::int64_t(max(q_query[h], 0)) * p.q_row_stride + head * D);
+        static_cast<const Element*>(c.p.q) + std::int64_t(max(rows.query[h], 0)) * c.p.q_row_stride + head * D);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      qf[kk][h] = q_query[h] < 0 ? 0u : q_row[kk * 8 + t4];
-      qf[kk][2 + h] = q_query[h] < 0 ? 0u : q_row[kk * 8 + 4 + t4];
+      qf[kk][h] = rows.query[h] < 0 ? 0u : q_row[kk * 8 + lane.t4];
+      qf[kk][2 + h] = rows.query[h] < 0 ? 0u : q_row[kk * 8 + 4 + lane.t4];
     }
   }
+}
+
+// Waits for tile t's K, V and map (all but the newest kStages - 1 commit
+// groups), then the CTA's barrier.
+template <typename Traits>
+__device__ __forceinline__ void wait_for_tile() {
+  cp_async_wait<Traits::kStages - 1>();
+#if defined(TREEATTN_WGMMA)
+  if constexpr (!Traits::kSplitKV) fence_shared_for_wgmma();  // the landed tile, for wgmma's async proxy
+#endif
+  __syncthreads();
+}
+
+// S = Q K^T for the warp's 16 rows and its n-tiles of 8 tokens. `kv_row` is
+// the lane's ldmatrix row of K (and V): matrices (tokens 0-7, chunk c),
+// (tokens 8-15, c), (0-7, c + 1), (8-15, c + 1) of the warp's 16-token steps.
+template <typename Traits>
+__device__ __forceinline__ void compute_scores(const std::uint32_t (&qf)[Traits::kHeadDim / 16][4],
+                                               const typename Traits::Element* ks, const typename Traits::LaneRow& kv_row,
+                                               float (&s)[Traits::kNTiles][4]) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
+#pragma unroll
+  for (int n = 0; n < Traits::kNTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#if defined(TREEATTN_WGMMA)
+  if constexpr (!Traits::kSplitKV) {
+    // The warpgroup's 64 rows x 64 tokens, 16 dims a step: K-major B, the
+    // step's 32 bytes inside its panel's 128-byte rows.
+    const std::uint32_t k_base = smem_address(ks);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t start = k_base + (kk >> 2) * Traits::kPanelElements * 2 + (kk & 3) * 32;
+      Wgmma<Element>::template m64n64k16<0>(s, qf[kk], wgmma_descriptor(start, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    wgmma_fence_operands(s);
+  } else
+#endif
+  {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int n = 0; n < Traits::kNTiles; n += 2) {
+        std::uint32_t b[4];  // n-tile n: b[0], b[2]; n + 1: b[1], b[3]
+        ldmatrix_x4(b, ks + n * 8 * Traits::kPanel + kv_row.pair(kk));
+        Mma<Element>::run(s[n], qf[kk], b[0], b[2]);
+        Mma<Element>::run(s[n + 1], qf[kk], b[1], b[3]);
+      }
+    }
+  }
+}
+
+// -inf for the scores of tokens a row does not see. The row's word of the
+// tile's visibility, shifted to the thread's first token (`first_bit`), holds
+// every token it tests at a constant bit: one LOP3 per score.
+template <typename Traits>
+__device__ __forceinline__ void mask_invisible(const TileMap& map, const int (&tile_query)[2], int first_bit,
+                                               float (&s)[Traits::kNTiles][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const std::uint64_t seen = map.visible[tile_query[h]] >> first_bit;
+#pragma unroll
+    for (int n = 0; n < Traits::kNTiles; ++n) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        if (((seen >> (n * 8 + b)) & 1) == 0) s[n][2 * h + b] = TREEATTN_NEG_INF;
+      }
+    }
+  }
+}
+
+// The online softmax of the thread's two rows, in base 2:
+// p = 2^(s * scale_log2 - max * scale_log2). row_max holds the maxima of the
+// raw scores Q K^T (the softmax scale is positive, so it is applied inside the
+// exponent's FFMA instead of to every score); row_sum the thread's share of
+// the sums until softmax_finish. The pass keeps them as two arrays of its own:
+// a struct of the four compiles to another register assignment.
+//
+// softmax_update takes a tile's masked scores: it rescales the rows' sums and
+// O to the new maxima and turns the scores into P.
+template <int kNTiles, int kAccTiles>
+__device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_sum)[2], float (&s)[kNTiles][4],
+                                               float (&acc)[kAccTiles][4], const KernelParams& p) {
+  // The row maxima as trees: S -> max -> exponents -> P V is the tile's
+  // critical path, and a chain of 2 * kNTiles dependent FMNMX would be its
+  // longest link.
+  float tile_max[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) tile_max[h] = tree_reduce<kNTiles>([&](int n) { return fmaxf(s[n][2 * h], s[n][2 * h + 1]); }, [](float a, float b) { return fmaxf(a, b); });
+  float correction[2], neg_reference[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+    const float new_max = fmaxf(row_max[h], tile_max[h]);
+    // A row that has seen nothing yet keeps -inf: shift by 0 instead (no NaN).
+    neg_reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : -new_max * p.scale_log2;
+    // Exactly 1 while the maximum holds: the FFMA would leave the product's
+    // rounding error, and compounding it over a long block drifts the weights.
+    correction[h] = new_max == row_max[h] ? 1.0f : exp2_ftz(fmaf(row_max[h], p.scale_log2, neg_reference[h]));
+    row_max[h] = new_max;
+    row_sum[h] *= correction[h];
+  }
+#pragma unroll
+  for (int n = 0; n < kAccTiles; ++n) {
+    acc[n][0] *= correction[0];
+    acc[n][1] *= correction[0];
+    acc[n][2] *= correction[1];
+    acc[n][3] *= correction[1];
+  }
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], p.scale_log2, neg_reference[e / 2]));
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_sum[h] += tree_reduce<kNTiles>([&](int n) { return s[n][2 * h] + s[n][2 * h + 1]; }, [](float a, float b) { return a + b; });
+}
+
+// After the last tile: the rows' sums over their quads, maxima in base-2 units.
+__device__ __forceinline__ void softmax_finish(float (&row_max)[2], float (&row_sum)[2], const KernelParams& p) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    row_max[h] *= p.scale_log2;  // -inf stays -inf
+  }
+}
+
+// O += P V: P's accumulators become A fragments (16 tokens per k-step).
+template <typename Traits>
+__device__ __forceinline__ void accumulate_pv(const float (&s)[Traits::kNTiles][4], const typename Traits::Element* vs,
+                                              const typename Traits::LaneRow& kv_row, float (&acc)[Traits::kHeadDim / 8][4]) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kKSteps = Traits::kKSteps;
+  std::uint32_t pf[kKSteps][4];
+#pragma unroll
+  for (int j = 0; j < kKSteps; ++j) {
+    pf[j][0] = Mma<Element>::pack(s[2 * j][0], s[2 * j][1]);
+    pf[j][1] = Mma<Element>::pack(s[2 * j][2], s[2 * j][3]);
+    pf[j][2] = Mma<Element>::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
+    pf[j][3] = Mma<Element>::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+  }
+#if defined(TREEATTN_WGMMA)
+  if constexpr (!Traits::kSplitKV) {
+    // MN-major (transposed) B: a step's 16 tokens are two 8-row groups of
+    // every panel; one instruction spans two panels (128 dims).
+    const std::uint32_t v_base = smem_address(vs);
+    constexpr int kPanelBytes = Traits::kPanelElements * 2;
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kKSteps; ++j) {
+      const std::uint32_t start = v_base + j * 2048;
+      if constexpr (D == 64) {
+        Wgmma<Element>::template m64n64k16<1>(acc, pf[j], wgmma_descriptor(start, kPanelBytes, 1024), true);
+      } else {
+#pragma unroll
+        for (int h = 0; h < D / 128; ++h) {
+          auto& acc_half = *reinterpret_cast<float(*)[16][4]>(&acc[16 * h]);
+          Wgmma<Element>::template m64n128k16<1>(acc_half, pf[j], wgmma_descriptor(start + 2 * h * kPanelBytes, kPanelBytes, 1024), true);
+        }
+      }
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    wgmma_fence_operands(acc);
+  } else
+#endif
+  {
+#pragma unroll
+    for (int j = 0; j < kKSteps; ++j) {
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, vs + j * 16 * Traits::kPanel + kv_row.pair(n / 2));
+        Mma<Element>::run(acc[n], pf[j], b[0], b[1]);
+        Mma<Element>::run(acc[n + 1], pf[j], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Where row `row` of the pass goes: the query's O and LSE when this item is its
+// only one, else its partial slot (looked up once per row, not per element).
+struct RowDest {
+  std::int64_t out;    // the row's first element in O (strided rows) or in the partials
+  std::int32_t index;  // (query or partial) * heads_q + head: its element of LSE or of the partial LSEs
+  bool direct;
+};
+static_assert(sizeof(RowDest) == 16, "the split-KV path keeps 16 of them in shared memory (AttnTraits::kMergeBytes)");
+
+template <typename Traits>
+__device__ __forceinline__ RowDest make_dest(const KernelParams& p, std::int32_t target, int head, bool direct) {
+  const std::int32_t index = target * p.heads_q + head;
+  return RowDest{direct ? std::int64_t(target) * p.o_row_stride + head * Traits::kHeadDim : std::int64_t(index) * Traits::kHeadDim, index, direct};
+}
+template <typename Traits>
+__device__ __forceinline__ RowDest row_dest(const PassContext& c, int row) {
+  const int entry = c.q0 + (c.row0 + row) / c.p.group;
+  const int partial = c.p.tile_partial[entry];
+  const bool direct = partial == kDirectWrite;
+  return make_dest<Traits>(c.p, direct ? c.p.tile_query[entry] : partial, row_head(c, c.row0 + row), direct);
+}
+__device__ __forceinline__ void write_lse(const KernelParams& p, const RowDest& d, float lse) {
+  if (!d.direct) p.partial_lse[d.index] = lse;
+  else if (p.lse != nullptr) p.lse[d.index] = lse;
+}
+constexpr float kLn2 = 0.6931471805599453f;
+
+// The epilogue of a 64-row pass: each of the thread's rows normalised into
+// its partial (kept in L2 for the merge) or straight into O, and its LSE.
+template <typename Traits>
+__device__ __forceinline__ void write_thread_rows(const PassContext& c, const PassLane<Traits>& lane, const ThreadRows& rows,
+                                                  const float (&row_max)[2], const float (&row_sum)[2],
+                                                  const float (&acc)[Traits::kHeadDim / 8][4]) {
+  constexpr int D = Traits::kHeadDim;
+  const KernelParams& p = c.p;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (lane.row(c, h) >= c.row_end) continue;
+    const int head = row_head(c, lane.row(c, h));
+    const bool direct = rows.target[h] < 0;
+    const RowDest d = make_dest<Traits>(p, direct ? -2 - rows.target[h] : rows.target[h], head, direct);
+    const float inv = 1.0f / row_sum[h];
+    if (d.direct) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        store_out_pair(p.o, p.out_type, d.out + n * 8 + lane.t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
+      }
+    } else {
+      float* out = p.partial_o + d.out;
+      const std::uint64_t keep = l2_keep_policy();
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) store_partial2(out + n * 8 + lane.t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv, keep);
+    }
+    if (lane.t4 == 0) write_lse(p, d, (row_max[h] + __log2f(row_sum[h])) * kLn2);
+  }
+}
+
+// The epilogue of a split-KV pass: the four warps' states for its (at most)
+// 16 rows merged in shared memory (the tiles are free now) — each warp's
+// unnormalised O, row maxima and row sums — then written as a 64-row pass
+// writes them.
+template <typename Traits>
+__device__ __forceinline__ void merge_warps_and_write(const PassContext& c, const PassLane<Traits>& lane,
+                                                      const float (&row_max)[2], const float (&row_sum)[2],
+                                                      const float (&acc)[Traits::kHeadDim / 8][4]) {
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kAccStride = Traits::kMergeAccStride;
+  const KernelParams& p = c.p;
+  const int tid = lane.tid, warp = lane.warp, g = lane.g, t4 = lane.t4;
+  float* red_acc = reinterpret_cast<float*>(smem);              // [4][16][kAccStride]
+  float* red_max = red_acc + Traits::kWarps * 16 * kAccStride;  // [4][16]
+  float* red_sum = red_max + Traits::kWarps * 16;               // [4][16], then each warp's row weight
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      *reinterpret_cast<float2*>(red_acc + (warp * 16 + g + h * 8) * kAccStride + n * 8 + t4 * 2) =
+          make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+    }
+  }
+  if (t4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      red_max[warp * 16 + g + h * 8] = row_max[h];
+      red_sum[warp * 16 + g + h * 8] = row_sum[h];
+    }
+  }
+  RowDest* dests = reinterpret_cast<RowDest*>(red_sum + Traits::kWarps * 16);  // [16]
+  const int rows_here = min(16, c.row_end - c.row0);
+  const RowDest my_dest = tid < rows_here ? row_dest<Traits>(c, tid) : RowDest{0, 0, false};  // in flight over the barrier
+  __syncthreads();
+  // One thread per row: the row's log-sum-exp, its destination, and each
+  // warp's weight exp2(max_w - max) / sum (in place of the warp's row sum).
+  if (tid < rows_here) {
+    float m = TREEATTN_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < Traits::kWarps; ++w) m = fmaxf(m, red_max[w * 16 + tid]);
+    const float ref = m == TREEATTN_NEG_INF ? 0.0f : m;
+    float f[Traits::kWarps], sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Traits::kWarps; ++w) {
+      f[w] = exp2_ftz(red_max[w * 16 + tid] - ref);
+      sum += red_sum[w * 16 + tid] * f[w];
+    }
+#pragma unroll
+    for (int w = 0; w < Traits::kWarps; ++w) red_sum[w * 16 + tid] = f[w] / sum;
+    dests[tid] = my_dest;
+    write_lse(p, my_dest, (m + __log2f(sum)) * kLn2);
+  }
+  __syncthreads();
+  // Four adjacent channels per thread and step.
+  const std::uint64_t keep = l2_keep_policy();
+  for (int i = tid; i < rows_here * D / 4; i += Traits::kThreads) {
+    const int row = i / (D / 4), col = i % (D / 4) * 4;
+    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < Traits::kWarps; ++w) {
+      const float f = red_sum[w * 16 + row];
+      const float4 a = *reinterpret_cast<const float4*>(red_acc + (w * 16 + row) * kAccStride + col);
+      value.x += a.x * f;
+      value.y += a.y * f;
+      value.z += a.z * f;
+      value.w += a.w * f;
+    }
+    const RowDest d = dests[row];
+    if (d.direct) {
+      store_out_pair(p.o, p.out_type, d.out + col, value.x, value.y);
+      store_out_pair(p.o, p.out_type, d.out + col + 2, value.z, value.w);
+    } else {
+      store_partial4(p.partial_o + d.out + col, value, keep);
+    }
+  }
+}
+
+// One pass of up to 64 query rows over the whole KV block (PassTraits says how
+// the warps share it).
+template <typename Traits>
+__device__ __forceinline__ void attend_pass(const PassContext& c) {
+  using Smem = SharedTiles<Traits>;
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  // The thread's coordinates are the pass's own locals, and the mask's first
+  // bit and the ldmatrix row are computed from them here. Built in a PassLane
+  // constructor instead, they compile to another prologue schedule of the
+  // split-KV passes: 0.97x on two 16/1/128 peer shapes
+  // (benchmarks/h200/kernel_steps_ab.json).
+  const int tid = threadIdx.x, warp = tid / 32, lane_id = tid % 32;
+  const int g = lane_id / 4, t4 = lane_id % 4;
+  const int warp_row = Traits::kSplitKV ? 0 : warp * 16;
+  const int n_base = Traits::kSplitKV ? warp * Traits::kNTiles : 0;  // the warp's first 8-token n-tile of a tile
+  const PassLane<Traits> lane{tid, warp, g, t4, warp_row};
+  const KvGather<Traits> gather(c, lane.tid);
+
+  // The prologue in two round trips: the first kStages maps, tile 0's slots
+  // and the tile queries of the thread's two Q rows; then tile 0's K/V rows
+  // and the thread's Q elements. So tile 0 does not wait for the barrier
+  // below, which Q's loads hold up (read from the map's shared copy, its slots
+  // leave 1.6 us into a speculative tree's 8.3-us CTAs), and Q needs neither
+  // shared memory nor barriers of its own. Every pass has a tile (a validated
+  // plan's blocks hold at least one token).
+  for (int m = 0; m < kStages; ++m) gather.load_map(m);
+  cp_async_commit();
+  int slot0[Traits::kGatherRows];
+  gather.read_first_slots(slot0);
+  const ThreadRows rows = locate_thread_rows(c, lane);
+  // Tile 0 and the map of tile kStages: the group the loop's first look-ahead
+  // step would have committed.
+  gather.load_first_tile(slot0);
+  if constexpr (kStages > 1) gather.load_map(kStages);
+  cp_async_commit();
+  std::uint32_t qf[D / 16][4];
+  load_q_fragments(c, lane, rows, qf);
   cp_async_wait<1>();  // the maps; tile 0 may still travel
   __syncthreads();
   // The other look-ahead groups before the loop: tile j's K/V and the map of
   // tile j + kStages. The loop commits one group per tile (empty past the
   // end), so waiting for all but the newest kStages - 1 means tile t has landed.
   for (int j = 1; j + 1 < kStages; ++j) {
-    if (j < c.ntiles) load_tile(j, j);
-    load_map(j + kStages);
+    if (j < c.ntiles) gather.load_tile(j, j);
+    gather.load_map(j + kStages);
     cp_async_commit();
   }
 
-  // ldmatrix rows of this lane: matrix lane / 8 of each x4 load, row lane % 8.
-  const int mat = lane / 8;
-  // K and V rows (tokens) as B fragments of S = Q K^T and O = P V: both x4
-  // loads take matrices (tokens 0-7, chunk c), (tokens 8-15, c), (0-7, c + 1),
-  // (8-15, c + 1) of the warp's 16-token steps, so one lane row serves both.
-  const auto kv_row = Traits::lane_row(n_base * 8 + (mat & 1) * 8 + lane % 8, mat >> 1);
+  // ldmatrix rows of this lane: matrix lane / 8 of each x4 load, row lane % 8;
+  // both x4 loads (K for S, V for P V) take the same matrices of a 16-token step.
+  const int mat = lane_id / 8;
+  const auto kv_row = Traits::lane_row(n_base * 8 + (mat & 1) * 8 + lane_id % 8, mat >> 1);
 
   float acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  // Row maxima of the raw scores Q K^T (the softmax scale is positive, so it
-  // is applied inside the exponent's FFMA instead of to every score).
   float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
 
   for (int t = 0; t < c.ntiles; ++t) {
     const int stage = t % kStages;
-    const int ahead = t + kStages - 1;  // its map came with tile t - 1 (or before the loop)
-    if (ahead > 0 && ahead < c.ntiles) load_tile(ahead, ahead % kStages);  // tile 0 left in the prologue
-    load_map(ahead + kStages);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();  // tile t and its map have landed
-#if defined(TREEATTN_WGMMA)
-    if constexpr (!kSplitKV) fence_shared_for_wgmma();  // the landed tile, for wgmma's async proxy
-#endif
-    __syncthreads();
-    const Element* ks = Smem::k() + stage * kTile * D;
-    const Element* vs = Smem::v() + stage * kTile * D;
-
-    // S = Q K^T for the warp's 16 rows and its n-tiles of 8 tokens.
-    float s[kNTiles][4];
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#if defined(TREEATTN_WGMMA)
-    if constexpr (!kSplitKV) {
-      // The warpgroup's 64 rows x 64 tokens, 16 dims a step: K-major B, the
-      // step's 32 bytes inside its panel's 128-byte rows.
-      const std::uint32_t k_base = smem_address(ks);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const std::uint32_t start = k_base + (kk >> 2) * Traits::kPanelElements * 2 + (kk & 3) * 32;
-        Wgmma<Element>::template m64n64k16<0>(s, qf[kk], wgmma_descriptor(start, 16, 1024), kk > 0);
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      wgmma_fence_operands(s);
-    } else
-#endif
-    {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-        for (int n = 0; n < kNTiles; n += 2) {
-          std::uint32_t b[4];  // n-tile n: b[0], b[2]; n + 1: b[1], b[3]
-          ldmatrix_x4(b, ks + n * 8 * Traits::kPanel + kv_row.pair(kk));
-          Mma<Element>::run(s[n], qf[kk], b[0], b[2]);
-          Mma<Element>::run(s[n + 1], qf[kk], b[1], b[3]);
-        }
-      }
-    }
-
-    // Masks, then the online softmax per row in base 2:
-    // p = 2^(s * scale_log2 - max * scale_log2). The row's word of the tile's
-    // visibility, shifted to the thread's first token, holds every token it
-    // tests at a constant bit: one LOP3 per score.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const std::uint64_t seen = Smem::map(t)->visible[row_query[h]] >> (n_base * 8 + t4 * 2);
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          if (((seen >> (n * 8 + b)) & 1) == 0) s[n][2 * h + b] = TREEATTN_NEG_INF;
-        }
-      }
-    }
-    // The row maxima as trees: S -> max -> exponents -> P V is the tile's
-    // critical path, and a chain of 2 * kNTiles dependent FMNMX was its longest link.
-    float tile_max[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) tile_max[h] = tree_reduce<kNTiles>([&](int n) { return fmaxf(s[n][2 * h], s[n][2 * h + 1]); }, [](float a, float b) { return fmaxf(a, b); });
-    float correction[2], neg_reference[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float new_max = fmaxf(row_max[h], tile_max[h]);
-      // A row that has seen nothing yet keeps -inf: shift by 0 instead (no NaN).
-      neg_reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : -new_max * p.scale_log2;
-      // Exactly 1 while the maximum holds: the FFMA would leave the product's
-      // rounding error, and compounding it over a long block drifts the weights.
-      correction[h] = new_max == row_max[h] ? 1.0f : exp2_ftz(fmaf(row_max[h], p.scale_log2, neg_reference[h]));
-      row_max[h] = new_max;
-      row_sum[h] *= correction[h];
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      acc[n][0] *= correction[0];
-      acc[n][1] *= correction[0];
-      acc[n][2] *= correction[1];
-      acc[n][3] *= correction[1];
-    }
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], p.scale_log2, neg_reference[e / 2]));
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row_sum[h] += tree_reduce<kNTiles>([&](int n) { return s[n][2 * h] + s[n][2 * h + 1]; }, [](float a, float b) { return a + b; });
-
-    // O += P V: P's accumulators become A fragments (16 tokens per k-step).
-    std::uint32_t pf[kKSteps][4];
-#pragma unroll
-    for (int j = 0; j < kKSteps; ++j) {
-      pf[j][0] = Mma<Element>::pack(s[2 * j][0], s[2 * j][1]);
-      pf[j][1] = Mma<Element>::pack(s[2 * j][2], s[2 * j][3]);
-      pf[j][2] = Mma<Element>::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
-      pf[j][3] = Mma<Element>::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
-    }
-#if defined(TREEATTN_WGMMA)
-    if constexpr (!kSplitKV) {
-      // MN-major (transposed) B: a step's 16 tokens are two 8-row groups of
-      // every panel; one instruction spans two panels (128 dims).
-      const std::uint32_t v_base = smem_address(vs);
-      constexpr int kPanelBytes = Traits::kPanelElements * 2;
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kKSteps; ++j) {
-        const std::uint32_t start = v_base + j * 2048;
-        if constexpr (D == 64) {
-          Wgmma<Element>::template m64n64k16<1>(acc, pf[j], wgmma_descriptor(start, kPanelBytes, 1024), true);
-        } else {
-#pragma unroll
-          for (int h = 0; h < D / 128; ++h) {
-            auto& acc_half = *reinterpret_cast<float(*)[16][4]>(&acc[16 * h]);
-            Wgmma<Element>::template m64n128k16<1>(acc_half, pf[j], wgmma_descriptor(start + 2 * h * kPanelBytes, kPanelBytes, 1024), true);
-          }
-        }
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      wgmma_fence_operands(acc);
-    } else
-#endif
-    {
-#pragma unroll
-      for (int j = 0; j < kKSteps; ++j) {
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          std::uint32_t b[4];
-          ldmatrix_x4_trans(b, vs + j * 16 * Traits::kPanel + kv_row.pair(n / 2));
-          Mma<Element>::run(acc[n], pf[j], b[0], b[1]);
-          Mma<Element>::run(acc[n + 1], pf[j], b[2], b[3]);
-        }
-      }
-    }
+    gather.prefetch_for(t);
+    wait_for_tile<Traits>();
+    float s[Traits::kNTiles][4];
+    compute_scores<Traits>(qf, Smem::k() + stage * Traits::kTileTokens * D, kv_row, s);
+    mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
+    softmax_update(row_max, row_sum, s, acc, c.p);
+    accumulate_pv<Traits>(s, Smem::v() + stage * Traits::kTileTokens * D, kv_row, acc);
     __syncthreads();  // the stage and this tile's map are refilled next
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    row_max[h] *= p.scale_log2;  // base-2 units from here on (-inf stays -inf)
-  }
-  // Where row `row` of the pass goes: the query's O and LSE when this item is its
-  // only one, else its partial slot (looked up once per row, not per element).
-  struct RowDest {
-    std::int64_t out;    // the row's first element in O (strided rows) or in the partials
-    std::int32_t index;  // (query or partial) * heads_q + head: its element of LSE or of the partial LSEs
-    bool direct;
-  };
-  static_assert(sizeof(RowDest) == 16, "the split-KV path keeps 16 of them in shared memory (AttnTraits::kMergeBytes)");
-  auto make_dest = [&](std::int32_t target, int head, bool direct) {
-    const std::int32_t index = target * p.heads_q + head;
-    return RowDest{direct ? std::int64_t(target) * p.o_row_stride + head * D : std::int64_t(index) * D, index, direct};
-  };
-  auto row_dest = [&](int row) {
-    const int entry = c.q0 + (c.row0 + row) / p.group;
-    const int partial = p.tile_partial[entry];
-    const bool direct = partial == kDirectWrite;
-    return make_dest(direct ? p.tile_query[entry] : partial, row_head(c.row0 + row), direct);
-  };
-  auto write_lse = [&](const RowDest& d, float lse) {
-    if (!d.direct) p.partial_lse[d.index] = lse;
-    else if (p.lse != nullptr) p.lse[d.index] = lse;
-  };
-  constexpr float kLn2 = 0.6931471805599453f;
-
-  if constexpr (!kSplitKV) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (thread_row(h) >= c.row_end) continue;
-      const int head = row_head(thread_row(h));
-      const bool direct = row_target[h] < 0;
-      const RowDest d = make_dest(direct ? -2 - row_target[h] : row_target[h], head, direct);
-      const float inv = 1.0f / row_sum[h];
-      if (d.direct) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          store_out_pair(p.o, p.out_type, d.out + n * 8 + t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv);
-        }
-      } else {
-        float* out = p.partial_o + d.out;
-        const std::uint64_t keep = l2_keep_policy();
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) store_partial2(out + n * 8 + t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv, keep);
-      }
-      if (t4 == 0) write_lse(d, (row_max[h] + __log2f(row_sum[h])) * kLn2);
-    }
-  } else {
-    // Merge the four warps' states for the 16 rows in shared memory (the tiles
-    // are free now): each warp's unnormalised acc, row max and row sum. Rows of
-    // red_acc are padded by 8 floats so a half-warp's float2 stores (4 rows x 4
-    // lanes) fall in distinct banks.
-    constexpr int kAccStride = D + 8;
-    float* red_acc = reinterpret_cast<float*>(smem);         // [4][16][kAccStride]
-    float* red_max = red_acc + Traits::kWarps * 16 * kAccStride;  // [4][16]
-    float* red_sum = red_max + Traits::kWarps * 16;           // [4][16], then each warp's row weight
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        *reinterpret_cast<float2*>(red_acc + (warp * 16 + g + h * 8) * kAccStride + n * 8 + t4 * 2) =
-            make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
-      }
-    }
-    if (t4 == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        red_max[warp * 16 + g + h * 8] = row_max[h];
-        red_sum[warp * 16 + g + h * 8] = row_sum[h];
-      }
-    }
-    RowDest* dests = reinterpret_cast<RowDest*>(red_sum + Traits::kWarps * 16);  // [16]
-    const int rows_here = min(16, c.row_end - c.row0);
-    const RowDest my_dest = tid < rows_here ? row_dest(tid) : RowDest{0, 0, false};  // in flight over the barrier
-    __syncthreads();
-    // One thread per row: the row's log-sum-exp, its destination, and each
-    // warp's weight exp2(max_w - max) / sum (in place of the warp's row sum).
-    if (tid < rows_here) {
-      float m = TREEATTN_NEG_INF;
-#pragma unroll
-      for (int w = 0; w < Traits::kWarps; ++w) m = fmaxf(m, red_max[w * 16 + tid]);
-      const float ref = m == TREEATTN_NEG_INF ? 0.0f : m;
-      float f[Traits::kWarps], sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < Traits::kWarps; ++w) {
-        f[w] = exp2_ftz(red_max[w * 16 + tid] - ref);
-        sum += red_sum[w * 16 + tid] * f[w];
-      }
-#pragma unroll
-      for (int w = 0; w < Traits::kWarps; ++w) red_sum[w * 16 + tid] = f[w] / sum;
-      dests[tid] = my_dest;
-      write_lse(my_dest, (m + __log2f(sum)) * kLn2);
-    }
-    __syncthreads();
-    // Four adjacent channels per thread and step.
-    const std::uint64_t keep = l2_keep_policy();
-    for (int i = tid; i < rows_here * D / 4; i += Traits::kThreads) {
-      const int row = i / (D / 4), col = i % (D / 4) * 4;
-      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int w = 0; w < Traits::kWarps; ++w) {
-        const float f = red_sum[w * 16 + row];
-        const float4 a = *reinterpret_cast<const float4*>(red_acc + (w * 16 + row) * kAccStride + col);
-        value.x += a.x * f;
-        value.y += a.y * f;
-        value.z += a.z * f;
-        value.w += a.w * f;
-      }
-      const RowDest d = dests[row];
-      if (d.direct) {
-        store_out_pair(p.o, p.out_type, d.out + col, value.x, value.y);
-        store_out_pair(p.o, p.out_type, d.out + col + 2, value.z, value.w);
-      } else {
-        store_partial4(p.partial_o + d.out + col, value, keep);
-      }
-    }
-  }
+  softmax_finish(row_max, row_sum, c.p);
+  if constexpr (!Traits::kSplitKV) write_thread_rows(c, lane, rows, row_max, row_sum, acc);
+  else merge_warps_and_write(c, lane, row_max, row_sum, acc);
 }
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tree_attn_partial_kernel(const __grid_constant__ KernelParams p) {
 #if defined(TREEATTN_WGMMA)
   // wgmma applies the 128-byte swizzle by shared address: a misplaced window
-  // would be a wrong answer, so it stops the kernel instead (never seen).
+  // would give a wrong answer, so the kernel traps instead.
   if ((smem_address(smem) & 1023u) != 0) __trap();
 #endif
   const int pass = int(blockIdx.x / unsigned(p.heads_kv));
@@ -614,8 +613,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
   const PassContext ctx{p, info.tile_begin, info.tile_end - info.tile_begin, info.row_end, info.row_begin, info.query_begin, kv_head};
   // A pass of at most 16 rows (a small tile, or a large tile's last rows) splits
   // the KV tile among the warps instead of giving three of them padding rows.
-  if (info.row_end - info.row_begin <= 16) attend_pass<Traits, true>(ctx);
-  else attend_pass<Traits, false>(ctx);
+  if (info.row_end - info.row_begin <= 16) attend_pass<PassTraits<Traits, true>>(ctx);
+  else attend_pass<PassTraits<Traits, false>>(ctx);
 }
 
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
@@ -629,7 +628,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 // Plans whose queries merge at most kMergeLeanBatch partials take that batch:
 // half the registers in flight, so ten CTAs fit on an SM instead of eight (at
 // head_dim <= 128), and no query needs a second round trip. The full batch is
-// held to the eight CTAs (64 registers) it ran at before it was a template.
+// capped for eight CTAs (64 registers).
 constexpr int kMergeWarps = 4;
 constexpr int kMergeBatch = 8;
 template <int HeadDim, int kBatch>

@@ -85,8 +85,8 @@ struct alignas(16) PassInfo {
 static_assert(sizeof(PassInfo) == 32, "a pass is two 16-byte loads");
 
 struct KernelParams {
-  // Tensors (DESIGN §2 layouts). Q and O rows (one per query) may be strided:
-  // row i starts at element i * row stride; heads and head_dim are dense.
+  // Tensors. Q and O rows (one per query) may be strided (docs/cuda.md, "The
+  // device path"): row i starts at element i * row stride; heads and head_dim are dense.
   const void* q;      // [num_queries, heads_q, head_dim]  f16, bf16 or f32
   const void* k;      // [slots, heads_kv, head_dim]
   const void* v;

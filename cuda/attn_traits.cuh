@@ -20,9 +20,9 @@ struct AttnTraits {
   static constexpr int kTileTokens = treeattn::cuda::kTileTokens;  // KV tokens per shared-memory tile
   static_assert(kRows == kRowsPerPass, "a CTA takes the rows of one pass of a large tile");
   // Stages in flight: the next tile's gather overlaps this tile's math. More
-  // stages cost CTAs per SM: with wgmma, three (two CTAs) ran 0.955x and four
-  // (one CTA) 0.81x on the H100's DESIGN workloads; at head_dim 256 one stage
-  // keeps the kernel inside the A100's 164 KB of shared memory.
+  // stages cost CTAs per SM (docs/performance.md, "What was tried"); at
+  // head_dim 256 one stage keeps the kernel inside the A100's 164 KB of shared
+  // memory.
   static constexpr int kStages = HeadDim_ <= 128 ? 2 : 1;
   static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
   static_assert(kChunksPerRow >= 8, "the swizzle permutes eight chunks of a row");
@@ -32,9 +32,8 @@ struct AttnTraits {
   // 128 bytes whose chunks are XOR-swizzled by the row's low three bits — the
   // 128-byte swizzle wgmma reads (wgmma.cuh), and the eight rows an ldmatrix
   // reads land in distinct banks. Rows are unpadded, so a gathered row's
-  // cp.async chunks fill whole shared-memory lines (16-byte padded rows split
-  // every 128-byte piece across two lines, and the gather requested 1.5x its
-  // bytes from L2).
+  // cp.async chunks fill whole shared-memory lines (16-byte padded rows would
+  // split every 128-byte piece across two lines: 1.5x the bytes asked of L2).
   static constexpr int kPanel = 64;                  // elements per panel row
   static constexpr int kPanelElements = 64 * kPanel;  // 8 KB, 1024-byte aligned
   static_assert(kRows == 64 && kTileTokens == 64, "tiles are 64 rows of panels");
@@ -57,6 +56,18 @@ struct AttnTraits {
     return r;
   }
 
+  // The cp.async gather: each thread copies one 16-byte chunk column of a
+  // tile (chunk tid % kChunksPerRow) from rows kGatherRowStep apart, in
+  // batches of kGatherBatch rows whose slots are all read before their copies.
+  // Eight rows a batch is a whole tile at head_dim 128 (sixteen at 256 would
+  // spill); two run 0.97x in the mma.sync build (benchmarks/h100/mma_sync_build.json).
+  static constexpr int kGatherRowStep = kThreads / kChunksPerRow;
+  static constexpr int kGatherRows = kTileTokens / kGatherRowStep;  // rows a thread copies per tile
+  static constexpr int kGatherBatch = std::min(8, kGatherRows);
+  static_assert(kGatherRows % kGatherBatch == 0, "whole batches of rows");
+  static constexpr int kMapChunks = int(sizeof(TileMap)) / 16;  // 16-byte pieces of a tile map
+  static_assert(kMapChunks <= kThreads, "one map piece per thread");
+
   // Shared memory: K and V tiles first (each a multiple of 8 KB from the
   // 1024-byte aligned start, as the swizzle needs), then a ring of token maps.
   // Q has none: each thread loads its A fragments straight into registers.
@@ -69,23 +80,38 @@ struct AttnTraits {
   static constexpr int kMapStages = 2 * kStages;
   static constexpr int kMapOffset = kVOffset + kStages * kTileBytes;  // TileMap ring
   // The split-KV merge reuses the tiles and maps for every warp's 16 x
-  // head_dim accumulators (rows padded by 8 floats), their row maxima and sums,
-  // and 16 row destinations: at head_dim 256 (one stage) a little more than
-  // they hold.
-  static constexpr int kMergeBytes = kWarps * 16 * (kHeadDim + 8 + 2) * 4 + 16 * 16;
+  // head_dim accumulators (rows padded by 8 floats, so a half-warp's float2
+  // stores of 4 rows x 4 lanes fall in distinct banks), their row maxima and
+  // sums, and 16 row destinations: at head_dim 256 (one stage) a little more
+  // than they hold.
+  static constexpr int kMergeAccStride = kHeadDim + 8;
+  static constexpr int kMergeBytes = kWarps * 16 * (kMergeAccStride + 2) * 4 + 16 * 16;
   static constexpr int kSmemBytes = std::max(kMapOffset + kMapStages * int(sizeof(TileMap)), kMergeBytes);
-  // CTAs per SM the registers are capped for. With wgmma three (170
-  // registers; the kernel takes 166, and capped for two it takes 183 and ran
-  // 0.97-0.99x). The mma.sync build's fragments need more: capped for three it
-  // spilled at head_dim 128, and capped for two (209 registers, no spills) an
-  // sm_80-only build ran 1.19x faster even on the H100, where three CTAs fit;
-  // the A100's 164 KB of shared memory holds only two of these 67 KB CTAs
-  // anyway (docs/performance.md).
+  // CTAs per SM the registers are capped for. With wgmma three: 170
+  // registers, of which the kernel takes 165 (capped for two it takes 183 and
+  // runs 0.97-0.99x). The mma.sync build's fragments need more: capped for
+  // three it spills at head_dim 128, capped for two it takes 209 registers
+  // without spills and runs 1.19x faster even on the H100, where three CTAs
+  // fit (benchmarks/h100/mma_sync_build.json); the A100's 164 KB of shared
+  // memory holds only two of these 67 KB CTAs anyway.
 #if defined(TREEATTN_WGMMA)
   static constexpr int kMinBlocksPerSM = kStages == 2 ? 3 : kStages == 3 ? 2 : 1;
 #else
   static constexpr int kMinBlocksPerSM = kStages >= 2 ? 2 : 1;
 #endif
+};
+
+// One stage-1 pass's shapes: AttnTraits plus how the four warps share a tile.
+// A 64-row pass (SplitKV_ false): warp w owns rows 16w..16w+15 and every
+// token of a tile. A pass of at most 16 rows (true): every warp owns rows
+// 0..15 and tokens 16w..16w+15 of each tile, and the warps' softmax states are
+// merged in shared memory at the end.
+template <typename Base, bool SplitKV_>
+struct PassTraits : Base {
+  static constexpr bool kSplitKV = SplitKV_;
+  static constexpr int kWarpTokens = kSplitKV ? Base::kTileTokens / Base::kWarps : Base::kTileTokens;
+  static constexpr int kNTiles = kWarpTokens / 8;   // 8-token n-tiles of S per warp and tile
+  static constexpr int kKSteps = kWarpTokens / 16;  // 16-token k-steps of P V per warp and tile
 };
 
 }  // namespace treeattn::cuda

@@ -5,7 +5,7 @@
 #include "treeattn/context.hpp"
 
 #include "fail.hpp"
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #ifdef TREEATTN_HAVE_VULKAN
 #include "vulkan/vulkan_backend.hpp"
 #endif

@@ -1,6 +1,6 @@
 // make_backend(): the one place that knows which backends this build contains.
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 
 #include "fail.hpp"
 #include "cpu/cpu_backend.hpp"

@@ -104,7 +104,9 @@ int main() {
     treeattn::HostArray want(treeattn::DType::f32, {nq, heads.heads_q, heads.head_dim});
     treeattn::HostArray hq = q, hk = k, hv = v;
     const treeattn::Plan reference = treeattn::plan(step_tree(heads, steps - 1), options);
-    treeattn::make_backend(treeattn::BackendKind::cpu)->run(reference, {hq.view(), hk.view(), hv.view(), want.view(), {}});
+    treeattn::ContextOptions on_cpu;
+    on_cpu.backend = treeattn::BackendKind::cpu;
+    treeattn::Context(on_cpu).run(reference, {hq.view(), hk.view(), hv.view(), want.view(), {}});
     double worst = 0.0;
     for (std::size_t i = 0; i < got.size(); ++i) {
       const double w = double(reinterpret_cast<const float*>(want.bytes.data())[i]);

@@ -227,7 +227,9 @@ int main() {
 
     treeattn::PlanOptions options;
     options.cost = context.cost_model();
-    auto cpu = treeattn::make_backend(treeattn::BackendKind::cpu);
+    treeattn::ContextOptions on_cpu;
+    on_cpu.backend = treeattn::BackendKind::cpu;
+    treeattn::Context cpu(on_cpu);  // the reference
     double worst = 0.0;
     for (int step = 0; step < 2; ++step) {
       const treeattn::Tree tree = step_tree(heads, step == 0 ? 5 : 8, step == 0 ? 20 : 40);
@@ -281,7 +283,7 @@ int main() {
       // The same call on the CPU backend.
       treeattn::HostArray want_o(treeattn::DType::f32, {nq, heads.heads_q, heads.head_dim});
       treeattn::HostArray want_lse(treeattn::DType::f32, {nq, heads.heads_q});
-      cpu->run(plan, {hq.view(), hk.view(), hv.view(), want_o.view(), want_lse.view()});
+      cpu.run(plan, {hq.view(), hk.view(), hv.view(), want_o.view(), want_lse.view()});
       const auto* got = static_cast<const float*>(readback.mapped);
       const auto* got_lse = got + max_queries * row;
       const auto* w = reinterpret_cast<const float*>(want_o.bytes.data());

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "thread_pool.hpp"
 
 namespace treeattn::cpu {

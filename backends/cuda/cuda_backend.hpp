@@ -7,7 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "device_buffer.hpp"
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/cuda.hpp"
 
 namespace treeattn::cuda {

@@ -1,6 +1,6 @@
 // cuda_devices(): what `treeattn devices` prints of the CUDA devices.
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/cuda.hpp"
 #include "treeattn/error.hpp"
 

@@ -15,7 +15,7 @@
 #include "device_buffer.hpp"
 #include "device_scope.hpp"
 #include "lowering.hpp"
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/cuda.hpp"
 
 namespace treeattn::cuda {

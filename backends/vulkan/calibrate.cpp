@@ -23,7 +23,7 @@ constexpr int kRepeats = 3;  // the fastest of these
 CostModel calibrated_cost_model(const Context& context, std::uint32_t compute_units, const CostModel& base,
                                 const std::string& source, const LogSink& log) {
   const auto began = std::chrono::steady_clock::now();
-  const Device& dev = *context.state().device;
+  const Device& dev = *state_of(context).device;
   const DeviceCaps& caps = dev.caps();
   if (!dev.owned() || dev.queue() == VK_NULL_HANDLE) {
     throw Error(ErrorCategory::Backend, "the application's device: treeattn submits nothing to its queues");
@@ -68,7 +68,7 @@ CostModel calibrated_cost_model(const Context& context, std::uint32_t compute_un
       t.v_chunks = {kv[std::size_t(2 * l + 1)].address()};
       t.chunk_slots = std::uint32_t(slots);
       t.out = DType::f16;
-      workspace.state().record(sequence.handle(), t);
+      state_of(workspace).record(sequence.handle(), t);
     }
     sequence.timestamp(1);
     sequence.end();

@@ -51,4 +51,7 @@ struct Context::State {
   std::string logged_variant_;
 };
 
+// The state behind a public Context, for the library and its tests.
+inline Context::State& state_of(const Context& context) noexcept { return *context.state_; }
+
 }  // namespace treeattn::vulkan

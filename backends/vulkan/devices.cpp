@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/error.hpp"
 #include "context_state.hpp"
 #include "coopmat_layout.hpp"

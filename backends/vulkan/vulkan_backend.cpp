@@ -114,7 +114,7 @@ void VulkanBackend::enqueue(const Plan& plan, const AttentionArgs& a, void* stre
   }
   const auto commands = static_cast<VkCommandBuffer>(stream);
   upload_if_new(plan, a.q.dtype, commands);
-  workspace(a.q.dtype).state().record_addresses(commands, a);
+  state_of(workspace(a.q.dtype)).record_addresses(commands, a);
 }
 
 void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools) {
@@ -126,7 +126,7 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
   check_supported(plan, a);
   staged_.reset();  // frees the previous call's memory first
   auto s = std::make_unique<Staged>();
-  Context::State& ctx = context_.state();
+  Context::State& ctx = state_of(context_);
   const Device& dev = *ctx.device;
   const DeviceCaps& caps = dev.caps();
 
@@ -190,10 +190,10 @@ LayerTensors VulkanBackend::layer(const AttentionArgs& a, int pool) const {
 
 void VulkanBackend::run(const Plan& plan, const AttentionArgs& a) {
   stage(plan, a, 1);
-  const Device& dev = *context_.state().device;
+  const Device& dev = *state_of(context_).device;
   CommandSequence sequence(dev);
   sequence.begin();
-  workspace(a.q.dtype).state().record(sequence.handle(), layer(a, 0));
+  state_of(workspace(a.q.dtype)).record(sequence.handle(), layer(a, 0));
   sequence.barrier();
   sequence.copy(staged_->o, staged_->readback, a.o.bytes());
   if (a.lse.data) sequence.copy(staged_->lse, staged_->readback, a.lse.bytes(), 0, align16(a.o.bytes()));
@@ -205,7 +205,7 @@ void VulkanBackend::run(const Plan& plan, const AttentionArgs& a) {
 }
 
 std::vector<double> VulkanBackend::time_uploads(const Plan& plan, int repeats) {
-  CommandSequence sequence(*context_.state().device);
+  CommandSequence sequence(*state_of(context_).device);
   Workspace& ws = workspace(DType::f16);
   uploaded_[0] = 0;  // its uploads below replace the plan the workspace holds
   std::vector<double> us;
@@ -221,7 +221,7 @@ std::vector<double> VulkanBackend::time_uploads(const Plan& plan, int repeats) {
 }
 
 std::vector<double> VulkanBackend::time_layers(const Plan& plan, const AttentionArgs& a, int layers, int repeats) {
-  const Device& dev = *context_.state().device;
+  const Device& dev = *state_of(context_).device;
   if (!dev.caps().timestamps) {
     throw Error(ErrorCategory::Backend, fmt::format("Vulkan device {} has no compute timestamps", dev.caps().name));
   }
@@ -238,7 +238,7 @@ std::vector<double> VulkanBackend::time_layers(const Plan& plan, const Attention
   sequence.fill(flush, 0);
   sequence.barrier();
   sequence.timestamp(0);
-  Workspace::State& ws = workspace(a.q.dtype).state();
+  Workspace::State& ws = state_of(workspace(a.q.dtype));
   for (int l = 0; l < layers; ++l) ws.record(sequence.handle(), layer(a, l % pools));
   sequence.timestamp(1);
   sequence.barrier();

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/vulkan.hpp"
 #include "variant.hpp"
 #include "workspace_state.hpp"

@@ -129,7 +129,7 @@ void Workspace::State::record(VkCommandBuffer commands, const LayerTensors& t) {
 }
 
 Workspace::Workspace(const Context& context, DType inputs)
-    : state_(std::make_unique<State>(context.state(), inputs)) {}
+    : state_(std::make_unique<State>(state_of(context), inputs)) {}
 Workspace::~Workspace() = default;
 Workspace::Workspace(Workspace&&) noexcept = default;
 Workspace& Workspace::operator=(Workspace&&) noexcept = default;

@@ -7,7 +7,7 @@
 
 #include "context_state.hpp"
 #include "lowering.hpp"
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "vk_buffer.hpp"
 #include "vk_plan.hpp"
 
@@ -69,5 +69,8 @@ struct Workspace::State {
   const ComputePipeline* stage1_pipeline = nullptr;
   const ComputePipeline* merge_pipeline = nullptr;
 };
+
+// The state behind a public Workspace, for the library and its tests.
+inline Workspace::State& state_of(const Workspace& workspace) noexcept { return *workspace.state_; }
 
 }  // namespace treeattn::vulkan

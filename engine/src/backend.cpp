@@ -1,4 +1,4 @@
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 
 #include <chrono>
 

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <unistd.h>
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/npy.hpp"
 #include "treeattn/workloads.hpp"

@@ -6,7 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/incremental_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/tensor.hpp"

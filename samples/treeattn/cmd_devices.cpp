@@ -10,7 +10,7 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/error.hpp"
 
 namespace treeattn::cli {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "backend.hpp"
 #include "treeattn/treeattn.hpp"
 
 namespace treeattn::cli {

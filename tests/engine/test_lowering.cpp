@@ -23,7 +23,7 @@
 #include "support/conformance.hpp"
 #include "support/plan_check.hpp"
 #include "support/workloads_dir.hpp"
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/cost_model.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/incremental_planner.hpp"

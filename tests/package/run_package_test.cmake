@@ -13,6 +13,20 @@ function(step)
 endfunction()
 
 step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+
+# The library alone (its default component): the headers of its API, none of the tools' or of its internals.
+set(library_only "${WORK_DIR}/library_only")
+step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${library_only}" --component Unspecified)
+foreach(header context.hpp plan.hpp tree.hpp incremental_planner.hpp cuda.hpp vulkan.hpp treeattn.h treeattn_vulkan.h config.h)
+  if(NOT EXISTS "${library_only}/include/treeattn/${header}")
+    message(FATAL_ERROR "the library's install lacks include/treeattn/${header}")
+  endif()
+endforeach()
+foreach(header backend.hpp tools.hpp workloads.hpp npy.hpp tree_json.hpp scenarios.hpp cost_model_internal.hpp)
+  if(EXISTS "${library_only}/include/treeattn/${header}")
+    message(FATAL_ERROR "the library's install has include/treeattn/${header}, which is not its public API")
+  endif()
+endforeach()
 step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}" "-DCMAKE_PREFIX_PATH=${prefix}"
      "-DC_TEST_SOURCE=${C_TEST_SOURCE}")
 step(${CMAKE_COMMAND} --build "${WORK_DIR}/build")

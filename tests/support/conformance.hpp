@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/tree.hpp"
 

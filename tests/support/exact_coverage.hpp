@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 #include "treeattn/plan.hpp"
 #include "treeattn/tree.hpp"
 

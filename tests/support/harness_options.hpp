@@ -5,7 +5,7 @@
 // programs) turns the Khronos validation layer on. The library's messages go
 // to stderr.
 
-#include "treeattn/backend.hpp"
+#include "backend.hpp"
 
 namespace treeattn::test {
 

@@ -109,7 +109,7 @@ TEST_CASE("the device's cost model: the H100 fit on a CPU device and an H100, ca
   const vulkan::Context first;
   const CostModel model = first.cost_model();
   CAPTURE(model.source);
-  const vulkan::DeviceCaps& caps = first.state().device->caps();
+  const vulkan::DeviceCaps& caps = state_of(first).device->caps();
   if (caps.type == VK_PHYSICAL_DEVICE_TYPE_CPU) {
     CHECK(model.source.rfind("cpu device: h100-vulkan", 0) == 0);
     CHECK(model.to_string() == cost_model_for("h100-vulkan").to_string());  // the same plans on every machine

@@ -121,7 +121,7 @@ TEST_CASE("a workspace's errors: record before upload, tensors that do not match
   tree.add_node_range(0, kNoParent, 0, 100);
   tree.add_query(0);
   const Plan plan = treeattn::plan(tree, PlanOptions{});
-  const vulkan::Device& device = *context.state().device;
+  const vulkan::Device& device = *state_of(context).device;
   vulkan::Buffer q(device, 8 * 64 * 2, vulkan::Buffer::Kind::device_local);
   vulkan::Buffer kv(device, 128 * 2 * 64 * 2, vulkan::Buffer::Kind::device_local);
   vulkan::Buffer o(device, 8 * 64 * 4 + 16, vulkan::Buffer::Kind::device_local);
@@ -148,9 +148,9 @@ namespace {
 
 // A treeattn_vulkan_device for a device treeattn opened, standing in for the application's.
 struct AppDevice {
-  explicit AppDevice(const vulkan::Context& own) : enabled(own.state().device->caps()) {
+  explicit AppDevice(const vulkan::Context& own) : enabled(state_of(own).device->caps()) {
     app.struct_size = sizeof app;
-    app.instance = own.state().instance->handle();
+    app.instance = state_of(own).instance->handle();
     app.physical_device = own.physical_device();
     app.device = own.device();
     app.queue_family = own.queue_family();
@@ -170,7 +170,7 @@ void* address_of(const vulkan::Buffer& b) { return reinterpret_cast<void*>(stati
 
 TEST_CASE("the C API's planner on an application's Vulkan device: a decode replay recorded step by step") {
   const vulkan::Context own;
-  const vulkan::Device& device = *own.state().device;
+  const vulkan::Device& device = *state_of(own).device;
   AppDevice app(own);
   treeattn_context* context = nullptr;
   REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app.app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
@@ -216,11 +216,11 @@ TEST_CASE("the C API's planner on an application's Vulkan device: a decode repla
 
 TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records by buffer address into its command buffer") {
   const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
-  const vulkan::Device& device = *own.state().device;
+  const vulkan::Device& device = *state_of(own).device;
   const vulkan::FeatureChain enabled(device.caps());
   treeattn_vulkan_device app{};
   app.struct_size = sizeof app;
-  app.instance = own.state().instance->handle();
+  app.instance = state_of(own).instance->handle();
   app.physical_device = own.physical_device();
   app.device = own.device();
   app.queue_family = own.queue_family();

@@ -7,11 +7,11 @@
 //   tree.add_node_range(2, 0, 4020, 20);
 //   tree.add_query(1);
 //   tree.add_query(2);
-//   treeattn::Plan plan = treeattn::plan(tree);              // once per decode step
-//   auto backend = treeattn::make_backend(treeattn::BackendKind::automatic);
-//   backend->run(plan, {q, k, v, o, lse});                   // once per layer
+//   treeattn::Context ctx;                                    // auto: CUDA, then a Vulkan GPU, then the CPU
+//   treeattn::Plan plan = ctx.plan(tree);                     // with this device's cost model
+//   ctx.run(plan, {q, k, v, o, lse});                         // once per layer (enqueue: device memory)
 
-#include "treeattn/backend.hpp"
+#include "treeattn/context.hpp"
 #include "treeattn/config.h"
 #include "treeattn/dtype.hpp"
 #include "treeattn/error.hpp"

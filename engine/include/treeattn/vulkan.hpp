@@ -148,11 +148,11 @@ class Context {
   // treeattn's own device's queue (null on an application's device).
   VkQueue queue() const noexcept;
 
-  struct State;
-  State& state() const noexcept { return *state_; }
+  struct State;  // the library's (backends/vulkan/context_state.hpp)
   explicit Context(std::unique_ptr<State> state);  // around state prepared inside the library
 
  private:
+  friend State& state_of(const Context& context) noexcept;
   std::unique_ptr<State> state_;
 };
 
@@ -187,10 +187,10 @@ class Workspace {
   // naming a tensor that does not match the plan.
   void record(VkCommandBuffer commands, const Tensors& tensors);
 
-  struct State;
-  State& state() const noexcept { return *state_; }
+  struct State;  // the library's (backends/vulkan/workspace_state.hpp)
 
  private:
+  friend State& state_of(const Workspace& workspace) noexcept;
   std::unique_ptr<State> state_;
 };
 

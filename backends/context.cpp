@@ -19,6 +19,7 @@ BackendOptions backend_options(const ContextOptions& o) {
   b.device = o.device;
   b.verbose = o.verbose;
   b.log = o.log;
+  b.model_cache = o.model_cache_path;
   b.vk_variant = o.vulkan.variant;
   b.vk_pipeline_cache = o.vulkan.pipeline_cache_path;
   b.vk_validation = o.vulkan.validation;

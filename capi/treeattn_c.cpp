@@ -175,6 +175,7 @@ ContextOptions context_options(const treeattn_context_options& o) {
   c.cpu.threads = o.threads;
   c.vulkan.variant = o.vulkan_variant != nullptr ? o.vulkan_variant : "auto";
   c.verbose = o.verbose != 0;
+  if (o.model_cache_path != nullptr) c.model_cache_path = o.model_cache_path;
   if (o.log != nullptr) {
     c.log = [log = o.log, user = o.log_user_data](LogLevel level, const std::string& message) {
       log(level == LogLevel::warning ? TREEATTN_LOG_WARNING : TREEATTN_LOG_INFO, message.c_str(), user);

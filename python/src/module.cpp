@@ -197,14 +197,15 @@ NB_MODULE(_core, m) {
 
   nb::class_<ContextHandle>(m, "_Context", nb::is_weak_referenceable())
       .def("__init__",
-           [](ContextHandle* c, const std::string& backend, int device, int threads) {
+           [](ContextHandle* c, const std::string& backend, int device, int threads, const std::string& model_cache) {
              ContextOptions options;
              options.backend = parse_backend(backend);
              options.device = device;
              options.cpu.threads = threads;
+             options.model_cache_path = model_cache;
              new (c) ContextHandle{Context(options), device < 0 ? 0 : device};
            },
-           nb::arg("backend"), nb::arg("device"), nb::arg("threads"))
+           nb::arg("backend"), nb::arg("device"), nb::arg("threads"), nb::arg("model_cache"))
       .def_prop_ro("backend", [](const ContextHandle& c) { return std::string(to_string(c.context.backend())); })
       .def("plan",
            [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens) {

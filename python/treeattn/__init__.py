@@ -84,14 +84,17 @@ _plans = weakref.WeakValueDictionary()     # handle -> Plan
 
 
 class Context:
-    """A backend on a device: Context(backend="auto", device=None, threads=None).
+    """A backend on a device: Context(backend="auto", device=None, threads=None, model_cache=None).
 
     backend: "auto" (CUDA, then a Vulkan GPU, then the CPU), "cpu", "cuda", "vulkan".
+    model_cache: a JSON file that keeps the cost models calibrated on GPUs without a
+    fitted one, per device and driver (None: this process only).
     """
 
-    def __init__(self, backend="auto", device=None, threads=None):
+    def __init__(self, backend="auto", device=None, threads=None, model_cache=None):
         self._device = 0 if device is None else int(device)
-        self._context = _core._Context(backend, -1 if device is None else int(device), 0 if threads is None else int(threads))
+        self._context = _core._Context(backend, -1 if device is None else int(device), 0 if threads is None else int(threads),
+                                       "" if model_cache is None else str(model_cache))
         self.handle = id(self)
         _contexts[self.handle] = self
 

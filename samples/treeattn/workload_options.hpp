@@ -1,5 +1,5 @@
 #pragma once
-// The workloads of DESIGN §6 as command-line choices, shared by `bench` and
+// The workloads (docs/cli.md) as command-line choices, shared by `bench` and
 // `demo`: each becomes a replayable Scenario (for demo) or a tree snapshot (for
 // bench) under a short name that tables and JSON use.
 

@@ -116,7 +116,7 @@ TEST_CASE("the paged KV cache never leaks or double-frees across full reasoning 
     const std::vector<ReasoningTree> trees = load_reasoning(kWorkloads + "/reasoning/" + file);
     std::size_t replayed = 0;
     for (std::size_t t = 0; t < trees.size() && replayed < 12; ++t) {
-      if (trees[t].incompleted) continue;  // DESIGN §6: skip incompleted trees
+      if (trees[t].incompleted) continue;  // the records mark unfinished traces: skipped (docs/cli.md, Workloads)
       ++replayed;
       PagedKvCache cache(16, 4096);
       {

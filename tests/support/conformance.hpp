@@ -15,7 +15,7 @@ namespace treeattn::test {
 // The backend under test (defined once per test program).
 std::unique_ptr<Backend> make_test_backend();
 
-// Max abs error against the fp64 oracle that every backend meets: DESIGN §7
+// Max abs error against the fp64 oracle that every backend meets: docs/testing.md
 // fixes 2e-3 for f16 inputs; bf16 keeps 8 mantissa bits (P is rounded to bf16
 // for the P V product on tensor cores), so it gets 1e-2; f32 inputs are
 // multiplied in f32 (1e-5).

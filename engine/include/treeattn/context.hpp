@@ -76,6 +76,9 @@ struct ContextOptions {
   int device = -1;       // GPU index; -1: CUDA device 0, or the first discrete Vulkan GPU
   bool verbose = false;  // log which device and kernel variant run
   LogSink log;           // where messages go (none: dropped)
+  // CUDA and Vulkan: a JSON file that keeps the cost models calibrated on devices
+  // without a fitted one, keyed by device and driver ("": this process only).
+  std::string model_cache_path;
   CpuOptions cpu;
   VulkanOptions vulkan;
 };

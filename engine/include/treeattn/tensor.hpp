@@ -44,7 +44,7 @@ struct HostArray {
 // "[4, 32, 128] f16" (and " row stride 12288" when strided), for error messages.
 std::string describe(const TensorRef& t);
 
-// Arguments of one attention call. Layouts (DESIGN §2):
+// Arguments of one attention call. Layouts (docs/design.md):
 //   q   [num_queries, heads_q, head_dim]
 //   k,v [kv_slots, heads_kv, head_dim]          (the KV pool; the tree indexes its rows)
 //   o   [num_queries, heads_q, head_dim]          f16, bf16 or f32

@@ -135,6 +135,8 @@ typedef struct treeattn_context_options {
   int32_t verbose;              /* nonzero: device and kernel choices to the log */
   treeattn_log_fn log;          /* NULL: messages are dropped */
   void* log_user_data;
+  const char* model_cache_path; /* CUDA and Vulkan: a JSON file keeping the cost models calibrated on devices
+                                   without a fitted one, per device and driver (NULL: this process only) */
 } treeattn_context_options;
 TREEATTN_C_API void treeattn_context_options_init(treeattn_context_options* options);
 TREEATTN_C_API treeattn_status treeattn_context_create(const treeattn_context_options* options /* NULL: defaults */,

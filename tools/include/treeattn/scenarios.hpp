@@ -1,5 +1,5 @@
 #pragma once
-// Tree-decoding scenarios of DESIGN §6, replayed step by step on a
+// Tree-decoding scenarios of the workloads (docs/cli.md), replayed step by step on a
 // SequenceTree: few-shot prompting, speculative decoding with Medusa token
 // trees, and tree-of-thought reasoning. A scenario is the branch controller: it
 // decides what grows, forks and is pruned at each decode step, and which nodes

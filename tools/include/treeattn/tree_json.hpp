@@ -1,5 +1,5 @@
 #pragma once
-// The tree file of `treeattn run` (DESIGN §5):
+// The tree file of `treeattn run` (docs/cli.md):
 //   {"heads_q": 32, "heads_kv": 8, "head_dim": 128, "scale": 0.088,   (scale optional)
 //    "nodes": [{"id": 0, "parent": -1, "slots": [0, 1, 2]},
 //              {"id": 1, "parent": 0, "slot_range": [3, 2]}],         ([start, count])

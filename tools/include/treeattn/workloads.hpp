@@ -46,7 +46,7 @@ struct RandomForestOptions {
 // nodes), so a slot identifies one (node, token) pair.
 Tree random_forest(const RandomForestOptions& options);
 
-// Few-shot prompting (DESIGN §6): a `prompt`-token root and `branches`
+// Few-shot prompting (docs/cli.md, Workloads): a `prompt`-token root and `branches`
 // children of `generated` tokens each, one query per branch.
 Tree few_shot_tree(const HeadConfig& heads, std::int64_t prompt, std::int32_t branches, std::int64_t generated);
 
@@ -56,7 +56,7 @@ Tree few_shot_tree(const HeadConfig& heads, std::int64_t prompt, std::int32_t br
 Tree level_tree(const HeadConfig& heads, const std::vector<std::int64_t>& nodes,
                 const std::vector<std::int64_t>& context);
 
-// Model head shapes for realism (DESIGN §6).
+// Model head shapes for realism (docs/cli.md, Workloads).
 struct ModelShape {
   std::string name;
   HeadConfig heads;

@@ -169,7 +169,7 @@ void* address_of(const vulkan::Buffer& b) { return reinterpret_cast<void*>(stati
 }  // namespace
 
 TEST_CASE("the C API's planner on an application's Vulkan device: a decode replay recorded step by step") {
-  const vulkan::Context own;
+  const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
   const vulkan::Device& device = *state_of(own).device;
   AppDevice app(own);
   treeattn_context* context = nullptr;
@@ -217,20 +217,9 @@ TEST_CASE("the C API's planner on an application's Vulkan device: a decode repla
 TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records by buffer address into its command buffer") {
   const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
   const vulkan::Device& device = *state_of(own).device;
-  const vulkan::FeatureChain enabled(device.caps());
-  treeattn_vulkan_device app{};
-  app.struct_size = sizeof app;
-  app.instance = state_of(own).instance->handle();
-  app.physical_device = own.physical_device();
-  app.device = own.device();
-  app.queue_family = own.queue_family();
-  app.queue = own.queue();
-  app.get_instance_proc_addr = vkGetInstanceProcAddr;
-  app.enabled_features = &enabled.features;
-  app.enabled_extensions = enabled.extensions.data();
-  app.enabled_extension_count = std::uint32_t(enabled.extensions.size());
+  AppDevice app(own);
   treeattn_context* context = nullptr;
-  REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
+  REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app.app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
   CHECK(std::string(treeattn_context_backend(context)) == "vulkan");
 
   treeattn_tree* tree = nullptr;

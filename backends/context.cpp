@@ -34,6 +34,7 @@ Context::Context(const vulkan::ExternalDevice& device, const ContextOptions& opt
 #ifdef TREEATTN_HAVE_VULKAN
   backend_ = std::make_unique<vulkan::VulkanBackend>(device, backend_options(options));
   kind_ = BackendKind::vulkan;
+  cost_ = backend_->cost_model();
 #else
   (void)device;
   (void)options;
@@ -45,6 +46,7 @@ Context::Context(const vulkan::ExternalDevice& device, const ContextOptions& opt
 Context::Context(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {
   if (!backend_) fail(ErrorCategory::InvalidArgument, "Context: the backend is null");
   kind_ = parse_backend(backend_->name());
+  cost_ = backend_->cost_model();  // here, not at first use: no calibration inside a caller's capture or threads
 }
 
 Context::~Context() = default;
@@ -52,11 +54,6 @@ Context::Context(Context&&) noexcept = default;
 Context& Context::operator=(Context&&) noexcept = default;
 
 BackendKind Context::backend() const noexcept { return kind_; }
-
-const CostModel& Context::cost_model() const {
-  if (!cost_) cost_ = std::make_unique<CostModel>(backend_->cost_model());
-  return *cost_;
-}
 
 Plan Context::plan(const Tree& tree, PlanOptions options) const {
   options.cost = cost_model();
@@ -87,7 +84,9 @@ void Context::enqueue(const Plan& plan, const AttentionArgs& device_tensors, CUs
 
 void Context::upload(const Plan& plan, CUstream_st* stream) {
   if (kind_ != BackendKind::cuda) {
-    fail(ErrorCategory::InvalidArgument, "upload on a CUDA stream needs a CUDA context; this one runs {}", to_string(kind_));
+    fail(ErrorCategory::InvalidArgument,
+         "upload on a CUDA stream needs a CUDA context; this one runs {}{}", to_string(kind_),
+         kind_ == BackendKind::vulkan ? " (record() records the upload of a plan the workspace does not hold)" : "");
   }
   backend_->upload(plan, stream);
 }
@@ -113,6 +112,6 @@ void Context::graph_stable(const std::vector<const Plan*>& plans, double headroo
   backend_->graph_stable(limits.with_headroom(headroom));
 }
 
-bool Context::is_graph_stable() const noexcept { return backend_->graph_stable(); }
+bool Context::is_graph_stable() const noexcept { return backend_ && backend_->graph_stable(); }
 
 }  // namespace treeattn

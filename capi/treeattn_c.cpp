@@ -396,7 +396,7 @@ treeattn_status treeattn_planner_remove_node(treeattn_planner* p, int64_t id) {
 treeattn_status treeattn_planner_set_queries(treeattn_planner* p, const int64_t* nodes, const int64_t* upto, int64_t count) {
   return guarded([&] {
     IncrementalPlanner& planner = planner_of(p);
-    if (count < 0) throw Error(ErrorCategory::InvalidArgument, fmt::format("set_queries: count {} is negative", count));
+    if (count < 0) throw Error(ErrorCategory::InvalidTree, fmt::format("set_queries: count {} is negative", count));
     if (count > 0) require(nodes, "nodes");
     std::vector<TreeQuery> queries(static_cast<std::size_t>(count));
     for (int64_t i = 0; i < count; ++i) {
@@ -418,6 +418,10 @@ treeattn_status treeattn_planner_update(treeattn_planner* p, const treeattn_plan
   });
 }
 
+int32_t treeattn_planner_held_layout(const treeattn_planner* p) {
+  return p != nullptr && p->planner.last_update().held_layout ? 1 : 0;
+}
+
 void treeattn_planner_destroy(treeattn_planner* p) { delete p; }
 
 treeattn_status treeattn_run(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
@@ -433,14 +437,7 @@ treeattn_status treeattn_run(treeattn_context* context, const treeattn_plan* pla
 treeattn_status treeattn_upload(treeattn_context* context, const treeattn_plan* plan, void* stream) {
   return guarded([&] {
     require(context, "context");
-    const Plan& p = plan_of(plan);
-    if (context->context.backend() != BackendKind::cuda) {
-      throw Error(ErrorCategory::InvalidArgument,
-                  fmt::format("treeattn_upload needs a CUDA context (on Vulkan, treeattn_enqueue records the upload); "
-                              "this context runs {}",
-                              to_string(context->context.backend())));
-    }
-    context->context.upload(p, static_cast<CUstream_st*>(stream));
+    context->context.upload(plan_of(plan), static_cast<CUstream_st*>(stream));
   });
 }
 

@@ -67,26 +67,25 @@ void CudaBackend::settle_device_calls() {
 
 void CudaBackend::upload(const Plan& plan, void* stream) {
   DeviceScope scope(context_.device());
+  const auto s = static_cast<cudaStream_t>(stream);
+  // An upload captured into a graph would replay this step's staging forever.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TREEATTN_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) {
+    throw Error(ErrorCategory::InvalidArgument,
+                "a plan the workspace does not hold cannot be uploaded inside a graph capture: upload(plan) before "
+                "capturing");
+  }
   uploaded_ = 0;
-  workspace_.upload(plan, static_cast<cudaStream_t>(stream));
+  workspace_.upload(plan, s);
   uploaded_ = plan.id;
   device_calls_ = true;
 }
 
 void CudaBackend::enqueue(const Plan& plan, const AttentionArgs& device_tensors, void* stream) {
   DeviceScope scope(context_.device());
-  const auto s = static_cast<cudaStream_t>(stream);
-  if (plan.id == 0 || plan.id != uploaded_) {
-    // An upload captured into a graph would replay this step's staging forever.
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    TREEATTN_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
-    if (capturing != cudaStreamCaptureStatusNone) {
-      throw Error(ErrorCategory::InvalidArgument,
-                  "enqueue inside a graph capture of a plan the workspace does not hold: upload(plan) before capturing");
-    }
-    upload(plan, stream);
-  }
-  workspace_.enqueue(device_tensors, s);
+  if (plan.id == 0 || plan.id != uploaded_) upload(plan, stream);
+  workspace_.enqueue(device_tensors, static_cast<cudaStream_t>(stream));
   device_calls_ = true;
 }
 

@@ -93,17 +93,10 @@ Workspace& VulkanBackend::workspace(DType inputs) {
 
 void VulkanBackend::upload_if_new(const Plan& plan, DType inputs, VkCommandBuffer commands) {
   std::uint64_t& held = uploaded_[inputs == DType::bf16 ? 1 : 0];
-  last_inputs_ = inputs;
   if (plan.id != 0 && plan.id == held) return;
   held = 0;  // a failed upload leaves no plan to trust
   workspace(inputs).upload(plan, commands);
   held = plan.id;
-}
-
-void VulkanBackend::upload(const Plan& plan, void* stream) {
-  if (stream == nullptr) throw Error(ErrorCategory::InvalidArgument, "upload: the VkCommandBuffer is null");
-  uploaded_[last_inputs_ == DType::bf16 ? 1 : 0] = 0;
-  upload_if_new(plan, last_inputs_, static_cast<VkCommandBuffer>(stream));
 }
 
 void VulkanBackend::enqueue(const Plan& plan, const AttentionArgs& a, void* stream) {

@@ -8,14 +8,12 @@
 #include <memory>
 
 #include "backend.hpp"
+#include "context_options.hpp"
 #include "treeattn/vulkan.hpp"
 #include "variant.hpp"
 #include "workspace_state.hpp"
 
 namespace treeattn::vulkan {
-
-// The Vulkan part of `o`: the device is `device`, or `vk_device` where that is -1.
-ContextOptions context_options(const BackendOptions& o);
 
 class VulkanBackend final : public Backend {
  public:
@@ -30,8 +28,8 @@ class VulkanBackend final : public Backend {
 
   const char* name() const noexcept override { return "vulkan"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
-  // `stream` is the VkCommandBuffer being recorded; tensors are buffer device addresses.
-  void upload(const Plan& plan, void* stream) override;
+  // `stream` is the VkCommandBuffer being recorded; tensors are buffer device addresses
+  // (the plan's upload is recorded there too, when the workspace does not hold it).
   void enqueue(const Plan& plan, const AttentionArgs& device_tensors, void* stream) override;
   std::vector<double> time_layers(const Plan& plan, const AttentionArgs& args, int layers, int repeats) override;
   std::vector<double> time_uploads(const Plan& plan, int repeats) override;
@@ -52,7 +50,6 @@ class VulkanBackend final : public Backend {
   bool own_device_ = true;
   std::unique_ptr<Workspace> workspaces_[2];  // f16 and bf16 inputs
   std::uint64_t uploaded_[2] = {0, 0};        // Plan::id each holds (0: none)
-  DType last_inputs_ = DType::f16;            // the workspace upload() fills
   std::unique_ptr<Staged> staged_;
 };
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -67,10 +68,13 @@ struct PlanHandle {
   Plan plan;
 };
 
-// A context and the CUDA device its device arrays must be on.
+// A context, the CUDA device its device arrays must be on, and a lock: a
+// Context serves one thread at a time, and Python threads may share one
+// (context_for hands out one per device).
 struct ContextHandle {
   Context context;
   int cuda_device = 0;
+  std::mutex busy;
 };
 
 void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const Array& k, const Array& v, const Array& o,
@@ -85,6 +89,7 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
   }
   if (device == nb::device::cpu::value) {
     nb::gil_scoped_release release;
+    const std::lock_guard<std::mutex> lock(ctx.busy);
     ctx.context.run(plan.plan, args);
     return;
   }
@@ -93,6 +98,7 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
       throw Error(ErrorCategory::InvalidArgument, "arrays on CUDA device " + std::to_string(q.device_id()) +
                                                       ", the context runs on device " + std::to_string(ctx.cuda_device));
     }
+    const std::lock_guard<std::mutex> lock(ctx.busy);
     ctx.context.enqueue(plan.plan, args, reinterpret_cast<CUstream_st*>(stream));
     return;
   }
@@ -230,11 +236,13 @@ NB_MODULE(_core, m) {
            [](ContextHandle& c, const std::vector<const PlanHandle*>& plans, double headroom) {
              std::vector<const Plan*> list;
              for (const PlanHandle* p : plans) list.push_back(&p->plan);
+             const std::lock_guard<std::mutex> lock(c.busy);
              c.context.graph_stable(list, headroom);
            },
            nb::arg("plans"), nb::arg("headroom"))
       .def("_upload",
            [](ContextHandle& c, const PlanHandle& plan, std::uintptr_t stream) {
+             const std::lock_guard<std::mutex> lock(c.busy);
              c.context.upload(plan.plan, reinterpret_cast<CUstream_st*>(stream));
            },
            nb::arg("plan"), nb::arg("stream"));

@@ -18,6 +18,7 @@
 
 #include "demo_runner.hpp"
 #include "treeattn/vulkan.hpp"
+#include "vulkan/context_options.hpp"
 #include "vulkan_functions.hpp"
 
 namespace treeattn::cli {
@@ -31,17 +32,6 @@ std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
 
 double since_us(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count();
-}
-
-vulkan::ContextOptions context_options(const BackendOptions& o) {
-  vulkan::ContextOptions c;
-  c.device = o.device;
-  c.variant = o.vk_variant;
-  c.verbose = o.verbose;
-  c.log = o.log;
-  c.pipeline_cache_path = o.vk_pipeline_cache;
-  c.validation = o.vk_validation;
-  return c;
 }
 
 void memory_barrier(const VulkanFunctions& vk, VkCommandBuffer commands, VkPipelineStageFlags from, VkAccessFlags from_access,
@@ -128,7 +118,7 @@ class Buffer {
 class VulkanRunner final : public StepRunner {
  public:
   VulkanRunner(const BackendOptions& options, const HeadConfig& heads, HostArray& k, HostArray& v, std::int64_t max_queries)
-      : context_(context_options(options)),
+      : context_(vulkan::context_options(options)),
         vk_(context_.device()),
         device_(context_.device()),
         k_host_(k),

@@ -47,7 +47,10 @@ TEST_CASE("C planner replay: held layouts stay within rounding of from-scratch p
     CReplayOptions options;
     options.strategy = s;
     options.bitwise_updates = false;
-    check_c_planner_replay(context, call_on_host, options);
+    const int held = check_c_planner_replay(context, call_on_host, options);
+    // Flatten keeps its blocks over the steps of appends alone; greedy keeps
+    // edges only where its model chose its own layout, which these trees do not.
+    if (s == TREEATTN_STRATEGY_FLATTEN) CHECK(held > 0);
   }
   treeattn_context_destroy(context);
 }
@@ -78,11 +81,10 @@ TEST_CASE("C planner: bad input names what is wrong") {
   treeattn_plan_destroy(const_cast<treeattn_plan*>(plan));  // a planner's plan: left alone
   CHECK(treeattn_plan_num_queries(plan) == 1);
 
-  treeattn_status status = treeattn_planner_add_node_range(planner, 6, 42, 10, 3);
-  if (status == TREEATTN_OK) status = treeattn_planner_update(planner, &plan);  // a parent is named at the update
-  CHECK(status == TREEATTN_ERROR_INVALID_TREE);
-  CHECK(last_error().find("42") != std::string::npos);
-  if (status == TREEATTN_ERROR_INVALID_TREE) REQUIRE(treeattn_planner_remove_node(planner, 6) == TREEATTN_OK);
+  CHECK(treeattn_planner_add_node_range(planner, 6, 42, 10, 3) == TREEATTN_OK);  // a parent is checked at the update
+  CHECK(treeattn_planner_update(planner, &plan) == TREEATTN_ERROR_INVALID_TREE);
+  CHECK(last_error().find("parent 42") != std::string::npos);
+  REQUIRE(treeattn_planner_remove_node(planner, 6) == TREEATTN_OK);  // the pending change taken back
   CHECK(treeattn_planner_add_node_range(planner, 5, -1, 10, 3) == TREEATTN_ERROR_INVALID_TREE);
   CHECK(last_error().find("node id 5") != std::string::npos);
   CHECK(treeattn_planner_add_node(planner, 7, 5, nullptr, 2) == TREEATTN_ERROR_INVALID_ARGUMENT);
@@ -92,9 +94,8 @@ TEST_CASE("C planner: bad input names what is wrong") {
   CHECK(treeattn_planner_update(planner, &plan) != TREEATTN_OK);  // query on node 77, named at the update
   CHECK(last_error().find("77") != std::string::npos);
   CHECK(treeattn_planner_set_queries(planner, nodes, nullptr, 1) == TREEATTN_OK);
-  status = treeattn_planner_append_range(planner, 5, -4, 1);
-  if (status == TREEATTN_OK) status = treeattn_planner_update(planner, &plan);  // a slot is checked at the update
-  CHECK(status == TREEATTN_ERROR_INVALID_TREE);
+  CHECK(treeattn_planner_append_range(planner, 5, -4, 1) == TREEATTN_OK);  // slots are checked at the update
+  CHECK(treeattn_planner_update(planner, &plan) == TREEATTN_ERROR_INVALID_TREE);
   CHECK(last_error().find("node 5") != std::string::npos);
   CHECK(treeattn_planner_update(nullptr, &plan) == TREEATTN_ERROR_INVALID_ARGUMENT);
   treeattn_planner_destroy(planner);

@@ -20,6 +20,7 @@
 #include "support/conformance.hpp"
 #include "support/oracle.hpp"
 #include "support/workloads_dir.hpp"
+#include "treeattn/context.hpp"
 #include "treeattn/cuda.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/planner.hpp"
@@ -507,4 +508,48 @@ TEST_CASE("the C API graph-stable: a captured graph replays every step's plan, u
   cudaStreamDestroy(stream);
   for (treeattn_plan* p : plans) treeattn_plan_destroy(p);
   treeattn_context_destroy(context);
+}
+
+TEST_CASE("a CUDA treeattn::Context: graph-stable limits by count or by plans, host and device calls on one workspace") {
+  ContextOptions options;
+  options.backend = BackendKind::cuda;
+  Context context(options);
+  auto scenario = few_shot_scenario(600, 8, 6);
+  const Replay replay = replay_trees(*scenario, 6);
+  std::vector<Plan> plans;
+  for (const Tree& t : replay.trees) plans.push_back(context.plan(t));
+  // Limits of the first plan only: a later, larger plan is refused by its count.
+  context.graph_stable(cuda::WorkspaceLimits::of(plans.front()));
+  CHECK(context.is_graph_stable());
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  CHECK_THROWS_WITH_AS(context.upload(plans.back(), stream), doctest::Contains("graph-stable workspace: plan has"), Error);
+  std::vector<const Plan*> all;
+  for (const Plan& p : plans) all.push_back(&p);
+  context.graph_stable(all, 1.0);
+
+  const HeadConfig h = replay.trees.front().heads;
+  HostArray k = random_array(DType::f16, {replay.slots, h.heads_kv, h.head_dim}, 3),
+            v = random_array(DType::f16, {replay.slots, h.heads_kv, h.head_dim}, 4);
+  cuda::DeviceBuffer dk = to_device(k), dv = to_device(v);
+  for (std::size_t step = 0; step < plans.size(); ++step) {
+    CAPTURE(step);
+    const Plan& plan = plans[step];
+    HostArray q = random_array(DType::f16, {plan.num_queries, h.heads_q, h.head_dim}, 10 + step);
+    cuda::DeviceBuffer dq = to_device(q), dout(q.numel() * 4);
+    const std::vector<std::int64_t> qshape = {plan.num_queries, h.heads_q, h.head_dim};
+    const AttentionArgs device{TensorRef{dq.data(), DType::f16, qshape}, TensorRef{dk.data(), DType::f16, k.shape},
+                               TensorRef{dv.data(), DType::f16, v.shape}, TensorRef{dout.data(), DType::f32, qshape}, {}};
+    context.upload(plan, stream);
+    for (int layer = 0; layer < 2; ++layer) context.enqueue(plan, device, stream);  // the uploaded plan: no upload
+    HostArray got(DType::f32, qshape);
+    check(cudaMemcpyAsync(got.bytes.data(), dout.data(), got.bytes.size(), cudaMemcpyDeviceToHost, stream));
+    check(cudaStreamSynchronize(stream));
+    HostArray host_out(DType::f32, qshape);
+    context.run(plan, {q.view(), k.view(), v.view(), host_out.view(), {}});  // host arrays, same workspace
+    CHECK(got.bytes == host_out.bytes);
+    const OracleResult want = oracle_attention(replay.trees[step], q.view(), k.view(), v.view());
+    CHECK(max_abs_error(got.view(), want.o) <= tolerance(DType::f16));
+  }
+  cudaStreamDestroy(stream);
 }

@@ -61,11 +61,12 @@ class Replay:
             del self.nodes[d]
 
     def queries(self):
-        """One query per leaf; the first leaf of two tokens or more also sees all but its last."""
+        """One query per leaf; the first leaf of two tokens or more also sees its first token
+        only (the same query while the leaf grows: steps of appends alone keep the queries)."""
         queries = [(leaf, None) for leaf in self.leaves()]
         partial = next((leaf for leaf in self.leaves() if len(self.nodes[leaf][1]) >= 2), None)
         if partial is not None:
-            queries.append((partial, len(self.nodes[partial][1]) - 1))
+            queries.append((partial, 1))
         return queries
 
     def path(self, node, upto):
@@ -123,11 +124,15 @@ def run_replay(ctx, strategy, bitwise_updates, to_device=lambda a: a, to_host=np
     planner = ctx.planner(replay.tree(replay.queries()), strategy=strategy, block_tokens=48,
                           bitwise_updates=bitwise_updates)
     assert isinstance(planner, treeattn.Planner)
+    held = 0
     for step in range(steps):
         if step > 0:
             step_changes(replay, planner, step)
         queries = replay.queries()
         plan = planner.update()
+        held += planner.held_layout
+        if bitwise_updates:
+            assert not planner.held_layout
         assert plan.num_queries == len(queries)
         q = rng.uniform(-1, 1, (len(queries), hq, d)).astype(np.float16)
         q_dev = to_device(q)
@@ -144,7 +149,7 @@ def run_replay(ctx, strategy, bitwise_updates, to_device=lambda a: a, to_host=np
         want_o, want_lse = reference_attention(q, k, v, [replay.path(n, u) for n, u in queries], 1 / np.sqrt(d))
         assert np.abs(o - want_o).max() <= 2e-3, f"step {step}"
         assert np.abs(lse - want_lse).max() <= 2e-3, f"step {step}"
-    return planner
+    return held
 
 
 @pytest.mark.parametrize("strategy", ["flatten", "node", "node_chunk", "sequence", "cascade", "greedy"])
@@ -154,7 +159,10 @@ def test_bitwise_updates_equal_whole_plans(strategy):
 
 @pytest.mark.parametrize("strategy", ["flatten", "greedy"])
 def test_held_layouts_stay_close_to_whole_plans(strategy):
-    run_replay(treeattn.Context("cpu", threads=2), strategy, bitwise_updates=False)
+    held = run_replay(treeattn.Context("cpu", threads=2), strategy, bitwise_updates=False)
+    # flatten keeps its blocks over the steps of appends alone; greedy keeps edges only
+    # where its model chose its own layout, which these trees do not
+    assert held > 0 or strategy == "greedy"
 
 
 def test_changes_naming_unknown_nodes_raise_value_errors():

@@ -24,7 +24,7 @@ struct CReplayOptions {
   int steps = 24;
 };
 
-// Returns how many steps kept an earlier step's layout (0 with bitwise updates).
+// Returns how many steps kept an earlier step's layout (treeattn_planner_held_layout).
 int check_c_planner_replay(treeattn_context* context, const CallPlan& call, const CReplayOptions& options);
 
 // treeattn_run on host arrays.

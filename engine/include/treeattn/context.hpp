@@ -25,7 +25,13 @@
 // remain for callers that manage each step themselves.
 //
 // Threads: a Context serves one thread (and one stream) at a time; plans and
-// trees may be shared read-only between threads and contexts.
+// trees may be shared read-only between threads and contexts. A host-array
+// call after device calls waits for the device first (cudaDeviceSynchronize):
+// it returns only once its outputs are written in any case.
+//
+// Logs: the first Vulkan context of a process (or its first Vulkan backend)
+// opens treeattn's instance, whose validation messages go to that context's
+// log sink for the rest of the process: give it a sink that lives as long.
 
 #include <cstdint>
 #include <memory>
@@ -90,15 +96,15 @@ class Context {
   explicit Context(const ContextOptions& options = {});
   // The application's Vulkan device (treeattn/vulkan.hpp): the device path only.
   Context(const vulkan::ExternalDevice& device, const ContextOptions& options = {});
-  // A backend made elsewhere (tests and tools that configure one themselves).
-  explicit Context(std::unique_ptr<Backend> backend);
   ~Context();
   Context(Context&&) noexcept;
   Context& operator=(Context&&) noexcept;
 
   BackendKind backend() const noexcept;
-  // The planner's model of this device (PlanOptions::cost of every plan made here).
-  const CostModel& cost_model() const;
+  // The planner's model of this device (PlanOptions::cost of every plan made
+  // here), made when the context is: fitted, read from the model cache, or
+  // calibrated then (docs/greedy.md, "Device models").
+  const CostModel& cost_model() const noexcept { return cost_; }
 
   // plan() with options.cost set to this device's model.
   Plan plan(const Tree& tree, PlanOptions options = {}) const;
@@ -128,13 +134,12 @@ class Context {
   void graph_stable(const std::vector<const Plan*>& plans, double headroom = 1.0);
   bool is_graph_stable() const noexcept;
 
-  // The backend beneath (for the tools library's benchmark harness).
-  Backend& backend_impl() const noexcept { return *backend_; }
-
  private:
+  explicit Context(std::unique_ptr<Backend> backend);
+
   std::unique_ptr<Backend> backend_;
   BackendKind kind_ = BackendKind::cpu;
-  mutable std::unique_ptr<CostModel> cost_;  // made at first use
+  CostModel cost_;
 };
 
 }  // namespace treeattn

@@ -179,9 +179,11 @@ TREEATTN_C_API void treeattn_plan_destroy(treeattn_plan* plan);
  * changes and updates the plan: appends redo only the grown nodes; other
  * changes rebuild what they touch. The plan of an update is the planner's and
  * stays valid until its next update or its destroy; treeattn_run and
- * treeattn_enqueue take it. Changes name nodes by id: an unknown or removed id
- * fails at once (TREEATTN_ERROR_INVALID_TREE, naming it); slots are checked at
- * the update, which names the node and token, and leaves the changes pending. */
+ * treeattn_enqueue take it. Changes name nodes by id: a change to a node the
+ * planner does not have (or is removing) fails at once, a new node's id in use
+ * likewise (TREEATTN_ERROR_INVALID_TREE, naming it); a parent or a query's node
+ * it does not have, and slots, are checked at the update, which names the node
+ * (and token) and leaves the changes pending. */
 TREEATTN_C_API treeattn_status treeattn_planner_create(treeattn_context* context, const treeattn_tree* initial,
                                                        const treeattn_plan_options* options /* NULL: defaults */,
                                                        treeattn_planner** out);
@@ -205,6 +207,10 @@ TREEATTN_C_API treeattn_status treeattn_planner_remove_node(treeattn_planner* pl
 TREEATTN_C_API treeattn_status treeattn_planner_set_queries(treeattn_planner* planner, const int64_t* nodes,
                                                             const int64_t* upto, int64_t count);
 TREEATTN_C_API treeattn_status treeattn_planner_update(treeattn_planner* planner, const treeattn_plan** out);
+/* 1 when the last update kept an earlier step's layout (flatten's blocks, greedy's
+ * edges: equal to a whole-tree plan up to rounding), 0 when it is bitwise the
+ * whole tree's plan (or for NULL). */
+TREEATTN_C_API int32_t treeattn_planner_held_layout(const treeattn_planner* planner);
 /* NULL is fine. */
 TREEATTN_C_API void treeattn_planner_destroy(treeattn_planner* planner);
 

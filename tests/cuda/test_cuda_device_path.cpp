@@ -8,10 +8,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../backends/cuda/device_buffer.hpp"
@@ -552,4 +555,57 @@ TEST_CASE("a CUDA treeattn::Context: graph-stable limits by count or by plans, h
     CHECK(max_abs_error(got.view(), want.o) <= tolerance(DType::f16));
   }
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("four threads, each with its own CUDA Context and stream, share a plan and the inputs: bitwise one thread's") {
+  const Tree tree = determinism_forest();
+  const HeadConfig h = tree.heads;
+  Inputs in = make_inputs(tree, DType::f16, 9);
+  ContextOptions options;
+  options.backend = BackendKind::cuda;
+  const Plan plan = Context(options).plan(tree);
+  const cuda::DeviceBuffer dq = to_device(in.q), dk = to_device(in.k), dv = to_device(in.v);
+  const std::vector<std::int64_t> oshape = {plan.num_queries, h.heads_q, h.head_dim};
+  // One call on one context: the reference.
+  auto run_on = [&](Context& context, cudaStream_t stream, cuda::DeviceBuffer& out) {
+    const AttentionArgs args{TensorRef{dq.data(), DType::f16, in.q.shape}, TensorRef{dk.data(), DType::f16, in.k.shape},
+                             TensorRef{dv.data(), DType::f16, in.v.shape}, TensorRef{out.data(), DType::f32, oshape}, {}};
+    context.enqueue(plan, args, stream);
+  };
+  auto read = [&](const cuda::DeviceBuffer& out, cudaStream_t stream) {
+    HostArray got(DType::f32, oshape);
+    check(cudaMemcpyAsync(got.bytes.data(), out.data(), got.bytes.size(), cudaMemcpyDeviceToHost, stream));
+    check(cudaStreamSynchronize(stream));
+    return got;
+  };
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  Context alone(options);
+  cuda::DeviceBuffer out(std::size_t(in.q.numel()) * 4);
+  run_on(alone, stream, out);
+  const HostArray reference = read(out, stream);
+  cudaStreamDestroy(stream);
+
+  std::atomic<int> mismatches{0};
+  std::vector<std::string> errors(4);
+  auto worker = [&](int t) {
+    try {
+      Context context(options);
+      cudaStream_t mine = nullptr;
+      if (cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("stream");
+      cuda::DeviceBuffer o(std::size_t(in.q.numel()) * 4);
+      for (int r = 0; r < 50; ++r) {
+        run_on(context, mine, o);
+        if (r % 10 == 9 && read(o, mine).bytes != reference.bytes) ++mismatches;
+      }
+      cudaStreamDestroy(mine);
+    } catch (const std::exception& e) {
+      errors[std::size_t(t)] = e.what();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
+  CHECK(mismatches.load() == 0);
 }

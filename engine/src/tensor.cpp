@@ -6,18 +6,17 @@
 namespace treeattn {
 
 namespace {
-std::int64_t product(const std::vector<std::int64_t>& shape) noexcept {
+// The product of the dimensions from `first` on (no allocation: called per work item).
+std::int64_t product(const std::vector<std::int64_t>& shape, std::size_t first = 0) noexcept {
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::size_t d = first; d < shape.size(); ++d) n *= shape[d];
   return n;
 }
 }  // namespace
 
 std::int64_t TensorRef::numel() const noexcept { return product(shape); }
 
-std::int64_t TensorRef::row_elements() const noexcept {
-  return shape.empty() ? 1 : product(std::vector<std::int64_t>(shape.begin() + 1, shape.end()));
-}
+std::int64_t TensorRef::row_elements() const noexcept { return product(shape, 1); }
 
 HostArray::HostArray(DType dtype_, std::vector<std::int64_t> shape_)
     : dtype(dtype_), shape(std::move(shape_)) {

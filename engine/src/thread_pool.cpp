@@ -4,10 +4,18 @@ namespace treeattn {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { work(w); });
+  try {
+    workers_.reserve(std::size_t(threads - 1));
+    for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { work(w); });
+  } catch (...) {
+    stop();  // a thread that cannot be started: the ones that were are joined, not abandoned
+    throw;
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop(); }
+
+void ThreadPool::stop() noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;

@@ -32,6 +32,7 @@ class ThreadPool {
  private:
   void work(int worker);
   void drain(int worker);
+  void stop() noexcept;  // wakes the workers to leave and joins them
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;

@@ -5,8 +5,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure
-# test_threads again under ThreadSanitizer (a CPU-only build in build-tsan/).
-scripts/tsan.sh
+# test_threads under ThreadSanitizer, test_host_faults and test_c_planner under AddressSanitizer (CPU-only builds).
+scripts/sanitizers.sh
 # The Python package (pip install ., pytest) and the Windows build (mingw-w64, the tests under wine).
 scripts/test_python.sh
 scripts/test_windows.sh

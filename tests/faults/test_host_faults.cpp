@@ -25,13 +25,28 @@ std::atomic<long> g_countdown{-1};  // allocations left before the failing one; 
 // Pairs with the operator delete below, which GCC cannot see is malloc's partner.
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-void* operator new(std::size_t bytes) {
-  if (g_countdown.load(std::memory_order_relaxed) >= 0 && g_countdown.fetch_sub(1) == 0) throw std::bad_alloc();
-  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+namespace {
+// malloc's memory, or null where this is the allocation chosen to fail.
+void* allocate(std::size_t bytes) noexcept {
+  if (g_countdown.load(std::memory_order_relaxed) >= 0 && g_countdown.fetch_sub(1) == 0) return nullptr;
+  return std::malloc(bytes == 0 ? 1 : bytes);
+}
+void* allocate_or_throw(std::size_t bytes) {
+  if (void* p = allocate(bytes)) return p;
   throw std::bad_alloc();
 }
+}  // namespace
+
+void* operator new(std::size_t bytes) { return allocate_or_throw(bytes); }
+void* operator new[](std::size_t bytes) { return allocate_or_throw(bytes); }
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept { return allocate(bytes); }
+void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept { return allocate(bytes); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 

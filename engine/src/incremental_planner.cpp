@@ -176,6 +176,7 @@ std::int32_t IncrementalPlanner::index_of(std::int64_t id, const char* change) c
 }
 
 void IncrementalPlanner::check_new(std::int64_t id) const {
+  if (id == kNoParent) fail(ErrorCategory::InvalidTree, "add_node: id {} is the parent of a root (kNoParent), not a node id", id);
   if (state_->index.find(id) >= 0) fail(ErrorCategory::InvalidTree, "add_node: node id {} is in the tree already", id);
 }
 
@@ -236,7 +237,13 @@ void IncrementalPlanner::add_tree(const Tree& tree) {
 
 void IncrementalPlanner::grew(std::int32_t index, std::int64_t count) {
   State& s = *state_;
-  if (count < 0) fail(ErrorCategory::InvalidArgument, "append: node {}: {} tokens", s.tree.nodes()[std::size_t(index)].id, count);
+  const TreeNode& node = s.tree.nodes()[std::size_t(index)];
+  if (count < 0) fail(ErrorCategory::InvalidArgument, "append: node {}: {} tokens", node.id, count);
+  // Refused here, before the node's slots are made room for.
+  if (count > kMaxCount || node.length > kMaxCount - count) {
+    fail(ErrorCategory::InvalidTree, "append: node {}: {} tokens more than its {} exceed the limit of {} per node", node.id,
+         count, node.length, kMaxCount);
+  }
   std::int64_t& from = s.grown_from[std::size_t(index)];
   if (from < 0 && std::size_t(index) < s.checked_nodes) {  // a node added since the last update is checked whole
     from = s.tree.nodes()[std::size_t(index)].length;

@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure
+# The libFuzzer targets (fuzz/), 45 seconds each, in a clang build with ASan and UBSan.
+scripts/fuzz.sh 45
 # The Python package (pip install ., pytest) and the Windows build (mingw-w64, the tests under wine).
 scripts/test_python.sh
 scripts/test_windows.sh

@@ -66,6 +66,8 @@ Tree parse_tree_json(const std::string& text, const std::string& name) {
     doc = json::parse(text);
   } catch (const json::parse_error& e) {
     fail(ErrorCategory::Io, "{}: malformed JSON at byte {}: {}", name, e.byte, e.what());
+  } catch (const json::exception& e) {  // a number past a double's range (out_of_range.406)
+    fail(ErrorCategory::Io, "{}: malformed JSON: {}", name, e.what());
   }
   const Reader r(name);
   r.only_keys(doc, "the top level", {"heads_q", "heads_kv", "head_dim", "scale", "nodes", "queries"});

@@ -239,9 +239,10 @@ void IncrementalPlanner::grew(std::int32_t index, std::int64_t count) {
   State& s = *state_;
   const TreeNode& node = s.tree.nodes()[std::size_t(index)];
   if (count < 0) fail(ErrorCategory::InvalidArgument, "append: node {}: {} tokens", node.id, count);
-  // Refused here, before the node's slots are made room for.
-  if (count > kMaxCount || node.length > kMaxCount - count) {
-    fail(ErrorCategory::InvalidTree, "append: node {}: {} tokens more than its {} exceed the limit of {} per node", node.id,
+  // Refused here, before the node's slots are made room for (a negative
+  // length, from a range not yet validated, would be refused at the update).
+  if (node.length < 0 || count > kMaxCount || node.length > kMaxCount - count) {
+    fail(ErrorCategory::InvalidTree, "append: node {}: {} tokens more than its {} leave 0 to {} per node", node.id,
          count, node.length, kMaxCount);
   }
   std::int64_t& from = s.grown_from[std::size_t(index)];

@@ -760,8 +760,13 @@ TEST_CASE("changes refused at once: a node id of -1, appends past the limit of a
   planner.update();
   // A count past INT32_MAX tokens a node is refused before room is made for its slots.
   CHECK_THROWS_WITH_AS(planner.append_range(0, 3, std::int64_t(1) << 40),
-                       doctest::Contains("append: node 0: 1099511627776 tokens more than its 3 exceed the limit"), Error);
-  CHECK_THROWS_WITH_AS(planner.append_range(0, 3, std::numeric_limits<std::int64_t>::max()), doctest::Contains("exceed the limit"), Error);
+                       doctest::Contains("append: node 0: 1099511627776 tokens more than its 3 leave 0 to 2147483647 per node"), Error);
+  CHECK_THROWS_WITH_AS(planner.append_range(0, 3, std::numeric_limits<std::int64_t>::max()),
+                       doctest::Contains("leave 0 to 2147483647 per node"), Error);
+  // A range of a negative count (refused at the update) takes no append: room for it would be negative.
+  planner.add_node_range(2, 0, 10, -std::numeric_limits<std::int64_t>::max());
+  CHECK_THROWS_WITH_AS(planner.append_range(2, 50, 8), doctest::Contains("append: node 2: 8 tokens more than its"), Error);
+  planner.remove_node(2);
   // Slots appended past INT64_MAX wrap to negative ones, which the update refuses naming the node.
   planner.add_node(1, 0, {7});
   planner.append_range(1, std::numeric_limits<std::int64_t>::max(), 3);

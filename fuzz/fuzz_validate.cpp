@@ -106,7 +106,8 @@ Context& cpu_context() {
 void run_on_cpu(const Plan& p) {
   const std::int64_t nq = p.num_queries, slots = p.min_kv_slots;
   const std::int64_t hq = p.heads.heads_q, hkv = p.heads.heads_kv, d = p.heads.head_dim;
-  if (nq < 0 || slots < 0 || hq < 0 || hkv < 0 || d < 0 || nq * hq * d > kMaxRunElements ||
+  auto small = [](std::int64_t n) { return n >= 0 && n <= kMaxRunElements; };
+  if (!small(nq) || !small(slots) || !small(hq) || !small(hkv) || !small(d) || nq * hq * d > kMaxRunElements ||
       slots * hkv * d > kMaxRunElements) {
     return;
   }

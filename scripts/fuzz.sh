@@ -25,7 +25,7 @@ for target in "${targets[@]}"; do
   build-fuzz/fuzz/$target "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
     -print_final_stats=1 -artifact_prefix="$findings/" >"$log" 2>&1 || status=$?
   executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2 || true)
   found=$(find "$findings" -type f | wc -l)
   printf '%-26s %12s %8s  %s\n' "$target" "${executions:-?}" "${cov:-?}" "$found"
   if ((status != 0 || found > 0)); then

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -113,6 +114,29 @@ TEST_CASE("C planner: bad input names what is wrong") {
   REQUIRE(treeattn_planner_create(context, paged, nullptr, &planner) == TREEATTN_OK);
   treeattn_planner_destroy(planner);
   treeattn_tree_destroy(paged);
+
+  // A struct_size that ends inside a field is refused: its low bytes alone
+  // made threads = -1 into 65535 threads.
+  treeattn_context_options partial;
+  treeattn_context_options_init(&partial);
+  partial.backend = TREEATTN_BACKEND_CPU;
+  partial.threads = -1;
+  partial.struct_size = offsetof(treeattn_context_options, threads) + 2;
+  treeattn_context* wrong = nullptr;
+  CHECK(treeattn_context_create(&partial, &wrong) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("must end at a field's end") != std::string::npos);
+  CHECK(wrong == nullptr);
+  partial.struct_size = offsetof(treeattn_context_options, threads);  // an older caller's: threads takes its default
+  REQUIRE(treeattn_context_create(&partial, &wrong) == TREEATTN_OK);
+  treeattn_context_destroy(wrong);
+  treeattn_plan_options mid;
+  treeattn_plan_options_init(&mid);
+  mid.struct_size = offsetof(treeattn_plan_options, block_tokens) + 1;
+  treeattn_tree* small = nullptr;
+  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &small) == TREEATTN_OK);
+  CHECK(treeattn_planner_create(context, small, &mid, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("treeattn_plan_options.struct_size is 13") != std::string::npos);
+  treeattn_tree_destroy(small);
 
   // graph-stable workspaces are CUDA's
   treeattn_tree* one = nullptr;

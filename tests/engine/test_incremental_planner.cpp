@@ -767,6 +767,11 @@ TEST_CASE("changes refused at once: a node id of -1, appends past the limit of a
   planner.add_node_range(2, 0, 10, -std::numeric_limits<std::int64_t>::max());
   CHECK_THROWS_WITH_AS(planner.append_range(2, 50, 8), doctest::Contains("append: node 2: 8 tokens more than its"), Error);
   planner.remove_node(2);
+  // append_pages checks the count before adding it to the node's length.
+  planner.add_node_pages(3, 0, {9}, 16, 3);
+  CHECK_THROWS_WITH_AS(planner.append_pages(3, std::numeric_limits<std::int64_t>::max(), {}),
+                       doctest::Contains("append: node 3: 9223372036854775807 tokens more than its 3"), Error);
+  planner.remove_node(3);
   // Slots appended past INT64_MAX wrap to negative ones, which the update refuses naming the node.
   planner.add_node(1, 0, {7});
   planner.append_range(1, std::numeric_limits<std::int64_t>::max(), 3);

@@ -136,7 +136,7 @@ struct Session {
   treeattn_tree* maybe_tree() { return in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : tree; }
   treeattn_planner* maybe_planner() { return in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : planner; }
 
-  // A tensor of [rows, heads, head_dim] (or [rows, heads]) with its faults.
+  // A tensor of [rows, heads, head_dim] (or [rows, heads]) with up to three faults.
   treeattn_tensor tensor(std::int64_t rows, std::int64_t heads, bool lse) {
     treeattn_tensor t{};
     t.ndim = lse ? 2 : 3;
@@ -144,7 +144,8 @@ struct Session {
     t.shape[1] = heads;
     t.shape[2] = head_dim;
     store_raw(t.dtype, lse ? TREEATTN_DTYPE_F32 : in.ConsumeIntegralInRange<std::int32_t>(0, 2));
-    if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    for (int faults = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? in.ConsumeIntegralInRange<int>(1, 3) : 0; faults > 0;
+         --faults) {
       switch (in.ConsumeIntegralInRange<int>(0, 4)) {
         case 0: store_raw(t.dtype, pick_int32(in, 3)); break;
         case 1: t.ndim = pick_int32(in, 5); break;

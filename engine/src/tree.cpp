@@ -102,7 +102,9 @@ std::vector<std::int64_t>::iterator Tree::appended_slots(std::size_t index, std:
   if (!node.listed) {  // a range becomes a list
     reserved_[index] = 2 * (node.length + count);
     const std::int64_t first = claim_listed(reserved_[index]);
-    for (std::int64_t t = 0; t < node.length; ++t) listed_slots_[std::size_t(first + t)] = node.first + t;
+    for (std::int64_t t = 0; t < node.length; ++t) {  // wrapping past INT64_MAX as append_range's slots do
+      listed_slots_[std::size_t(first + t)] = std::int64_t(std::uint64_t(node.first) + std::uint64_t(t));
+    }
     node.first = first;
     node.listed = true;
   }

@@ -775,7 +775,12 @@ TEST_CASE("changes refused at once: a node id of -1, appends past the limit of a
   // Slots appended past INT64_MAX wrap to negative ones, which the update refuses naming the node.
   planner.add_node(1, 0, {7});
   planner.append_range(1, std::numeric_limits<std::int64_t>::max(), 3);
+  // So do those of a range ending past INT64_MAX that becomes a list as a slot joins it elsewhere.
+  planner.add_node_range(4, 0, std::numeric_limits<std::int64_t>::max(), 2);
+  planner.append_range(4, 20, 1);
   CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("node 1"), Error);
   planner.remove_node(1);
+  CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("node 4"), Error);
+  planner.remove_node(4);
   CHECK(planner.update().num_tokens() == 3);
 }

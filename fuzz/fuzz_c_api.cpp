@@ -151,7 +151,10 @@ struct Session {
         case 1: t.ndim = pick_int32(in, 5); break;
         case 2: t.shape[in.ConsumeIntegralInRange<int>(0, 3)] = pick_int(in, 70); break;
         case 3: t.strides[in.ConsumeIntegralInRange<int>(0, 3)] = pick_int(in, 1 << 12); break;
-        default: t.strides[0] = t.shape[1] * t.shape[2] + in.ConsumeIntegralInRange<std::int64_t>(0, 64); break;
+        default:  // a padded row (wrapping: the shape may be faulty already)
+          t.strides[0] = std::int64_t(std::uint64_t(t.shape[1]) * std::uint64_t(t.shape[2]) +
+                                      in.ConsumeIntegralInRange<std::uint64_t>(0, 64));
+          break;
       }
     }
     // The bytes the tensor claims, when they are few: its rows, `strides[0]` apart when strided.

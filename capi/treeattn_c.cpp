@@ -90,20 +90,27 @@ void require(const void* pointer, const char* what) {
 }
 
 // Where each field of an options struct ends: the sizes an older caller's
-// struct may have (a size between two would copy part of a field, as the
-// low bytes of threads = -1 made 65535 threads).
+// struct may have (a size between two would copy part of a field: the low
+// bytes of threads = -1 are 65535 threads).
 std::vector<std::size_t> field_ends(const treeattn_plan_options*) {
   using O = treeattn_plan_options;
-  return {sizeof(O::struct_size), offsetof(O, strategy) + sizeof(O::strategy), offsetof(O, block_tokens) + sizeof(O::block_tokens),
-          offsetof(O, bitwise_updates) + sizeof(O::bitwise_updates), sizeof(O)};
+  return {sizeof(O::struct_size),
+          offsetof(O, strategy) + sizeof(O::strategy),
+          offsetof(O, block_tokens) + sizeof(O::block_tokens),
+          offsetof(O, bitwise_updates) + sizeof(O::bitwise_updates),
+          sizeof(O)};
 }
 std::vector<std::size_t> field_ends(const treeattn_context_options*) {
   using O = treeattn_context_options;
-  return {sizeof(O::struct_size),                         offsetof(O, backend) + sizeof(O::backend),
+  return {sizeof(O::struct_size),
+          offsetof(O, backend) + sizeof(O::backend),
           offsetof(O, device) + sizeof(O::device),
-          offsetof(O, threads) + sizeof(O::threads),       offsetof(O, vulkan_variant) + sizeof(O::vulkan_variant),
-          offsetof(O, verbose) + sizeof(O::verbose),       offsetof(O, log) + sizeof(O::log),
-          offsetof(O, log_user_data) + sizeof(O::log_user_data), sizeof(O)};
+          offsetof(O, threads) + sizeof(O::threads),
+          offsetof(O, vulkan_variant) + sizeof(O::vulkan_variant),
+          offsetof(O, verbose) + sizeof(O::verbose),
+          offsetof(O, log) + sizeof(O::log),
+          offsetof(O, log_user_data) + sizeof(O::log_user_data),
+          sizeof(O)};
 }
 
 // An options struct from a caller that may be older (smaller) than this

@@ -10,7 +10,7 @@
 
 namespace treeattn {
 
-// The most nodes, queries, and tokens in one node, a tree may have (plans index them with int32).
+// The limit on a tree's nodes, its queries and one node's tokens (plans index them with int32).
 inline constexpr std::int64_t kMaxCount = std::numeric_limits<std::int32_t>::max();
 
 struct Topology {

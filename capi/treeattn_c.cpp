@@ -7,11 +7,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "treeattn/context.hpp"
 #include "treeattn/error.hpp"
@@ -86,6 +89,30 @@ void require(const void* pointer, const char* what) {
   if (pointer == nullptr) throw Error(ErrorCategory::InvalidArgument, fmt::format("{} is NULL", what));
 }
 
+// Where each field of an options struct ends: the sizes an older caller's
+// struct may have (a size between two would copy part of a field: the low
+// bytes of threads = -1 are 65535 threads).
+std::vector<std::size_t> field_ends(const treeattn_plan_options*) {
+  using O = treeattn_plan_options;
+  return {sizeof(O::struct_size),
+          offsetof(O, strategy) + sizeof(O::strategy),
+          offsetof(O, block_tokens) + sizeof(O::block_tokens),
+          offsetof(O, bitwise_updates) + sizeof(O::bitwise_updates),
+          sizeof(O)};
+}
+std::vector<std::size_t> field_ends(const treeattn_context_options*) {
+  using O = treeattn_context_options;
+  return {sizeof(O::struct_size),
+          offsetof(O, backend) + sizeof(O::backend),
+          offsetof(O, device) + sizeof(O::device),
+          offsetof(O, threads) + sizeof(O::threads),
+          offsetof(O, vulkan_variant) + sizeof(O::vulkan_variant),
+          offsetof(O, verbose) + sizeof(O::verbose),
+          offsetof(O, log) + sizeof(O::log),
+          offsetof(O, log_user_data) + sizeof(O::log_user_data),
+          sizeof(O)};
+}
+
 // An options struct from a caller that may be older (smaller) than this
 // library: the fields it has, defaults for the rest.
 template <typename Options>
@@ -93,10 +120,12 @@ Options read_options(const Options* given, void (*init)(Options*), const char* w
   Options o;
   init(&o);
   if (given == nullptr) return o;
-  if (given->struct_size < sizeof(size_t) || given->struct_size > sizeof(Options)) {
+  const std::vector<std::size_t> ends = field_ends(given);
+  if (std::find(ends.begin(), ends.end(), given->struct_size) == ends.end()) {
     throw Error(ErrorCategory::InvalidArgument,
-                fmt::format("{}.struct_size is {}: set it with {}_init (this library's is {})", what, given->struct_size,
-                            what, sizeof(Options)));
+                fmt::format("{}.struct_size is {}: set it with {}_init (this library's is {}; a smaller one must end "
+                            "at a field's end)",
+                            what, given->struct_size, what, sizeof(Options)));
   }
   std::memcpy(&o, given, given->struct_size);
   o.struct_size = sizeof(Options);

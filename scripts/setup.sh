@@ -4,7 +4,7 @@
 # Idempotent and quiet: when everything is present it only asks dpkg.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+packages=(cmake ninja-build g++ clang doctest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
           libvulkan-dev libvulkan-volk-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers pkg-config python3 python3-dev python3-venv)
 if [ "${1:-}" = "--windows" ]; then
   packages=(g++-mingw-w64-x86-64-posix wine64)

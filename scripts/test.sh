@@ -7,6 +7,8 @@ scripts/build.sh
 ctest --test-dir build --output-on-failure
 # test_threads under ThreadSanitizer, test_host_faults and test_c_planner under AddressSanitizer (CPU-only builds).
 scripts/sanitizers.sh
+# The libFuzzer targets (fuzz/), 45 seconds each, in a clang build with ASan and UBSan.
+scripts/fuzz.sh 45
 # The Python package (pip install ., pytest) and the Windows build (mingw-w64, the tests under wine).
 scripts/test_python.sh
 scripts/test_windows.sh

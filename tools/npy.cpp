@@ -1,6 +1,7 @@
 #include "treeattn/npy.hpp"
 
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -104,8 +105,15 @@ HostArray parse_npy(const std::string& contents, const std::string& name) {
   if (fortran != "False") fail(ErrorCategory::Io, "{}: .npy header has no valid 'fortran_order'", name);
   array.shape = parse_shape(dict_value(header, "shape"), name);
 
+  // The data's bytes, refused past what an int64 element count can hold.
   std::size_t expected = dtype_size(array.dtype);
-  for (std::int64_t d : array.shape) expected *= std::size_t(d);
+  for (std::int64_t d : array.shape) {
+    if (d != 0 && expected > std::size_t(std::numeric_limits<std::int64_t>::max()) / std::size_t(d)) {
+      fail(ErrorCategory::Io, "{}: shape [{}] {} has more than {} bytes of data", name, fmt::join(array.shape, ", "),
+           to_string(array.dtype), std::numeric_limits<std::int64_t>::max());
+    }
+    expected *= std::size_t(d);
+  }
   const std::size_t data_start = header_start + header_len;
   const std::size_t found = contents.size() - data_start;
   if (found != expected) {

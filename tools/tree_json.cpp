@@ -1,5 +1,6 @@
 #include "treeattn/tree_json.hpp"
 
+#include <cmath>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -66,6 +67,8 @@ Tree parse_tree_json(const std::string& text, const std::string& name) {
     doc = json::parse(text);
   } catch (const json::parse_error& e) {
     fail(ErrorCategory::Io, "{}: malformed JSON at byte {}: {}", name, e.byte, e.what());
+  } catch (const json::exception& e) {  // a number past a double's range (out_of_range.406)
+    fail(ErrorCategory::Io, "{}: malformed JSON: {}", name, e.what());
   }
   const Reader r(name);
   r.only_keys(doc, "the top level", {"heads_q", "heads_kv", "head_dim", "scale", "nodes", "queries"});
@@ -76,7 +79,13 @@ Tree parse_tree_json(const std::string& text, const std::string& name) {
   heads.head_dim = r.small_int(r.field(doc, "", "head_dim"), "head_dim");
   if (auto it = doc.find("scale"); it != doc.end()) {
     if (!it->is_number()) fail(ErrorCategory::Io, "{}: scale must be a number, got {}", name, it->dump());
-    heads.scale = it->get<float>();
+    // Checked as a double: past a float's range the conversion is undefined, and an
+    // infinite scale would be written back as null.
+    const double scale = it->get<double>();
+    if (!(std::abs(scale) <= double(std::numeric_limits<float>::max()))) {
+      fail(ErrorCategory::Io, "{}: scale {} is not a finite float", name, it->dump());
+    }
+    heads.scale = float(scale);
     if (heads.scale == 0.0f) fail(ErrorCategory::Io, "{}: scale must not be 0 (omit it for 1/sqrt(head_dim))", name);
   }
   Tree tree(heads);

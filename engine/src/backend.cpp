@@ -1,6 +1,8 @@
 #include "backend.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "fail.hpp"
 
@@ -75,6 +77,18 @@ void expect_row_stride(const char* name, const TensorRef& t, bool strided_ok) {
   }
 }
 
+// K and V take any number of rows, and Q, K, V and O any row stride: the
+// elements up to the last row's end, (rows - 1) row strides and a row, must
+// be countable in int64 bytes (every later size and address computation is).
+void expect_addressable(const char* name, const TensorRef& t) {
+  const std::int64_t rows = t.shape[0], row = t.row_elements(), pitch = std::max(t.row_pitch(), row);
+  const std::int64_t limit = std::numeric_limits<std::int64_t>::max() / std::int64_t(dtype_size(t.dtype));
+  if (rows > 0 && pitch > 0 && (row > limit || rows - 1 > (limit - row) / pitch)) {
+    fail(ErrorCategory::InvalidArgument, "{} is {}: {} rows {} elements apart exceed {} bytes", name, describe(t), rows,
+         pitch, std::numeric_limits<std::int64_t>::max());
+  }
+}
+
 }  // namespace
 
 CallShape CallShape::of(const Plan& plan) { return CallShape{plan.heads, plan.num_queries, plan.min_kv_slots}; }
@@ -83,6 +97,7 @@ void check_args(const CallShape& plan, const AttentionArgs& a) {
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, hkv = plan.heads.heads_kv,
                      d = plan.heads.head_dim;
   expect_shape("Q", a.q, {nq, hq, d}, "queries, heads_q, head_dim");
+  expect_addressable("Q", a.q);
   if (a.k.shape.size() != 3 || a.k.shape[1] != hkv || a.k.shape[2] != d) {
     fail(ErrorCategory::InvalidArgument, "K is {}, expected [slots, {}, {}] (slots, heads_kv, head_dim)",
          describe(a.k), hkv, d);
@@ -91,13 +106,16 @@ void check_args(const CallShape& plan, const AttentionArgs& a) {
     fail(ErrorCategory::InvalidArgument, "K has {} slots but the tree reads slot {}", a.k.shape[0],
          plan.min_kv_slots - 1);
   }
+  expect_addressable("K", a.k);
   expect_shape("V", a.v, a.k.shape, "the shape of K");
+  expect_addressable("V", a.v);
   if (a.k.data == nullptr && a.k.numel() > 0) fail(ErrorCategory::InvalidArgument, "K has no data");
   if (a.q.dtype != a.k.dtype || a.v.dtype != a.k.dtype) {
     fail(ErrorCategory::InvalidArgument, "Q, K and V must share one dtype, got {}, {} and {}",
          to_string(a.q.dtype), to_string(a.k.dtype), to_string(a.v.dtype));
   }
   expect_shape("O", a.o, {nq, hq, d}, "queries, heads_q, head_dim");
+  expect_addressable("O", a.o);
   if (a.lse.data != nullptr) {
     expect_shape("LSE", a.lse, {nq, hq}, "queries, heads_q");
     if (a.lse.dtype != DType::f32) fail(ErrorCategory::InvalidArgument, "LSE must be f32, got {}", to_string(a.lse.dtype));

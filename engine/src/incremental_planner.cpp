@@ -176,6 +176,7 @@ std::int32_t IncrementalPlanner::index_of(std::int64_t id, const char* change) c
 }
 
 void IncrementalPlanner::check_new(std::int64_t id) const {
+  if (id == kNoParent) fail(ErrorCategory::InvalidTree, "add_node: id {} is the parent of a root (kNoParent), not a node id", id);
   if (state_->index.find(id) >= 0) fail(ErrorCategory::InvalidTree, "add_node: node id {} is in the tree already", id);
 }
 
@@ -234,9 +235,24 @@ void IncrementalPlanner::add_tree(const Tree& tree) {
   set_queries(tree.queries());
 }
 
+namespace {
+
+// `count` tokens appended to `node`: refused before the node's slots are made
+// room for (a negative length, from a range not yet validated, would be
+// refused at the update), so that its new length is an int32 count.
+void check_append(const TreeNode& node, std::int64_t count) {
+  if (count < 0) fail(ErrorCategory::InvalidArgument, "append: node {}: {} tokens", node.id, count);
+  if (node.length < 0 || count > kMaxCount || node.length > kMaxCount - count) {
+    fail(ErrorCategory::InvalidTree, "append: node {}: {} tokens more than its {} leave 0 to {} per node", node.id,
+         count, node.length, kMaxCount);
+  }
+}
+
+}  // namespace
+
 void IncrementalPlanner::grew(std::int32_t index, std::int64_t count) {
   State& s = *state_;
-  if (count < 0) fail(ErrorCategory::InvalidArgument, "append: node {}: {} tokens", s.tree.nodes()[std::size_t(index)].id, count);
+  check_append(s.tree.nodes()[std::size_t(index)], count);
   std::int64_t& from = s.grown_from[std::size_t(index)];
   if (from < 0 && std::size_t(index) < s.checked_nodes) {  // a node added since the last update is checked whole
     from = s.tree.nodes()[std::size_t(index)].length;
@@ -268,9 +284,10 @@ void IncrementalPlanner::append_pages(std::int64_t id, std::int64_t count, const
   if (node.page_size <= 0) fail(ErrorCategory::InvalidArgument, "append_pages: node {} is not paged", id);
   // The pages must hold the tokens exactly as add_node_pages' would: checked
   // here, where the call that broke it is known.
+  check_append(node, count);
   const std::int64_t length = node.length + count;
   const std::int64_t pages = node.pages + std::int64_t(new_pages.size());
-  if (count < 0 || length > pages * node.page_size || length <= (pages - 1) * node.page_size) {
+  if (length > pages * node.page_size || length <= (pages - 1) * node.page_size) {
     fail(ErrorCategory::InvalidTree,
          "append_pages: node {}: {} tokens on {} pages of {} (it had {} tokens on {} pages, {} new pages for {} tokens)",
          id, length, pages, node.page_size, node.length, node.pages, new_pages.size(), count);

@@ -182,6 +182,10 @@ void validate(const Plan& plan) {
     fail(ErrorCategory::InvalidPlan, "plan: query_tile = {} is outside [1, {}]", plan.query_tile, kMaxQueryTile);
   }
   if (plan.block_tokens < 1) fail(ErrorCategory::InvalidPlan, "plan: block_tokens = {} < 1", plan.block_tokens);
+  if (plan.num_queries < 0 || plan.num_partials < 0) {
+    fail(ErrorCategory::InvalidPlan, "plan: num_queries = {}, num_partials = {}: counts must not be negative",
+         plan.num_queries, plan.num_partials);
+  }
   for (std::size_t t = 0; t < plan.token_slot.size(); ++t) {
     if (plan.token_slot[t] < 0 || plan.token_slot[t] >= plan.min_kv_slots) {
       fail(ErrorCategory::InvalidPlan, "plan: token_slot[{}] = {} is outside [0, min_kv_slots = {})", t,
@@ -266,7 +270,7 @@ void validate(const Plan& plan) {
   // in ascending order.
   expect_size("merge_begin", plan.merge_begin.size(), nq + 1);
   expect_csr("merge_begin", plan.merge_begin, plan.merge_partial.size());
-  expect_size("merge_partial", plan.merge_partial.size(), std::size_t(std::max(plan.num_partials, 0)));
+  expect_size("merge_partial", plan.merge_partial.size(), std::size_t(plan.num_partials));
   std::vector<std::int32_t> partial_query(plan.merge_partial.size(), -1);
   for (std::size_t q = 0; q < nq; ++q) {
     for (std::int32_t m = plan.merge_begin[q]; m < plan.merge_begin[q + 1]; ++m) {

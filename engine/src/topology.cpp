@@ -11,7 +11,6 @@ namespace treeattn {
 namespace {
 
 constexpr std::int64_t kMaxSlot = std::numeric_limits<std::int32_t>::max() - 1;
-constexpr std::int64_t kMaxCount = std::numeric_limits<std::int32_t>::max();
 
 std::string node_name(const Tree& tree, std::int32_t index) {
   return fmt::format("node {} (nodes[{}])", tree.nodes()[std::size_t(index)].id, index);
@@ -35,12 +34,16 @@ void check_heads(const HeadConfig& h) {
   }
 }
 
-// Maps node ids to indices (one flat table); throws on a duplicate id.
+// Maps node ids to indices (one flat table); throws on a duplicate id and on
+// kNoParent as an id (no child could name that node as its parent).
 IdMap index_ids(const Tree& tree) {
   IdMap ids;
   ids.reset(tree.node_count());
   for (std::int32_t i = 0; i < std::int32_t(tree.node_count()); ++i) {
     const std::int64_t id = tree.nodes()[std::size_t(i)].id;
+    if (id == kNoParent) {
+      fail(ErrorCategory::InvalidTree, "nodes[{}]: id {} is the parent of a root (kNoParent), not a node id", i, id);
+    }
     const std::int32_t previous = ids.insert(id, i);
     if (previous >= 0) fail(ErrorCategory::InvalidTree, "duplicate node id {} (nodes[{}] and nodes[{}])", id, previous, i);
   }
@@ -89,6 +92,10 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots, st
     for (std::int64_t p = from_token == 0 ? 0 : from_token / node.page_size; p < node.pages; ++p) {
       const std::int64_t page = tree.page(std::size_t(index), p);
       if (page < 0) fail(ErrorCategory::InvalidTree, "{}: pages[{}] = {} is negative", node_name(tree, index), p, page);
+      if (page > kMaxSlot / node.page_size) {  // its slots may not fit int64
+        fail(ErrorCategory::InvalidTree, "{}: pages[{}] = {} of {} tokens starts past the slot limit {}",
+             node_name(tree, index), p, page, node.page_size, kMaxSlot);
+      }
       const std::int64_t used = p + 1 < node.pages ? node.page_size : node.length - full;
       check(page * node.page_size + used - 1, p * node.page_size + used - 1, "tokens");
     }
@@ -99,7 +106,9 @@ void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots, st
       fail(ErrorCategory::InvalidTree, "{}: slot_range start {} is negative", node_name(tree, index),
            node.first);
     }
-    // The last slot of the range decides; report it as an offset in the range.
+    // The last slot of the range decides, reported as an offset in the range;
+    // a start past the limit is reported itself (its end may not fit int64).
+    if (node.length > 0 && node.first > limit) check(node.first, 0, "slot_range");
     if (node.length > 0) check(node.first + node.length - 1, node.length - 1, "slot_range");
   }
 }

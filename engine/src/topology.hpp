@@ -3,11 +3,15 @@
 // checks a Tree; everything downstream may assume what it guarantees.
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "treeattn/tree.hpp"
 
 namespace treeattn {
+
+// The limit on a tree's nodes, its queries and one node's tokens (plans index them with int32).
+inline constexpr std::int64_t kMaxCount = std::numeric_limits<std::int32_t>::max();
 
 struct Topology {
   std::vector<std::int32_t> parent;       // [nodes] parent node index, or -1

@@ -2,11 +2,21 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include <fmt/format.h>
 
+#include "fail.hpp"
+
 namespace treeattn {
+namespace {
+
+// A paged node is told apart by its page size: one below 1 could not be
+// stored as a paged node (nor read back as one), so it is refused at once.
+void check_page_size(std::int64_t id, std::int32_t page_size) {
+  if (page_size < 1) fail(ErrorCategory::InvalidTree, "node {}: page_size {} must be positive", id, page_size);
+}
+
+}  // namespace
 
 float HeadConfig::effective_scale() const noexcept {
   if (scale != 0.0f) return scale;
@@ -36,6 +46,7 @@ void Tree::add_node_range(std::int64_t id, std::int64_t parent, std::int64_t fir
 
 void Tree::add_node_pages(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& pages,
                           std::int32_t page_size, std::int32_t last_page_tokens) {
+  check_page_size(id, page_size);
   // The length as given; plan() checks that it fits the pages (topology.cpp).
   const std::int64_t length =
       pages.empty() ? last_page_tokens : std::int64_t(pages.size() - 1) * page_size + last_page_tokens;
@@ -90,7 +101,9 @@ std::vector<std::int64_t>::iterator Tree::appended_slots(std::size_t index, std:
   if (!node.listed) {  // a range becomes a list
     reserved_[index] = 2 * (node.length + count);
     const std::int64_t first = claim_listed(reserved_[index]);
-    for (std::int64_t t = 0; t < node.length; ++t) listed_slots_[std::size_t(first + t)] = node.first + t;
+    for (std::int64_t t = 0; t < node.length; ++t) {  // wrapping past INT64_MAX as append_range's slots do
+      listed_slots_[std::size_t(first + t)] = std::int64_t(std::uint64_t(node.first) + std::uint64_t(t));
+    }
     node.first = first;
     node.listed = true;
   }
@@ -106,13 +119,16 @@ void Tree::append_slots(std::size_t index, const std::int64_t* slots, std::int64
 
 void Tree::append_range(std::size_t index, std::int64_t first_slot, std::int64_t count) {
   TreeNode& node = nodes_[index];
-  if (!node.listed && node.page_size == 0 && (node.length == 0 || node.first + node.length == first_slot)) {
+  // Unsigned: a range not yet validated may start anywhere (plan() refuses it later).
+  const bool continues = std::uint64_t(node.first) + std::uint64_t(node.length) == std::uint64_t(first_slot);
+  if (!node.listed && node.page_size == 0 && (node.length == 0 || continues)) {
     if (node.length == 0) node.first = first_slot;
     node.length += count;
     return;
   }
+  // Counted in uint64: past INT64_MAX the slots wrap to negative ones, which plan() refuses.
   const auto slots = appended_slots(index, count);
-  std::iota(slots, slots + count, first_slot);
+  for (std::int64_t t = 0; t < count; ++t) slots[t] = std::int64_t(std::uint64_t(first_slot) + std::uint64_t(t));
 }
 
 void Tree::append_pages(std::size_t index, std::int64_t count, const std::vector<std::int64_t>& new_pages) {
@@ -127,6 +143,7 @@ void Tree::append_pages(std::size_t index, std::int64_t count, const std::vector
 
 void Tree::replace_pages(std::size_t index, const std::vector<std::int64_t>& pages, std::int32_t page_size,
                          std::int32_t last_page_tokens) {
+  check_page_size(nodes_[index].id, page_size);
   TreeNode& node = nodes_[index];
   const std::int64_t entries = std::int64_t(pages.size());
   if (!node.listed || reserved_[index] < entries) {  // its room is too small: new room at the end

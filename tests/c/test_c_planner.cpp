@@ -4,10 +4,14 @@
 
 #include <doctest/doctest.h>
 
+#include <cstddef>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "support/c_replay.hpp"
+#include "support/c_tensor.hpp"
 
 using namespace treeattn::test;
 
@@ -101,6 +105,40 @@ TEST_CASE("C planner: bad input names what is wrong") {
   treeattn_planner_destroy(planner);
   treeattn_planner_destroy(nullptr);
 
+  // A node on pages of size 0 is refused as it is added: a planner made from
+  // the tree copied it as a listed node of tokens it did not have.
+  treeattn_tree* paged = nullptr;
+  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &paged) == TREEATTN_OK);
+  const std::int64_t pages[] = {3, 4};
+  CHECK(treeattn_tree_add_node_pages(paged, 1, -1, pages, 2, 0, 9) == TREEATTN_ERROR_INVALID_TREE);
+  CHECK(last_error().find("node 1: page_size 0 must be positive") != std::string::npos);
+  REQUIRE(treeattn_planner_create(context, paged, nullptr, &planner) == TREEATTN_OK);
+  treeattn_planner_destroy(planner);
+  treeattn_tree_destroy(paged);
+
+  // A struct_size that ends inside a field is refused: its low bytes alone
+  // made threads = -1 into 65535 threads.
+  treeattn_context_options partial;
+  treeattn_context_options_init(&partial);
+  partial.backend = TREEATTN_BACKEND_CPU;
+  partial.threads = -1;
+  partial.struct_size = offsetof(treeattn_context_options, threads) + 2;
+  treeattn_context* wrong = nullptr;
+  CHECK(treeattn_context_create(&partial, &wrong) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("must end at a field's end") != std::string::npos);
+  CHECK(wrong == nullptr);
+  partial.struct_size = offsetof(treeattn_context_options, threads);  // an older caller's: threads takes its default
+  REQUIRE(treeattn_context_create(&partial, &wrong) == TREEATTN_OK);
+  treeattn_context_destroy(wrong);
+  treeattn_plan_options mid;
+  treeattn_plan_options_init(&mid);
+  mid.struct_size = offsetof(treeattn_plan_options, block_tokens) + 1;
+  treeattn_tree* small = nullptr;
+  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &small) == TREEATTN_OK);
+  CHECK(treeattn_planner_create(context, small, &mid, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("treeattn_plan_options.struct_size is 13") != std::string::npos);
+  treeattn_tree_destroy(small);
+
   // graph-stable workspaces are CUDA's
   treeattn_tree* one = nullptr;
   treeattn_plan* whole = nullptr;
@@ -115,5 +153,36 @@ TEST_CASE("C planner: bad input names what is wrong") {
   CHECK(treeattn_upload(context, whole, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
   treeattn_plan_destroy(whole);
   treeattn_tree_destroy(one);
+  treeattn_context_destroy(context);
+}
+
+TEST_CASE("C run: K and V rows, and row strides, whose bytes an int64 cannot count are refused") {
+  treeattn_context* context = cpu_context();
+  treeattn_tree* tree = nullptr;
+  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &tree) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, 0, -1, 0, 4) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(tree, 0, -1) == TREEATTN_OK);
+  treeattn_plan* plan = nullptr;
+  REQUIRE(treeattn_plan_create(context, tree, nullptr, &plan) == TREEATTN_OK);
+  std::vector<std::uint16_t> q(4 * 64), kv(4 * 2 * 64);
+  std::vector<float> o(4 * 64);
+  const treeattn_tensor tq = c_tensor(q.data(), TREEATTN_DTYPE_F16, 3, 1, 4, 64);
+  const treeattn_tensor to = c_tensor(o.data(), TREEATTN_DTYPE_F32, 3, 1, 4, 64);
+  // A KV pool may have more rows than the tree reads, but not more than int64 bytes.
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max();
+  const treeattn_tensor tk = c_tensor(kv.data(), TREEATTN_DTYPE_F16, 3, huge, 2, 64);
+  CHECK(treeattn_run(context, plan, &tq, &tk, &tk, &to, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("K is [9223372036854775807, 2, 64] f16: 9223372036854775807 rows 128 elements apart exceed") !=
+        std::string::npos);
+  const treeattn_tensor dense_k = c_tensor(kv.data(), TREEATTN_DTYPE_F16, 3, 4, 2, 64);
+  CHECK(treeattn_run(context, plan, &tq, &dense_k, &dense_k, &to, nullptr) == TREEATTN_OK);
+  treeattn_tensor strided_k = dense_k;
+  strided_k.strides[0] = huge / 2;
+  strided_k.strides[1] = 64;
+  strided_k.strides[2] = 1;
+  CHECK(treeattn_run(context, plan, &tq, &strided_k, &dense_k, &to, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("K is [4, 2, 64] f16 row stride 4611686018427387903: 4 rows") != std::string::npos);
+  treeattn_plan_destroy(plan);
+  treeattn_tree_destroy(tree);
   treeattn_context_destroy(context);
 }

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -748,4 +749,38 @@ TEST_CASE("options plan() refuses are refused by the constructor") {
   IncrementalOptions bad;
   bad.redecide_drift = -1.0;
   CHECK_THROWS_WITH_AS(IncrementalPlanner(kHeads, PlanOptions{}, bad), doctest::Contains("redecide_drift"), Error);
+}
+
+TEST_CASE("changes refused at once: a node id of -1, appends past the limit of a node") {
+  IncrementalPlanner planner(kHeads, PlanOptions{Strategy::flatten, 16});
+  CHECK_THROWS_WITH_AS(planner.add_node_range(kNoParent, kNoParent, 0, 4),
+                       doctest::Contains("id -1 is the parent of a root"), Error);
+  planner.add_node(0, kNoParent, {0, 1, 2});
+  planner.set_queries({{0}});
+  planner.update();
+  // A count past INT32_MAX tokens a node is refused before room is made for its slots.
+  CHECK_THROWS_WITH_AS(planner.append_range(0, 3, std::int64_t(1) << 40),
+                       doctest::Contains("append: node 0: 1099511627776 tokens more than its 3 leave 0 to 2147483647 per node"), Error);
+  CHECK_THROWS_WITH_AS(planner.append_range(0, 3, std::numeric_limits<std::int64_t>::max()),
+                       doctest::Contains("leave 0 to 2147483647 per node"), Error);
+  // A range of a negative count (refused at the update) takes no append: room for it would be negative.
+  planner.add_node_range(2, 0, 10, -std::numeric_limits<std::int64_t>::max());
+  CHECK_THROWS_WITH_AS(planner.append_range(2, 50, 8), doctest::Contains("append: node 2: 8 tokens more than its"), Error);
+  planner.remove_node(2);
+  // append_pages checks the count before adding it to the node's length.
+  planner.add_node_pages(3, 0, {9}, 16, 3);
+  CHECK_THROWS_WITH_AS(planner.append_pages(3, std::numeric_limits<std::int64_t>::max(), {}),
+                       doctest::Contains("append: node 3: 9223372036854775807 tokens more than its 3"), Error);
+  planner.remove_node(3);
+  // Slots appended past INT64_MAX wrap to negative ones, which the update refuses naming the node.
+  planner.add_node(1, 0, {7});
+  planner.append_range(1, std::numeric_limits<std::int64_t>::max(), 3);
+  // So do those of a range ending past INT64_MAX that becomes a list as a slot joins it elsewhere.
+  planner.add_node_range(4, 0, std::numeric_limits<std::int64_t>::max(), 2);
+  planner.append_range(4, 20, 1);
+  CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("node 1"), Error);
+  planner.remove_node(1);
+  CHECK_THROWS_WITH_AS(planner.update(), doctest::Contains("node 4"), Error);
+  planner.remove_node(4);
+  CHECK(planner.update().num_tokens() == 3);
 }

@@ -82,6 +82,9 @@ TEST_CASE("rejections name the problem") {
   expect_io_error(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", 15),
                   "shape [2, 2] f32 needs 16 data bytes, the file holds 15");
   expect_io_error(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", 8), "not a tuple");
+  // 2^62 x 4 f32 elements: 2^66 bytes, which wrap to 0 in 64 bits and must not match an empty file.
+  expect_io_error(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }", 0),
+                  "shape [4611686018427387904, 4] f32 has more than 9223372036854775807 bytes");
   expect_io_error(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8, 9), "version 9");
   expect_io_error(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8).substr(0, 20),
                   "truncated");

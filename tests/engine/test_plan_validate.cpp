@@ -80,6 +80,26 @@ TEST_CASE("validate rejects corrupted plans with the field at fault") {
   }
 }
 
+TEST_CASE("validate refuses negative counts, which the arrays' sizes alone would let through") {
+  // One query on one short node: no partials, so merge_partial is empty whatever num_partials says.
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 4);
+  tree.add_query(0);
+  const Plan good = plan(tree, PlanOptions{Strategy::flatten, 16, kMaxQueryTile, 0});
+  REQUIRE(good.num_partials == 0);
+  REQUIRE_NOTHROW(validate(good));
+  {
+    Plan p = good;
+    p.num_partials = -1;  // the CPU backend sized its partial buffers from it
+    expect_invalid(p, "num_partials = -1");
+  }
+  {
+    Plan p = good;
+    p.num_queries = -1;
+    expect_invalid(p, "num_queries = -1");
+  }
+}
+
 TEST_CASE("validate takes a launch order that keeps each block's items together, and no other") {
   // Two queries a work item, so blocks have several items.
   RandomForestOptions o;

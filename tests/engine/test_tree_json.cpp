@@ -98,6 +98,9 @@ TEST_CASE("paged nodes in tree files: pages, page_size, last_page_tokens, round-
 TEST_CASE("malformed tree files name the field at fault") {
   const std::string heads = R"("heads_q": 4, "heads_kv": 2, "head_dim": 64, )";
   expect_io_error("{\"heads_q\": 4,", "malformed JSON at byte");
+  expect_io_error("{" + heads + R"("scale": 1e300, "nodes": [], "queries": []})", "scale 1e+300 is not a finite float");
+  // A number past a double's range is an I/O error too, not nlohmann's out_of_range escaping.
+  expect_io_error("{\"heads_q\": 2e999999}", "malformed JSON: [json.exception.out_of_range.406] number overflow");
   expect_io_error("[1, 2]", "must be an object");
   expect_io_error(R"({"heads_kv": 2, "head_dim": 64, "nodes": [], "queries": []})", "heads_q is missing");
   expect_io_error("{" + heads + R"("nodes": {}, "queries": []})", "nodes must be an array");

@@ -76,6 +76,14 @@ TEST_CASE("ids and parents") {
     expect_rejected(tree, {"cycle", "20", "21", "22"});
   }
   {
+    // -1 is a root's parent: a node of that id could have no children, and a
+    // query on it would be taken for one on no node.
+    Tree tree = base();
+    tree.add_node_range(kNoParent, 10, 7, 1);
+    tree.add_query(kNoParent);
+    expect_rejected(tree, {"nodes[2]: id -1 is the parent of a root"});
+  }
+  {
     // Sparse ids go through the hashed index: the same checks apply.
     Tree tree({8, 2, 64});
     tree.add_node_range(-5000000000, kNoParent, 0, 2);
@@ -117,6 +125,12 @@ TEST_CASE("slots") {
     tree.add_node_range(12, 10, 3000000000, 1);
     expect_rejected(tree, {"node 12", "exceeds the slot limit"});
   }
+  {
+    // A range whose end does not fit int64 is named by its start.
+    Tree tree = base();
+    tree.add_node_range(12, 10, std::numeric_limits<std::int64_t>::max(), 2);
+    expect_rejected(tree, {"node 12", "slot_range[0] = 9223372036854775807 exceeds the slot limit"});
+  }
 }
 
 TEST_CASE("paged nodes: page size, the last page's tokens, page ids, checked per page") {
@@ -128,11 +142,21 @@ TEST_CASE("paged nodes: page size, the last page's tokens, page ids, checked per
   };
   CHECK_NOTHROW(plan(paged({3, 5}, 4, 2), PlanOptions{Strategy::flatten, 256, kMaxQueryTile, 22}));
   CHECK_NOTHROW(plan(paged({}, 4, 0), PlanOptions{}));  // an empty node (its query sees its ancestors)
-  expect_rejected(paged({3}, 0, 1), {"node 12 (nodes[2])", "page_size 0 must be positive"});
+  // A page size below 1 is refused as the node is added: such a node has no
+  // way to be stored (with no pages it would read as 5 listed slots it lacks).
+  Tree tree = base();
+  CHECK_THROWS_WITH_AS(tree.add_node_pages(12, 10, {3}, 0, 1), doctest::Contains("node 12: page_size 0 must be positive"),
+                       Error);
+  CHECK_THROWS_WITH_AS(tree.add_node_pages(12, 10, {}, -3, 5), doctest::Contains("node 12: page_size -3 must be positive"),
+                       Error);
+  CHECK(tree.node_count() == 2);
   expect_rejected(paged({3, 5}, 4, 0), {"node 12 (nodes[2])", "2 pages of 4 tokens with 0 in the last",
                                         "last_page_tokens must be 1 to 4"});
   expect_rejected(paged({3, 5}, 4, 5), {"with 5 in the last"});
   expect_rejected(paged({3, -2}, 4, 1), {"node 12 (nodes[2]): pages[1] = -2 is negative"});
+  // A page whose slots do not fit int64 (page id times page size) is named before they are computed.
+  expect_rejected(paged({3, std::int64_t(1) << 62}, 4, 1),
+                  {"node 12 (nodes[2]): pages[1] = 4611686018427387904 of 4 tokens starts past the slot limit"});
   // Page 5's second token is slot 21: a pool of 21 slots ends one short, named by the token.
   expect_rejected(paged({3, 5}, 4, 2), {"node 12 (nodes[2]): tokens[5] = 21 is out of range for a KV pool of 21 slots"},
                   21);

@@ -4,8 +4,8 @@
 // Query i sits on a node and sees every token on the root->node path, all of its
 // own node included, or only the first `upto` tokens of its own node when `upto`
 // is given (causal inside a node: speculative token trees, tree-structured append).
-// Node ids are arbitrary integers chosen by the caller; parent -1 marks a root.
-// Nothing is checked while the tree is built: plan() validates everything at once
+// Node ids are arbitrary integers chosen by the caller, but -1: parent -1 marks a root.
+// Nothing but a page size is checked while the tree is built: plan() validates everything at once
 // and reports the first problem with the node or query it concerns.
 
 #include <cstdint>
@@ -71,7 +71,8 @@ class Tree {
                       std::int64_t count);
   // A node whose tokens fill pages of a paged KV cache, in order: page p holds
   // slots [p * page_size, (p + 1) * page_size), the last one `last_page_tokens`
-  // of them (1..page_size; 0 with no pages). Kept and checked per page.
+  // of them (1..page_size; 0 with no pages). Kept and checked per page; a
+  // page_size below 1 is refused at once (InvalidTree).
   void add_node_pages(std::int64_t id, std::int64_t parent, const std::vector<std::int64_t>& pages,
                       std::int32_t page_size, std::int32_t last_page_tokens);
   // A query on node `node_id` (row `query_count()` of Q).

@@ -103,7 +103,7 @@ TREEATTN_C_API const char* treeattn_last_error(void);
 TREEATTN_C_API const char* treeattn_version_string(void);
 
 /* --- trees ----------------------------------------------------------------
- * Node ids are any integers, parents given before children or after (a forest
+ * Node ids are any integers but -1, parents given before children or after (a forest
  * is fine: several roots). Slots index rows of K and V. Checked when planned. */
 TREEATTN_C_API treeattn_status treeattn_tree_create(int32_t heads_q, int32_t heads_kv, int32_t head_dim,
                                                     float scale /* 0: 1/sqrt(head_dim) */, treeattn_tree** out);

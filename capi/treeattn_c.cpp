@@ -162,6 +162,11 @@ TensorRef tensor_of(const treeattn_tensor* t, const char* name) {
   r.data = t->data;
   r.dtype = dtype_of(t->dtype, name);
   r.shape.assign(t->shape, t->shape + t->ndim);
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] < 0) {
+      throw Error(ErrorCategory::InvalidArgument, fmt::format("{}: shape[{}] is {}, expected >= 0", name, d, t->shape[d]));
+    }
+  }
   bool all_zero = true;
   for (int d = 0; d < t->ndim; ++d) all_zero = all_zero && t->strides[d] == 0;
   if (!all_zero) {
@@ -172,7 +177,11 @@ TensorRef tensor_of(const treeattn_tensor* t, const char* name) {
                     fmt::format("{}: strides[{}] is {}, expected {} (only the first dimension may be strided)", name, d,
                                 t->strides[d], dense));
       }
-      dense *= t->shape[d];
+      if (__builtin_mul_overflow(dense, t->shape[d], &dense)) {
+        throw Error(ErrorCategory::InvalidArgument,
+                    fmt::format("{}: its rows hold more elements than an int64 counts (shape[{}] = {})", name, d,
+                                t->shape[d]));
+      }
     }
     r.row_stride = t->strides[0];
   }

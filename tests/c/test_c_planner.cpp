@@ -151,6 +151,19 @@ TEST_CASE("C planner: bad input names what is wrong") {
   CHECK(last_error().find("CUDA") != std::string::npos);
   CHECK(treeattn_context_graph_stable(context, plans, 0, 1.0) == TREEATTN_ERROR_INVALID_ARGUMENT);
   CHECK(treeattn_upload(context, whole, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  // A strided tensor whose rows would hold more elements than an int64 counts, and a negative dimension.
+  std::uint16_t cell[16] = {};
+  treeattn_tensor huge = treeattn::test::c_tensor(cell, TREEATTN_DTYPE_F16, 3, 1, std::int64_t(1) << 40, std::int64_t(1) << 40);
+  huge.strides[0] = 8;
+  huge.strides[1] = std::int64_t(1) << 40;
+  huge.strides[2] = 1;
+  float out[16] = {};
+  const treeattn_tensor o = treeattn::test::c_tensor(out, TREEATTN_DTYPE_F32, 3, 1, 4, 64);
+  CHECK(treeattn_run(context, whole, &huge, &huge, &huge, &o, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("more elements than an int64 counts") != std::string::npos);
+  treeattn_tensor negative = treeattn::test::c_tensor(cell, TREEATTN_DTYPE_F16, 3, 1, -4, 64);
+  CHECK(treeattn_run(context, whole, &negative, &negative, &negative, &o, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("shape[1] is -4") != std::string::npos);
   treeattn_plan_destroy(whole);
   treeattn_tree_destroy(one);
   treeattn_context_destroy(context);

@@ -19,10 +19,10 @@ struct AttnTraits {
   static constexpr int kRows = kWarps * 16;  // query rows (query x head) per pass: 16 per warp
   static constexpr int kTileTokens = treeattn::cuda::kTileTokens;  // KV tokens per shared-memory tile
   static_assert(kRows == kRowsPerPass, "a CTA takes the rows of one pass of a large tile");
-  // Stages in flight: the next tile's gather overlaps this tile's math. More
-  // stages cost CTAs per SM (docs/performance.md, "What was tried"); at
-  // head_dim 256 one stage keeps the kernel inside the A100's 164 KB of shared
-  // memory.
+  // Stages in flight: the next tile's gather overlaps this tile's math. Three
+  // or four cost a CTA an SM each (H100: 0.955x, 0.81x; docs/performance.md).
+  // At head_dim 256 one stage keeps the kernel inside the A100's 164 KB of
+  // shared memory.
   static constexpr int kStages = HeadDim_ <= 128 ? 2 : 1;
   static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
   static_assert(kChunksPerRow >= 8, "the swizzle permutes eight chunks of a row");

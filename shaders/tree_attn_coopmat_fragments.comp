@@ -75,9 +75,8 @@ void main() {
   // c was last read in chunk c - 2, which every subgroup left before chunk
   // c - 1's barrier. What needs no stage goes before the barrier: the next
   // chunk's loads (in flight through it) and lookups, and this chunk's
-  // visibility bits (work for the wait). On the H100, over one stage and two
-  // barriers: 1.02x (1.009x with the loads after the barrier); the landed rows
-  // stored after the math instead: 0.88x (docs/performance.md, What was tried).
+  // visibility bits (work for the wait). H100: 1.02x over one stage and two
+  // barriers (docs/performance.md).
   for (uint chunk0 = 0u, base = 0u; chunk0 < tokens; chunk0 += CHUNK, base ^= STAGE_QUADS) {
     store_rows(tid, quad, base);
     gather_rows(kv_head, quad);

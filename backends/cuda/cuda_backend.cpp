@@ -52,11 +52,14 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-void CudaBackend::upload_if_new(const Plan& plan, cudaStream_t stream) {
-  if (plan.id != 0 && plan.id == uploaded_) return;
+void CudaBackend::put(const Plan& plan, cudaStream_t stream) {
   uploaded_ = 0;  // a failed upload leaves no plan to trust
   workspace_.upload(plan, stream);
   uploaded_ = plan.id;
+}
+
+void CudaBackend::upload_if_new(const Plan& plan, cudaStream_t stream) {
+  if (plan.id == 0 || plan.id != uploaded_) put(plan, stream);
 }
 
 void CudaBackend::settle_device_calls() {
@@ -76,9 +79,7 @@ void CudaBackend::upload(const Plan& plan, void* stream) {
                 "a plan the workspace does not hold cannot be uploaded inside a graph capture: upload(plan) before "
                 "capturing");
   }
-  uploaded_ = 0;
-  workspace_.upload(plan, s);
-  uploaded_ = plan.id;
+  put(plan, s);
   device_calls_ = true;
 }
 

@@ -31,7 +31,9 @@ class CudaBackend final : public Backend {
   CostModel cost_model() const override { return context_.cost_model(); }
 
  private:
-  // Uploads `plan` on `stream` unless the workspace holds it.
+  // Uploads `plan` on `stream` and records it as the one the workspace holds;
+  // upload_if_new() does so unless it holds it already.
+  void put(const Plan& plan, cudaStream_t stream);
   void upload_if_new(const Plan& plan, cudaStream_t stream);
   // Waits for the device calls on the caller's streams (the host-array path
   // then takes the workspace over on its own stream).

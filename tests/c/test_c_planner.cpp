@@ -29,6 +29,15 @@ treeattn_context* cpu_context() {
 
 std::string last_error() { return treeattn_last_error(); }
 
+// A tree of heads 4/2/64: root `id` on slots 0 .. tokens - 1, one query on all of it.
+treeattn_tree* one_node_tree(std::int64_t id, std::int64_t tokens) {
+  treeattn_tree* tree = nullptr;
+  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &tree) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, id, -1, 0, tokens) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(tree, id, -1) == TREEATTN_OK);
+  return tree;
+}
+
 }  // namespace
 
 TEST_CASE("C planner replay: bitwise updates equal from-scratch plans, every strategy") {
@@ -61,10 +70,7 @@ TEST_CASE("C planner replay: held layouts stay within rounding of from-scratch p
 
 TEST_CASE("C planner: bad input names what is wrong") {
   treeattn_context* context = cpu_context();
-  treeattn_tree* tree = nullptr;
-  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &tree) == TREEATTN_OK);
-  REQUIRE(treeattn_tree_add_node_range(tree, 5, -1, 0, 10) == TREEATTN_OK);
-  REQUIRE(treeattn_tree_add_query(tree, 5, -1) == TREEATTN_OK);
+  treeattn_tree* tree = one_node_tree(5, 10);
 
   treeattn_planner* planner = nullptr;
   CHECK(treeattn_planner_create(context, nullptr, nullptr, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
@@ -140,11 +146,8 @@ TEST_CASE("C planner: bad input names what is wrong") {
   treeattn_tree_destroy(small);
 
   // graph-stable workspaces are CUDA's
-  treeattn_tree* one = nullptr;
+  treeattn_tree* one = one_node_tree(0, 10);
   treeattn_plan* whole = nullptr;
-  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &one) == TREEATTN_OK);
-  REQUIRE(treeattn_tree_add_node_range(one, 0, -1, 0, 10) == TREEATTN_OK);
-  REQUIRE(treeattn_tree_add_query(one, 0, -1) == TREEATTN_OK);
   REQUIRE(treeattn_plan_create(context, one, nullptr, &whole) == TREEATTN_OK);
   const treeattn_plan* plans[] = {whole};
   CHECK(treeattn_context_graph_stable(context, plans, 1, 1.0) == TREEATTN_ERROR_INVALID_ARGUMENT);
@@ -171,10 +174,7 @@ TEST_CASE("C planner: bad input names what is wrong") {
 
 TEST_CASE("C run: K and V rows, and row strides, whose bytes an int64 cannot count are refused") {
   treeattn_context* context = cpu_context();
-  treeattn_tree* tree = nullptr;
-  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &tree) == TREEATTN_OK);
-  REQUIRE(treeattn_tree_add_node_range(tree, 0, -1, 0, 4) == TREEATTN_OK);
-  REQUIRE(treeattn_tree_add_query(tree, 0, -1) == TREEATTN_OK);
+  treeattn_tree* tree = one_node_tree(0, 4);
   treeattn_plan* plan = nullptr;
   REQUIRE(treeattn_plan_create(context, tree, nullptr, &plan) == TREEATTN_OK);
   std::vector<std::uint16_t> q(4 * 64), kv(4 * 2 * 64);

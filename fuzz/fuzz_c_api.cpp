@@ -60,7 +60,7 @@ void store_raw(Enum& field, std::int32_t value) {
   std::memcpy(&field, &value, sizeof value);
 }
 
-struct Session {
+struct Handles {
   FuzzedDataProvider& in;
   treeattn_context* context = nullptr;
   treeattn_tree* tree = nullptr;
@@ -70,8 +70,8 @@ struct Session {
   std::int32_t heads_q = 4, heads_kv = 2, head_dim = 64;
   std::vector<std::vector<unsigned char>> buffers;
 
-  explicit Session(FuzzedDataProvider& input) : in(input) {}
-  ~Session() {
+  explicit Handles(FuzzedDataProvider& input) : in(input) {}
+  ~Handles() {
     treeattn_planner_destroy(planner);
     treeattn_plan_destroy(plan);
     treeattn_tree_destroy(tree);
@@ -286,13 +286,13 @@ struct Session {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider in(data, size);
-  Session session(in);
+  Handles handles(in);
   treeattn_context_options cpu;
   treeattn_context_options_init(&cpu);
   cpu.backend = TREEATTN_BACKEND_CPU;
   cpu.threads = 1;
-  Session::check(treeattn_context_create(&cpu, &session.context));
-  Session::check(treeattn_tree_create(session.heads_q, session.heads_kv, session.head_dim, 0.0f, &session.tree));
-  for (int call = 0; call < kMaxCalls && in.remaining_bytes() > 0; ++call) session.call();
+  Handles::check(treeattn_context_create(&cpu, &handles.context));
+  Handles::check(treeattn_tree_create(handles.heads_q, handles.heads_kv, handles.head_dim, 0.0f, &handles.tree));
+  for (int call = 0; call < kMaxCalls && in.remaining_bytes() > 0; ++call) handles.call();
   return 0;
 }

@@ -8,6 +8,7 @@
 
 #include "fail.hpp"
 #include "read_file.hpp"
+#include "treeattn/workloads.hpp"
 
 namespace treeattn {
 namespace {
@@ -167,6 +168,132 @@ class Reasoning final : public Scenario {
   std::vector<std::int64_t> ended_;            // reasoning ids that finished last iteration
 };
 
+
+class Serving final : public Scenario {
+ public:
+  explicit Serving(const ServingOptions& o) : o_(o), rng_(o.seed), prefixes_(std::size_t(o.prefixes)) {}
+  std::string name() const override {
+    return fmt::format("serving seed={} tokens<={} requests<={}", o_.seed, o_.live_tokens, o_.requests);
+  }
+  std::int64_t steps() const override { return kEndless; }
+
+  std::int64_t advance(SequenceTree& tree, std::vector<TreeQuery>& queries) override {
+    for (std::size_t r = requests_.size(); r-- > 0;) {
+      if (requests_[r].steps_left == 0) finish(tree, r);
+    }
+    for (Request& request : requests_) {
+      if (request.branches.size() > 1 && rng_.chance(o_.prune)) prune(tree, request);
+      if (std::int32_t(request.branches.size()) < o_.branches && rng_.chance(o_.fork)) fork(tree, request);
+    }
+    // The step's growth (a token per branch) must fit: the oldest requests make room.
+    while (!requests_.empty() && tree.tokens() + growth() > o_.live_tokens) finish(tree, 0);
+    if (requests_.empty() || (std::int32_t(requests_.size()) < o_.requests && rng_.chance(o_.arrival))) arrive(tree);
+    for (Request& request : requests_) {
+      for (std::int64_t branch : request.branches) tree.append(branch, 1);
+      --request.steps_left;
+    }
+    choose_queries(tree, queries);
+    return growth();
+  }
+
+ private:
+  struct Request {
+    std::int64_t prompt = 0;              // its own prompt's node
+    std::int32_t prefix = -1;             // the shared prompt it sits under, or -1 (a root)
+    std::vector<std::int64_t> branches;   // the growing leaves
+    std::int64_t steps_left = 0;
+  };
+  struct Prefix {
+    std::int64_t node = -1;  // -1 while no request uses it
+    std::int32_t users = 0;
+  };
+
+  std::int64_t growth() const {
+    std::int64_t branches = 0;
+    for (const Request& r : requests_) branches += std::int64_t(r.branches.size());
+    return branches;
+  }
+
+  // A new request, if its prompts and the step's growth fit (into an empty tree they always do).
+  void arrive(SequenceTree& tree) {
+    const std::int32_t prefix = rng_.chance(o_.shared) ? std::int32_t(rng_.uniform(0, o_.prefixes - 1)) : -1;
+    const bool new_prefix = prefix >= 0 && prefixes_[std::size_t(prefix)].node < 0;
+    const std::int64_t prefix_tokens = new_prefix ? rng_.uniform(std::max<std::int64_t>(1, o_.prefix_tokens / 4), o_.prefix_tokens) : 0;
+    const std::int64_t prompt_tokens = rng_.uniform(1, o_.prompt_tokens);
+    if (tree.tokens() + prefix_tokens + prompt_tokens + growth() + 1 > o_.live_tokens) return;
+    if (new_prefix) {
+      prefixes_[std::size_t(prefix)].node = tree.add_node(kNoParent);
+      tree.append(prefixes_[std::size_t(prefix)].node, prefix_tokens);
+    }
+    Request request;
+    request.prefix = prefix;
+    request.prompt = tree.add_node(prefix >= 0 ? prefixes_[std::size_t(prefix)].node : kNoParent);
+    tree.append(request.prompt, prompt_tokens);
+    request.branches.push_back(tree.add_node(request.prompt));
+    request.steps_left = rng_.uniform(1, o_.decode_steps);
+    if (prefix >= 0) ++prefixes_[std::size_t(prefix)].users;
+    requests_.push_back(std::move(request));
+  }
+
+  // Removes request `r`'s nodes, and its shared prompt when no other request uses it.
+  void finish(SequenceTree& tree, std::size_t r) {
+    const Request& request = requests_[r];
+    tree.remove(request.prompt);
+    if (request.prefix >= 0) {
+      Prefix& prefix = prefixes_[std::size_t(request.prefix)];
+      if (--prefix.users == 0) {
+        tree.remove(prefix.node);
+        prefix.node = -1;
+      }
+    }
+    requests_.erase(requests_.begin() + std::ptrdiff_t(r));
+  }
+
+  // A branch that has decoded a token stops and becomes the parent of two new ones.
+  void fork(SequenceTree& tree, Request& request) {
+    const std::size_t b = std::size_t(rng_.uniform(0, std::int64_t(request.branches.size()) - 1));
+    const std::int64_t leaf = request.branches[b];
+    if (tree.length(leaf) == 0) return;
+    request.branches[b] = tree.add_node(leaf);
+    request.branches.push_back(tree.add_node(leaf));
+  }
+
+  // Removes a branch, then the ancestors this leaves childless (never the request's prompt:
+  // another branch still lies below it).
+  void prune(SequenceTree& tree, Request& request) {
+    const std::size_t b = std::size_t(rng_.uniform(0, std::int64_t(request.branches.size()) - 1));
+    std::int64_t node = request.branches[b];
+    request.branches.erase(request.branches.begin() + std::ptrdiff_t(b));
+    while (true) {
+      const std::int64_t parent = tree.parent(node);
+      tree.remove(node);
+      if (parent == request.prompt || tree.child_count(parent) > 0) return;
+      node = parent;
+    }
+  }
+
+  // Most branches query; some requests query one of their nodes up to a token of it.
+  void choose_queries(const SequenceTree& tree, std::vector<TreeQuery>& queries) {
+    queries.clear();
+    for (const Request& request : requests_) {
+      for (std::int64_t branch : request.branches) {
+        if (rng_.chance(o_.query)) queries.push_back(TreeQuery{branch, kWholeNode});
+      }
+      if (rng_.chance(o_.upto)) {
+        const std::int64_t pick = rng_.uniform(0, std::int64_t(request.branches.size()));
+        const std::int64_t node = pick == 0 ? request.prompt : request.branches[std::size_t(pick - 1)];
+        queries.push_back(TreeQuery{node, rng_.uniform(1, tree.length(node))});
+      }
+    }
+    if (queries.empty()) queries.push_back(TreeQuery{requests_.front().branches.front(), kWholeNode});
+  }
+
+  ServingOptions o_;
+  Rng rng_;
+  std::vector<Request> requests_;  // oldest first
+  std::vector<Prefix> prefixes_;
+};
+
 }  // namespace
 
 MedusaWorkload load_medusa(const std::string& path) {
@@ -257,6 +384,24 @@ std::unique_ptr<Scenario> speculative_scenario(const MedusaWorkload& workload, s
 std::unique_ptr<Scenario> reasoning_scenario(const ReasoningTree& tree) {
   if (tree.nodes.empty()) fail(ErrorCategory::InvalidArgument, "reasoning: the tree has no nodes");
   return std::make_unique<Reasoning>(tree);
+}
+
+std::unique_ptr<Scenario> serving_scenario(const ServingOptions& o) {
+  if (o.requests < 1 || o.branches < 1 || o.prefixes < 1 || o.prefix_tokens < 1 || o.prompt_tokens < 1 ||
+      o.decode_steps < 1) {
+    fail(ErrorCategory::InvalidArgument,
+         "serving: need requests ({}), branches ({}), prefixes ({}), prefix_tokens ({}), prompt_tokens ({}) and "
+         "decode_steps ({}) >= 1",
+         o.requests, o.branches, o.prefixes, o.prefix_tokens, o.prompt_tokens, o.decode_steps);
+  }
+  const std::int64_t arrival = o.prefix_tokens + o.prompt_tokens + o.branches;
+  if (o.live_tokens < arrival) {
+    fail(ErrorCategory::InvalidArgument,
+         "serving: live_tokens {} cannot hold a request's arrival and growth (prefix_tokens + prompt_tokens + "
+         "branches = {})",
+         o.live_tokens, arrival);
+  }
+  return std::make_unique<Serving>(o);
 }
 
 Tree replay(Scenario& scenario, std::int64_t steps, const HeadConfig& heads, std::int32_t page_size) {

@@ -1,7 +1,7 @@
 // Workload generators and the step-by-step replays: known counts from the
 // DeFT workload files (computed independently from the JSON), the paged KV
-// cache never leaking or double-freeing across whole replays, and static
-// generators agreeing with the replays.
+// cache never leaking or double-freeing across whole replays, static
+// generators agreeing with the replays, and the serving loop's invariants.
 
 #include <doctest/doctest.h>
 
@@ -13,6 +13,7 @@
 #include "support/plan_check.hpp"
 #include "support/workloads_dir.hpp"
 #include "treeattn/error.hpp"
+#include "treeattn/incremental_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/scenarios.hpp"
 #include "treeattn/workloads.hpp"
@@ -216,4 +217,126 @@ TEST_CASE("random arrays filled by several threads equal the seed's sequential s
   Rng stepped(7);
   for (std::int64_t i = 0; i + 1 < n; ++i) stepped.next();
   CHECK(skipped.next() == stepped.next());
+}
+
+namespace {
+
+// A step of a replay as a value: each node's parent and length, and the queries.
+struct Snapshot {
+  std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> nodes;  // id, parent, length
+  std::vector<std::pair<std::int64_t, std::int64_t>> queries;              // node, upto
+  bool operator==(const Snapshot& other) const { return nodes == other.nodes && queries == other.queries; }
+};
+
+Snapshot snapshot(const Tree& tree) {
+  Snapshot s;
+  for (const TreeNode& n : tree.nodes()) s.nodes.emplace_back(n.id, n.parent, n.length);
+  for (const TreeQuery& q : tree.queries()) s.queries.emplace_back(q.node, q.upto);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the serving loop stays bounded, frees and reuses pages, and queries live nodes") {
+  ServingOptions o;
+  o.seed = 3;
+  o.live_tokens = 3000;
+  o.requests = 6;
+  o.decode_steps = 300;
+  const std::int64_t steps = 6000;
+  PagedKvCache cache(16, 0);  // unbounded: its capacity is the most pages ever in use
+  SequenceTree live(cache);
+  auto scenario = serving_scenario(o);
+  CHECK(scenario->steps() == kEndless);
+  IncrementalPlanner planner(kHeads);
+  std::vector<TreeQuery> queries;
+  std::set<std::int64_t> seen, fork_nodes, previous_queries;
+  std::int64_t generated = 0, removed = 0, shared_steps = 0, upto = 0, query_changes = 0;
+  std::size_t most_nodes = 0;
+  for (std::int64_t step = 1; step <= steps; ++step) {
+    CAPTURE(step);
+    generated += scenario->advance(live, queries);
+    const Tree tree = live.to_tree(kHeads, queries);
+    REQUIRE(live.tokens() <= o.live_tokens);
+    // Pages in use are exactly the live nodes' pages.
+    std::int64_t pages = 0;
+    std::map<std::int64_t, int> children;
+    std::set<std::int64_t> ids;
+    for (const TreeNode& n : tree.nodes()) {
+      pages += (n.length + 15) / 16;
+      ids.insert(n.id);
+      if (n.parent != kNoParent) ++children[n.parent];
+    }
+    REQUIRE(cache.pages_in_use() == pages);
+    // A root with two children is a shared prompt under two requests; any other
+    // node with two is a branch that forked.
+    bool shared = false;
+    for (const auto& [parent, count] : children) {
+      if (count < 2) continue;
+      if (live.parent(parent) == kNoParent) shared = true;
+      else fork_nodes.insert(parent);
+    }
+    shared_steps += shared ? 1 : 0;
+    for (std::int64_t id : seen) removed += ids.count(id) == 0 ? 1 : 0;
+    seen = ids;
+    most_nodes = std::max(most_nodes, ids.size());
+    // Every query sits on a live node and sees at least one of its tokens.
+    REQUIRE(!queries.empty());
+    std::set<std::int64_t> queried;
+    for (const TreeQuery& q : queries) {
+      REQUIRE(live.contains(q.node));
+      REQUIRE(live.length(q.node) >= 1);
+      if (q.upto != kWholeNode) {
+        ++upto;
+        REQUIRE(q.upto >= 1);
+        REQUIRE(q.upto <= live.length(q.node));
+      }
+      queried.insert(q.node);
+    }
+    query_changes += queried != previous_queries ? 1 : 0;
+    previous_queries = queried;
+    live.sync(planner, queries);
+    const Plan& plan = planner.update();
+    REQUIRE(plan.num_queries == std::int64_t(queries.size()));
+    if (step % 500 == 0) REQUIRE(test::coverage_error(planner.tree(), plan) == "");
+  }
+  // Requests come and go: pages are freed and handed out again many times over.
+  CHECK(removed > 100);
+  CHECK(fork_nodes.size() > 50);
+  CHECK(shared_steps > steps / 10);
+  CHECK(upto > 100);
+  CHECK(query_changes > steps / 2);
+  CHECK(cache.capacity_pages() == cache.peak_pages_in_use());
+  CHECK(cache.peak_pages_in_use() <= o.live_tokens / 16 + std::int64_t(most_nodes));
+  CHECK(generated > 10 * cache.slots());
+}
+
+TEST_CASE("the serving loop is deterministic by seed") {
+  ServingOptions o;
+  o.live_tokens = 2000;
+  auto replay_steps = [&](std::uint64_t seed) {
+    o.seed = seed;
+    PagedKvCache cache(16, 0);
+    SequenceTree live(cache);
+    auto scenario = serving_scenario(o);
+    std::vector<TreeQuery> queries;
+    std::vector<Snapshot> steps;
+    for (int s = 0; s < 400; ++s) {
+      scenario->advance(live, queries);
+      steps.push_back(snapshot(live.to_tree(kHeads, queries)));
+    }
+    return steps;
+  };
+  const std::vector<Snapshot> a = replay_steps(7), b = replay_steps(7), c = replay_steps(8);
+  CHECK(a == b);
+  CHECK(a != c);
+}
+
+TEST_CASE("serving options out of range are named") {
+  ServingOptions o;
+  o.live_tokens = 700;  // under 512 + 256 + 4
+  CHECK_THROWS_WITH_AS(serving_scenario(o), doctest::Contains("live_tokens 700 cannot hold a request's arrival"), Error);
+  o = ServingOptions{};
+  o.requests = 0;
+  CHECK_THROWS_WITH_AS(serving_scenario(o), doctest::Contains("requests (0)"), Error);
 }

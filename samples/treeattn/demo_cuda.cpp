@@ -130,6 +130,11 @@ class CudaRunner final : public StepRunner {
     staging.queued(stream_);
   }
 
+  void size_for(const cuda::WorkspaceLimits& largest) override {
+    largest_ = largest;
+    workspace_ = std::make_unique<cuda::Workspace>(context_, largest_);
+  }
+
   HostTimes run(const Plan& plan, const HostArray& q, int layers) override {
     // The plan and Q staging buffers this step fills were last copied from two
     // steps back: a host that far ahead waits here for that step to start,
@@ -159,6 +164,7 @@ class CudaRunner final : public StepRunner {
                           TensorRef{v_.get(), v_host_.dtype, v_host_.shape},
                           TensorRef{o_.get(), DType::f32, {nq, h.heads_q, h.head_dim}},
                           TensorRef{lse_.get(), DType::f32, {nq, h.heads_q}}};
+    ++runs_;
     if (regrown || layers != graph_layers_) capture(layers);
     Pending p;
     check(cudaEventCreate(&p.start), "cudaEventCreate");
@@ -169,6 +175,14 @@ class CudaRunner final : public StepRunner {
     pending_.push_back(p);
     return times;
   }
+
+  // Device-wide, other processes' memory included, as the driver counts it.
+  MemoryUse device_memory() const override {
+    std::size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return {std::int64_t(total - free), "cudaMemGetInfo (device-wide used)"};
+  }
+  Captures graph_captures() const noexcept override { return captures_; }
 
   std::vector<double> finished(bool wait) override {
     std::vector<double> us;
@@ -195,10 +209,11 @@ class CudaRunner final : public StepRunner {
   }
 
  private:
-  // A graph-stable workspace that holds `plan`: the one in use, or (the first
-  // step, or a plan beyond its limits) a new one with half as much room again
-  // as the largest plan so far, made after the steps queued on the old one.
-  // True when it is new: the graph of the layers is then captured again.
+  // A graph-stable workspace that holds `plan`: the one in use (sized by
+  // size_for, or earlier here), or (the first step, or a plan beyond its
+  // limits) a new one with half as much room again as the largest plan so far,
+  // made after the steps queued on the old one. True when it is new: the
+  // graph of the layers is then captured again.
   bool fit_workspace(const Plan& plan) {
     const cuda::WorkspaceLimits need = cuda::WorkspaceLimits::of(plan);
     if (workspace_ && workspace_->limits().first_excess(need).empty()) return false;
@@ -233,6 +248,8 @@ class CudaRunner final : public StepRunner {
     cudaGraphDestroy(captured);
     check(made, "cudaGraphInstantiate");
     graph_layers_ = layers;
+    ++captures_.count;
+    captures_.last_step = runs_;
   }
 
   // Makes the context's device current for the allocations that follow.
@@ -250,6 +267,8 @@ class CudaRunner final : public StepRunner {
   cuda::WorkspaceLimits largest_;                // the largest counts of the plans so far
   cudaGraphExec_t graph_ = nullptr;              // a step's layers on it (capture)
   int graph_layers_ = 0;
+  std::int64_t runs_ = 0;
+  Captures captures_{0, 0};
   HostArray &k_host_, &v_host_;
   DeviceMemory k_, v_, q_, o_, lse_;
   cudaStream_t stream_ = nullptr;

@@ -28,6 +28,10 @@ class StepRunner {
     double upload_us = 0.0;  // the plan's upload (0 with nothing to upload)
     double waited_us = 0.0;  // waiting for the GPU: a runner two steps ahead waits for the step two back to start
   };
+  // The largest plan the run will have, known ahead from a dry replay: a
+  // runner that captures its steps as a graph sizes its workspace for it, so
+  // the graph is captured once. Plans past it still run (the workspace grows).
+  virtual void size_for(const cuda::WorkspaceLimits& largest) { (void)largest; }
   // Runs `layers` attention calls of `plan` on Q.
   virtual HostTimes run(const Plan& plan, const HostArray& q, int layers) = 0;
   // The attention time of each step run since the last call, in order (GPU
@@ -36,6 +40,20 @@ class StepRunner {
   virtual std::vector<double> finished(bool wait) = 0;
   // Layer 0's O and LSE of the last step (waits for it).
   virtual void outputs(HostArray& o, HostArray& lse) = 0;
+
+  // Memory of the runner's device in use, in bytes, and what counts it (the
+  // host runner has none: -1).
+  struct MemoryUse {
+    std::int64_t bytes = -1;
+    const char* source = "none";
+  };
+  virtual MemoryUse device_memory() const { return {}; }
+  // The CUDA graphs captured so far and the step (run() call) of the last
+  // capture; a count of -1 where steps are not graphs.
+  struct Captures {
+    std::int64_t count = -1, last_step = 0;
+  };
+  virtual Captures graph_captures() const noexcept { return {}; }
 };
 
 // The CUDA or Vulkan device runner where the backend is one of those, else layers through `backend`.

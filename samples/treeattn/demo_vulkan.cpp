@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -190,6 +191,31 @@ class VulkanRunner final : public StepRunner {
     return times;
   }
 
+  // This process's use of the device-local heaps where the device reports it
+  // (VK_EXT_memory_budget: treeattn's workspace included), else the bytes of
+  // the runner's own buffers.
+  MemoryUse device_memory() const override {
+    if (memory_budget_) {
+      VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
+      VkPhysicalDeviceMemoryProperties2 properties{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2, &budget};
+      vk_.GetPhysicalDeviceMemoryProperties2(context_.physical_device(), &properties);
+      std::int64_t used = 0;
+      for (std::uint32_t h = 0; h < properties.memoryProperties.memoryHeapCount; ++h) {
+        if (properties.memoryProperties.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) {
+          used += std::int64_t(budget.heapUsage[h]);
+        }
+      }
+      return {used, "VK_EXT_memory_budget (this process's device-local heap usage)"};
+    }
+    std::size_t bytes = 0;
+    for (const Buffer* b : {&k_, &v_, &q_, &o_, &lse_, &readback_}) bytes += b->bytes();
+    for (const Frame& f : frames_) {
+      bytes += f.staging.bytes();
+      for (const Buffer& b : f.retired) bytes += b.bytes();
+    }
+    return {std::int64_t(bytes), "the runner's own buffers (treeattn's workspace not counted)"};
+  }
+
   std::vector<double> finished(bool wait) override {
     harvest(wait);
     return std::exchange(done_, {});
@@ -289,6 +315,15 @@ class VulkanRunner final : public StepRunner {
     timestamp_ns_ = double(properties.limits.timestampPeriod);
     timestamp_mask_ = valid_bits >= 64 ? ~std::uint64_t(0) : (std::uint64_t(1) << valid_bits) - 1;
     vk_.GetPhysicalDeviceMemoryProperties(context_.physical_device(), &memory_);
+    std::uint32_t extensions = 0;
+    check(vk_.EnumerateDeviceExtensionProperties(context_.physical_device(), nullptr, &extensions, nullptr),
+          "vkEnumerateDeviceExtensionProperties");
+    std::vector<VkExtensionProperties> names(extensions);
+    check(vk_.EnumerateDeviceExtensionProperties(context_.physical_device(), nullptr, &extensions, names.data()),
+          "vkEnumerateDeviceExtensionProperties");
+    for (const VkExtensionProperties& e : names) {
+      memory_budget_ = memory_budget_ || std::string(e.extensionName) == VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
+    }
   }
 
   Buffer device_buffer(std::size_t bytes, bool host_visible, const char* what) {
@@ -412,6 +447,7 @@ class VulkanRunner final : public StepRunner {
   VulkanFunctions vk_;
   VkDevice device_ = VK_NULL_HANDLE;
   VkPhysicalDeviceMemoryProperties memory_{};
+  bool memory_budget_ = false;  // the device reports its heaps' usage (VK_EXT_memory_budget)
   double timestamp_ns_ = 1.0;
   std::uint64_t timestamp_mask_ = ~std::uint64_t(0);
   HostArray &k_host_, &v_host_;

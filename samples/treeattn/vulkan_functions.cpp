@@ -47,6 +47,10 @@ VulkanFunctions::VulkanFunctions(VkDevice device) {
     GetPhysicalDeviceProperties = loader_function<PFN_vkGetPhysicalDeviceProperties>(loader_, "vkGetPhysicalDeviceProperties");
     GetPhysicalDeviceMemoryProperties =
         loader_function<PFN_vkGetPhysicalDeviceMemoryProperties>(loader_, "vkGetPhysicalDeviceMemoryProperties");
+    GetPhysicalDeviceMemoryProperties2 =
+        loader_function<PFN_vkGetPhysicalDeviceMemoryProperties2>(loader_, "vkGetPhysicalDeviceMemoryProperties2");
+    EnumerateDeviceExtensionProperties =
+        loader_function<PFN_vkEnumerateDeviceExtensionProperties>(loader_, "vkEnumerateDeviceExtensionProperties");
     GetPhysicalDeviceQueueFamilyProperties =
         loader_function<PFN_vkGetPhysicalDeviceQueueFamilyProperties>(loader_, "vkGetPhysicalDeviceQueueFamilyProperties");
     const auto get_device_proc_addr = loader_function<PFN_vkGetDeviceProcAddr>(loader_, "vkGetDeviceProcAddr");

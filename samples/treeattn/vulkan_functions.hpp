@@ -26,6 +26,8 @@ class VulkanFunctions {
 
   PFN_vkGetPhysicalDeviceProperties GetPhysicalDeviceProperties = nullptr;
   PFN_vkGetPhysicalDeviceMemoryProperties GetPhysicalDeviceMemoryProperties = nullptr;
+  PFN_vkGetPhysicalDeviceMemoryProperties2 GetPhysicalDeviceMemoryProperties2 = nullptr;
+  PFN_vkEnumerateDeviceExtensionProperties EnumerateDeviceExtensionProperties = nullptr;
   PFN_vkGetPhysicalDeviceQueueFamilyProperties GetPhysicalDeviceQueueFamilyProperties = nullptr;
 #define TREEATTN_CLI_VK_MEMBER(name) PFN_vk##name name = nullptr;
   TREEATTN_CLI_VK_DEVICE_FUNCTIONS(TREEATTN_CLI_VK_MEMBER)

@@ -106,7 +106,13 @@ void WorkloadOptions::add_to(CLI::App& sub) {
   sub.add_option("--queries", random.queries, "random: queries")->check(CLI::Range(0, 10000000))->capture_default_str();
   sub.add_option("--trees", random.roots, "random: independent trees in the forest")->check(CLI::Range(1, 10000000))->capture_default_str();
   sub.add_option("--max-tokens", random.max_tokens, "random: most tokens per node (at least 1)")->check(CLI::Range(1, 1000000))->capture_default_str();
-  sub.add_option("--seed", random.seed, "random: seed")->capture_default_str();
+  sub.add_option("--seed", random.seed, "random, serving: seed")->capture_default_str();
+  sub.add_option("--live-tokens", serving.live_tokens, "serving: most tokens live at once (bounds the KV pool)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub.add_option("--requests", serving.requests, "serving: most requests at once")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
 }
 
 std::vector<NamedScenario> make_scenarios(const std::string& kind, const WorkloadOptions& o) {
@@ -126,9 +132,14 @@ std::vector<NamedScenario> make_scenarios(const std::string& kind, const Workloa
       const std::vector<ReasoningTree> trees = load_reasoning(path);
       out.push_back({fmt::format("reasoning {}", file), reasoning_scenario(complete_tree(trees, o.reasoning_tree, path))});
     }
+  } else if (kind == "serving") {
+    ServingOptions serving = o.serving;
+    serving.seed = o.random.seed;
+    out.push_back({fmt::format("serving seed={}", serving.seed), serving_scenario(serving)});
   } else {
     throw Error(ErrorCategory::InvalidArgument,
-                fmt::format("workload '{}' cannot be replayed step by step (choose fewshot, speculative or reasoning)", kind));
+                fmt::format("workload '{}' cannot be replayed step by step (choose fewshot, speculative, reasoning or "
+                            "serving)", kind));
   }
   return out;
 }

@@ -43,6 +43,7 @@ struct WorkloadOptions {
     r.listed_fraction = 0.0;
     return r;
   }();
+  ServingOptions serving;  // its seed is random.seed (--seed)
 
   void add_to(CLI::App& sub);
 };
@@ -52,7 +53,7 @@ struct NamedScenario {
   std::unique_ptr<Scenario> scenario;
 };
 
-// Replayable scenarios of a kind: fewshot, speculative or reasoning.
+// Replayable scenarios of a kind: fewshot, speculative, reasoning or serving.
 std::vector<NamedScenario> make_scenarios(const std::string& kind, const WorkloadOptions& o);
 
 // A snapshot's next decode steps, handed to an IncrementalPlanner: what

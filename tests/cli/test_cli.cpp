@@ -442,6 +442,51 @@ TEST_CASE("demo replays a workload; its attention equals `run` on the dumped sna
   CHECK(r.output.find("beyond the 3 steps") != std::string::npos);
 }
 
+// A short soak of the serving loop: every checked step's layer-0 outputs
+// equal the CPU backend's (bitwise here: the demo runs on the CPU too, so a
+// tolerance of 0 passes), memory is sampled at each check, and the counts
+// cover every step.
+TEST_CASE("demo soak on the CPU backend: serving steps checked against the CPU, memory sampled") {
+  TempDir dir;
+  Result r = cli("demo --backend cpu --workload serving --seed 2 --steps 300 --layers 1 --live-tokens 1000 "
+                 "--check-every 100 --check-tolerance 0 --json " + (dir / "soak.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(r.output.find("soak: 3 checks against the CPU backend passed") != std::string::npos);
+  const nlohmann::json summary = read_json(dir / "soak.json");
+  CHECK(summary["workload"] == "serving seed=2");
+  CHECK(summary["steps"] == 300);
+  CHECK(summary["per_step"].size() == 300);
+  CHECK(summary["per_step_stride"] == 1);
+  CHECK(summary["per_step"][299]["step"] == 300);
+  CHECK(summary["kv_pool_pages"] == summary["peak_pages"]);
+  // The pool holds the live tokens' pages: at most one partly filled page per live node.
+  std::int64_t most_nodes = 0;
+  for (const auto& step : summary["per_step"]) most_nodes = std::max(most_nodes, step["nodes"].get<std::int64_t>());
+  CHECK(summary["kv_pool_pages"].get<std::int64_t>() <= 1000 / 16 + most_nodes);
+  const nlohmann::json& soak = summary["soak"];
+  CHECK(soak["check_every"] == 100);
+  CHECK(soak["checks"] == 3);
+  CHECK(soak["max_o_error"] == 0.0);
+  CHECK(soak["max_lse_error"] == 0.0);
+  CHECK(soak["warmup_steps"] == 30);
+  REQUIRE(soak["memory_samples"].size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(soak["memory_samples"][i]["step"] == 100 * (i + 1));
+    CHECK(soak["memory_samples"][i]["host_rss_bytes"].get<std::int64_t>() > 0);
+    CHECK(soak["memory_samples"][i]["device_bytes"] == -1);
+  }
+  const nlohmann::json& host = soak["host_rss_after_warmup"];
+  CHECK(host["first"] == soak["memory_samples"][0]["host_rss_bytes"]);
+  CHECK(host["growth"] == host["most"].get<std::int64_t>() - host["first"].get<std::int64_t>());
+  CHECK(soak["device_bytes_after_warmup"].is_null());
+  CHECK(soak["graph_captures"].is_null());
+
+  // The serving loop has no end of its own.
+  r = cli("demo --backend cpu --workload serving", true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("serving seed=1 has no end: give --steps") != std::string::npos);
+}
+
 #ifdef TREEATTN_TEST_HAVE_VULKAN
 // The Vulkan device path (KV cache on the device, new rows copied as written,
 // two steps in flight, under the validation layer): a dumped step equals `run
@@ -486,6 +531,41 @@ TEST_CASE("demo on the Vulkan device path: a dumped step equals `run --backend v
       CHECK(most <= 2e-3f);
     }
   }
+}
+#endif
+
+#ifdef TREEATTN_TEST_HAVE_VULKAN
+// The soak on the Vulkan device path (lavapipe in CI, under the validation
+// layer): the checked steps agree with the CPU backend within the conformance
+// tolerance and the runner's device memory is sampled. lavapipe's shaders round
+// differently from the CPU backend, so a tolerance of 0 must fail at the first
+// check, naming the step, and leave no JSON behind.
+TEST_CASE("demo soak on the Vulkan device path: checks pass within tolerance and fail past it") {
+  TempDir dir;
+  const std::string soak = "demo --backend vulkan --workload serving --seed 4 --steps 200 --layers 1 --live-tokens 1000 "
+                           "--check-every 50 --json " + (dir / "soak.json");
+  Result r = cli(soak, false, "TREEATTN_VK_VALIDATION=1 ");
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(r.output.find("validation") == std::string::npos);
+  const nlohmann::json summary = read_json(dir / "soak.json");
+  CHECK(summary["runner"] == "Vulkan device path");
+  const nlohmann::json& s = summary["soak"];
+  CHECK(s["checks"] == 4);
+  CHECK(s["max_o_error"].get<double>() <= 2e-3);
+  CHECK(s["max_lse_error"].get<double>() <= 2e-3);
+  CHECK(s["max_o_error"].get<double>() + s["max_lse_error"].get<double>() > 0.0);
+  REQUIRE(s["memory_samples"].size() == 4);
+  for (const auto& sample : s["memory_samples"]) CHECK(sample["device_bytes"].get<std::int64_t>() > 0);
+  CHECK(!s["device_bytes_after_warmup"].is_null());
+  CHECK(s["graph_captures"].is_null());
+  std::remove((dir / "soak.json").c_str());
+
+  r = cli(soak + " --check-tolerance 0", true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("demo: step 50: layer 0's ") != std::string::npos);
+  CHECK(r.output.find("differs from the CPU backend's by") != std::string::npos);
+  CHECK(r.output.find("(tolerance 0; 0 checks passed before)") != std::string::npos);
+  CHECK(!exists(dir / "soak.json"));
 }
 #endif
 

@@ -529,7 +529,7 @@ Command add_demo_command(CLI::App& app) {
       "Q/K/V). List options (--branches, --tree-size, --reasoning) use their first value.\n"
       "Examples: treeattn demo --workload fewshot --branches 20 --generated 100 --layers 2\n"
       "          treeattn demo --workload reasoning --reasoning keywordToT --layers 1 --svg tot.svg --svg-step 300\n"
-      "          treeattn demo --workload serving --seed 1 --steps 100000 --layers 1 --check-every 1000 --json soak.json");
+      "          treeattn demo --workload serving --seed 1 --steps 100000 --layers 2 --check-every 1000 --json soak.json");
   sub->add_option("--workload", o->kind, "fewshot, speculative, reasoning or serving (endless: give --steps)")
       ->check(CLI::IsMember({"fewshot", "speculative", "reasoning", "serving"}))
       ->capture_default_str();
@@ -560,6 +560,12 @@ Command add_demo_command(CLI::App& app) {
   sub->add_flag("--bitwise-updates", o->bitwise_updates,
                 std::string(kBitwiseUpdatesHelp) + "; a --dump-step is then reproduced bit for bit by treeattn run");
   o->workloads.add_to(*sub);
+  sub->add_option("--live-tokens", o->workloads.serving.live_tokens, "serving: most tokens live at once (bounds the KV pool)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--requests", o->workloads.serving.requests, "serving: most requests at once")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   return {sub, [o] { run_demo(*o); }};
 }
 

@@ -107,12 +107,6 @@ void WorkloadOptions::add_to(CLI::App& sub) {
   sub.add_option("--trees", random.roots, "random: independent trees in the forest")->check(CLI::Range(1, 10000000))->capture_default_str();
   sub.add_option("--max-tokens", random.max_tokens, "random: most tokens per node (at least 1)")->check(CLI::Range(1, 1000000))->capture_default_str();
   sub.add_option("--seed", random.seed, "random, serving: seed")->capture_default_str();
-  sub.add_option("--live-tokens", serving.live_tokens, "serving: most tokens live at once (bounds the KV pool)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  sub.add_option("--requests", serving.requests, "serving: most requests at once")
-      ->check(CLI::Range(1, 100000))
-      ->capture_default_str();
 }
 
 std::vector<NamedScenario> make_scenarios(const std::string& kind, const WorkloadOptions& o) {

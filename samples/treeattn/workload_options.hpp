@@ -43,7 +43,7 @@ struct WorkloadOptions {
     r.listed_fraction = 0.0;
     return r;
   }();
-  ServingOptions serving;  // its seed is random.seed (--seed)
+  ServingOptions serving;  // its seed is random.seed (--seed); demo alone sets the rest
 
   void add_to(CLI::App& sub);
 };

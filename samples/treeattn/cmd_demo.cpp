@@ -74,16 +74,18 @@ class ProgressBar {
              : !last && tenth == reported_ && now - shown_ < std::chrono::minutes(1)) {
       return;
     }
+    // The pace once a second has passed: the first steps (a prefill, a capture) say little of it.
     const double seconds = std::chrono::duration<double>(now - start_).count();
     const double rate = double(done) / std::max(seconds, 1e-9);
-    const std::string pace = fmt::format("{:.0f} steps/s, {:.0f} s left", rate, double(total_ - done) / std::max(rate, 1e-9));
+    const std::string pace =
+        seconds < 1.0 ? "" : fmt::format(" ({:.0f} steps/s, {:.0f} s left)", rate, double(total_ - done) / rate);
     if (tty_) {
       const int filled = int(30 * done / std::max<std::int64_t>(total_, 1));
-      fmt::print(stderr, "\r[{}{}] step {}/{} ({})  {}\x1b[K", std::string(std::size_t(filled), '#'),
+      fmt::print(stderr, "\r[{}{}] step {}/{}{}  {}\x1b[K", std::string(std::size_t(filled), '#'),
                  std::string(std::size_t(30 - filled), '.'), done, total_, pace, detail());
       if (last) fmt::print(stderr, "\n");
     } else {
-      fmt::print(stderr, "step {}/{} ({})  {}\n", done, total_, pace, detail());
+      fmt::print(stderr, "step {}/{}{}  {}\n", done, total_, pace, detail());
     }
     reported_ = tenth;
     shown_ = now;

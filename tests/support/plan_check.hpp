@@ -12,10 +12,13 @@
 
 namespace treeattn::test {
 
-// Empty when every (query, visible token) pair is covered exactly once and no
-// other pair is unmasked; else a description of the first difference.
+// Empty when every (query, visible token) pair is covered exactly once, no
+// other pair is unmasked and every token of every segment is unmasked for
+// some query (nothing is read that no query sees); else a description of the
+// first difference. `window`: the plan's sliding window (0: none), each
+// query's visible tokens the last `window` of its path.
 // Requires a tree whose slots are distinct (random_forest guarantees it).
-std::string coverage_error(const Tree& tree, const Plan& plan);
+std::string coverage_error(const Tree& tree, const Plan& plan, std::int32_t window = 0);
 
 // Plans `tree` with `options` and checks (doctest CHECKs) what every strategy
 // promises: a valid plan, exact coverage, block and tile limits, determinism.

@@ -84,35 +84,35 @@ void PlanBuilder::add_segment_viewers(const Piece& piece) {
 // one of its segments, so no tile holds a query that sees none of the block.
 void PlanBuilder::window_viewers() {
   window_positions_.clear();
-  std::vector<std::uint8_t> seen(std::size_t(viewers_), 0);  // by index in the intervals' list
+  window_seen_.assign(std::size_t(viewers_), 0);  // by index in the intervals' list
   for (const OpenSegment& s : open_) {
     for (std::int32_t k = 0; k < s.hi - s.lo; ++k) {
-      if (!seen[std::size_t(s.first_viewer + k)] && sees(vis_, s.lo + k, s.path_begin)) seen[std::size_t(s.first_viewer + k)] = 1;
+      std::uint8_t& seen = window_seen_[std::size_t(s.first_viewer + k)];
+      seen = seen || sees(vis_, s.lo + k, s.path_begin);
     }
   }
   for (const Interval& i : intervals_) {
     for (std::int32_t position = i.begin; position < i.end; ++position) {
-      if (seen[std::size_t(i.offset + position - i.begin)]) window_positions_.push_back(position);
+      if (window_seen_[std::size_t(i.offset + position - i.begin)]) window_positions_.push_back(position);
     }
   }
 }
 
 void PlanBuilder::close_block() {
-  if (vis_.window > 0) window_viewers();
-  const std::int32_t viewers = vis_.window > 0 ? std::int32_t(window_positions_.size()) : viewers_;
+  const bool windowed = vis_.window > 0;
+  if (windowed) window_viewers();
+  const std::int32_t viewers = windowed ? std::int32_t(window_positions_.size()) : viewers_;
   if (shape_ != nullptr) {
     close_block_shape(viewers);
     return;
   }
   const std::int32_t block = plan_.num_blocks();
   plan_.block_segment_begin.push_back(plan_.num_segments());
-  if (vis_.window > 0) {
-    close_window_block(block);
-    return;
-  }
 
   // One work item per query tile; within a tile, a segment's viewers are a
-  // contiguous run of its queries, hence a contiguous run of mask bits.
+  // contiguous run of its queries, hence a contiguous run of mask bits. With
+  // a window the tiles walk the windowed viewers, and a segment's bit is set
+  // where the tile query is of its range and sees it (bits need not be a run).
   const std::int32_t tile = plan_.query_tile;
   std::size_t interval = 0;
   for (std::int32_t t0 = 0; t0 < viewers; t0 += tile) {
@@ -121,40 +121,30 @@ void PlanBuilder::close_block() {
     plan_.item_mask_begin.push_back(std::int32_t(plan_.segment_mask.size()));
     plan_.item_tile_rows.push_back(item_tile_rows(t1 - t0));
     for (std::int32_t t = t0; t < t1; ++t) {
-      while (t >= intervals_[interval].offset + (intervals_[interval].end - intervals_[interval].begin)) ++interval;
-      const std::int32_t position = intervals_[interval].begin + (t - intervals_[interval].offset);
+      std::int32_t position = 0;
+      if (windowed) {
+        position = window_positions_[std::size_t(t)];
+      } else {
+        while (t >= intervals_[interval].offset + (intervals_[interval].end - intervals_[interval].begin)) ++interval;
+        position = intervals_[interval].begin + (t - intervals_[interval].offset);
+      }
       plan_.tile_query.push_back(vis_.query_at[std::size_t(position)]);
     }
     plan_.item_query_begin.push_back(std::int32_t(plan_.tile_query.size()));
     for (const OpenSegment& s : open_) {
+      if (windowed) {
+        std::uint64_t mask = 0;
+        for (std::int32_t t = t0; t < t1; ++t) {
+          const std::int32_t position = window_positions_[std::size_t(t)];
+          if (position >= s.lo && position < s.hi && sees(vis_, position, s.path_begin)) mask |= std::uint64_t(1) << (t - t0);
+        }
+        plan_.segment_mask.push_back(mask);
+        continue;
+      }
       const std::int32_t a = std::clamp(s.first_viewer - t0, 0, t1 - t0);
       const std::int32_t b = std::clamp(s.first_viewer + (s.hi - s.lo) - t0, 0, t1 - t0);
       const std::uint64_t run = b - a == 64 ? ~std::uint64_t(0) : ((std::uint64_t(1) << (b - a)) - 1);
       plan_.segment_mask.push_back(b > a ? run << a : 0);
-    }
-  }
-  open_next_block();
-}
-
-// close_block()'s items where a window is set: the tiles walk the block's
-// windowed viewers, and a segment's mask bit is set where the tile query is
-// of its range and sees it (bits need not be contiguous).
-void PlanBuilder::close_window_block(std::int32_t block) {
-  const std::int32_t tile = plan_.query_tile, viewers = std::int32_t(window_positions_.size());
-  for (std::int32_t t0 = 0; t0 < viewers; t0 += tile) {
-    const std::int32_t t1 = std::min(viewers, t0 + tile);
-    plan_.item_block.push_back(block);
-    plan_.item_mask_begin.push_back(std::int32_t(plan_.segment_mask.size()));
-    plan_.item_tile_rows.push_back(item_tile_rows(t1 - t0));
-    for (std::int32_t t = t0; t < t1; ++t) plan_.tile_query.push_back(vis_.query_at[std::size_t(window_positions_[std::size_t(t)])]);
-    plan_.item_query_begin.push_back(std::int32_t(plan_.tile_query.size()));
-    for (const OpenSegment& s : open_) {
-      std::uint64_t mask = 0;
-      for (std::int32_t t = t0; t < t1; ++t) {
-        const std::int32_t position = window_positions_[std::size_t(t)];
-        if (position >= s.lo && position < s.hi && sees(vis_, position, s.path_begin)) mask |= std::uint64_t(1) << (t - t0);
-      }
-      plan_.segment_mask.push_back(mask);
     }
   }
   open_next_block();

@@ -41,7 +41,6 @@ class PlanBuilder {
   void add_segment_viewers(const Piece& piece);
   void close_block();
   void window_viewers();
-  void close_window_block(std::int32_t block);
   void close_block_shape(std::int32_t viewers);
   void open_next_block();
   std::int32_t item_tile_rows(std::int32_t queries) const;  // of an item of the open block
@@ -72,6 +71,7 @@ class PlanBuilder {
   // With a window, the open block's viewers are those of intervals_ that see
   // one of its segments (window_viewers()): their positions, ascending.
   std::vector<std::int32_t> window_positions_;
+  std::vector<std::uint8_t> window_seen_;  // window_viewers()' scratch
 };
 
 }  // namespace treeattn

@@ -39,16 +39,7 @@ Tree star(std::int32_t leaves, std::int64_t prefix, std::int64_t leaf_tokens) {
 
 TEST_CASE("every strategy covers seeded random forests exactly") {
   for (std::uint64_t seed = 1; seed <= 60; ++seed) {
-    RandomForestOptions o;
-    o.seed = seed;
-    o.nodes = std::int32_t(1 + seed % 40);
-    o.roots = std::min<std::int32_t>(o.nodes, std::int32_t(1 + seed % 3));
-    o.queries = std::int32_t(seed % 7 == 0 ? 150 : 1 + seed % 30);  // some blocks exceed 64 queries
-    o.max_tokens = std::int32_t(seed % 5 == 0 ? 300 : 40);
-    o.min_tokens = seed % 4 == 0 ? 0 : 1;  // empty nodes too
-    o.upto_fraction = 0.35;
-    o.sparse_ids = seed % 2 == 0;
-    const Tree tree = random_forest(o);
+    const Tree tree = random_forest(test::invariant_forest(seed));
     CAPTURE(seed);
     for (Strategy s : all_strategies()) {
       for (std::int32_t block_tokens : {1, 7, 64, 256, kAutoBlockTokens}) {

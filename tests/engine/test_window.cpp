@@ -19,16 +19,11 @@ using namespace treeattn;
 
 namespace {
 
+// The planner's invariant forests, deeper: windows end inside ancestors, and
+// own queries on part of a node leave gaps between their windows.
 Tree seeded_forest(std::uint64_t seed) {
-  RandomForestOptions o;
-  o.seed = seed;
-  o.nodes = std::int32_t(1 + seed % 40);
-  o.roots = std::min<std::int32_t>(o.nodes, std::int32_t(1 + seed % 3));
-  o.queries = std::int32_t(seed % 7 == 0 ? 150 : 1 + seed % 30);  // some blocks exceed 64 queries
-  o.max_tokens = std::int32_t(seed % 5 == 0 ? 300 : 40);
-  o.min_tokens = seed % 4 == 0 ? 0 : 1;  // empty nodes too
-  o.upto_fraction = 0.35;                // own queries whose windows leave gaps in their node
-  o.chain_bias = 0.6;                    // deep paths: windows end inside ancestors
+  RandomForestOptions o = test::invariant_forest(seed);
+  o.chain_bias = 0.6;
   return random_forest(o);
 }
 

@@ -10,6 +10,19 @@
 
 namespace treeattn::test {
 
+RandomForestOptions invariant_forest(std::uint64_t seed) {
+  RandomForestOptions o;
+  o.seed = seed;
+  o.nodes = std::int32_t(1 + seed % 40);
+  o.roots = std::min<std::int32_t>(o.nodes, std::int32_t(1 + seed % 3));
+  o.queries = std::int32_t(seed % 7 == 0 ? 150 : 1 + seed % 30);
+  o.max_tokens = std::int32_t(seed % 5 == 0 ? 300 : 40);
+  o.min_tokens = seed % 4 == 0 ? 0 : 1;
+  o.upto_fraction = 0.35;
+  o.sparse_ids = seed % 2 == 0;
+  return o;
+}
+
 std::string coverage_error(const Tree& tree, const Plan& plan, std::int32_t window) {
   const std::size_t nq = tree.query_count();
   if (std::size_t(plan.num_queries) != nq) return "num_queries differs from the tree";

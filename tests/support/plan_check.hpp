@@ -9,8 +9,14 @@
 #include "treeattn/plan.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/tree.hpp"
+#include "treeattn/workloads.hpp"
 
 namespace treeattn::test {
+
+// The seeded random forests the planner's invariants are checked on: 1 to 40
+// nodes in up to three trees, empty nodes, queries on part of their node,
+// every seventh seed more than 64 queries (tiles beyond one), sparse ids.
+RandomForestOptions invariant_forest(std::uint64_t seed);
 
 // Empty when every (query, visible token) pair is covered exactly once, no
 // other pair is unmasked and every token of every segment is unmasked for

@@ -68,6 +68,22 @@ TEST_CASE("C planner replay: held layouts stay within rounding of from-scratch p
   treeattn_context_destroy(context);
 }
 
+TEST_CASE("C planner replay under a sliding window: no layout held, every strategy against the windowed oracle") {
+  treeattn_context* context = cpu_context();
+  for (treeattn_strategy s : {TREEATTN_STRATEGY_FLATTEN, TREEATTN_STRATEGY_SEQUENCE, TREEATTN_STRATEGY_GREEDY}) {
+    for (std::int32_t window : {1, 20}) {
+      CAPTURE(int(s));
+      CAPTURE(window);
+      CReplayOptions options;
+      options.strategy = s;
+      options.bitwise_updates = false;  // a window holds no layout all the same
+      options.window = window;
+      CHECK(check_c_planner_replay(context, call_on_host, options) == 0);
+    }
+  }
+  treeattn_context_destroy(context);
+}
+
 TEST_CASE("C planner: bad input names what is wrong") {
   treeattn_context* context = cpu_context();
   treeattn_tree* tree = one_node_tree(5, 10);
@@ -82,6 +98,15 @@ TEST_CASE("C planner: bad input names what is wrong") {
   std::memcpy(&bad.strategy, &strategy, sizeof strategy);
   CHECK(treeattn_planner_create(context, tree, &bad, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
   CHECK(last_error().find("strategy is -1") != std::string::npos);
+  treeattn_plan_options negative_window;
+  treeattn_plan_options_init(&negative_window);
+  negative_window.window = -2;
+  CHECK(treeattn_planner_create(context, tree, &negative_window, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("window = -2 is negative") != std::string::npos);
+  treeattn_plan* refused = nullptr;
+  CHECK(treeattn_plan_create(context, tree, &negative_window, &refused) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("window = -2 is negative") != std::string::npos);
+  CHECK(refused == nullptr);
 
   REQUIRE(treeattn_planner_create(context, tree, nullptr, &planner) == TREEATTN_OK);
   treeattn_tree_destroy(tree);

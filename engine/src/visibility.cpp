@@ -48,9 +48,10 @@ WindowBounds window_bounds(const Tree& tree, const Topology& topo, const std::ve
     const std::int32_t v = topo.query_node[q];
     b.start[q] = depth[std::size_t(v)] + topo.query_upto[q] - window;
     own_min[std::size_t(v)] = std::min(own_min[std::size_t(v)], b.start[q]);
+    if (b.start[q] <= 0) continue;  // the window holds the whole path
     std::int32_t a = v;
-    while (a >= 0 && depth[std::size_t(a)] > b.start[q]) a = topo.parent[std::size_t(a)];
-    if (a >= 0 && depth[std::size_t(a)] < b.start[q]) b.cuts.emplace_back(a, b.start[q] - depth[std::size_t(a)]);
+    while (depth[std::size_t(a)] > b.start[q]) a = topo.parent[std::size_t(a)];  // a root's depth is 0
+    if (depth[std::size_t(a)] < b.start[q]) b.cuts.emplace_back(a, b.start[q] - depth[std::size_t(a)]);
   }
   std::sort(b.cuts.begin(), b.cuts.end());
   b.desc_min.assign(n, kNever);

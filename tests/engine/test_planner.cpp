@@ -106,15 +106,20 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
   Planner three(3), all(0), single(1);
   CHECK(three.threads() == 3);
   CHECK(single.threads() == 1);
+  // Under a sliding window too: the shapes the candidates are timed from
+  // hold only the tokens and queries the windows leave.
   for (const auto& [name, tree] : trees) {
     for (const auto& [model_name, model] : {std::pair{"defaults", CostModel{}}, std::pair{"one SM", one_sm}}) {
     for (Strategy s : {Strategy::flatten, Strategy::greedy, Strategy::node, Strategy::sequence}) {
+    for (std::int32_t window : {0, 300}) {
       CAPTURE(name);
       CAPTURE(model_name);
       CAPTURE(to_string(s));
+      CAPTURE(window);
       PlanOptions options;
       options.strategy = s;
       options.cost = model;
+      options.window = window;
       REQUIRE(options.block_tokens == kAutoBlockTokens);  // the default
       const Plan chosen = plan(tree, options);
       // The fastest prediction among the candidates, the shortest on a tie.
@@ -133,6 +138,7 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
       CHECK(test::plan_difference(chosen, *expected) == "");
       for (Planner* planner : {&three, &all, &single}) CHECK(test::plan_difference(planner->plan(tree, options), chosen) == "");
       check_invariants(tree, options);
+    }
     }
     }
   }

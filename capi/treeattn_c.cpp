@@ -98,6 +98,7 @@ std::vector<std::size_t> field_ends(const treeattn_plan_options*) {
           offsetof(O, strategy) + sizeof(O::strategy),
           offsetof(O, block_tokens) + sizeof(O::block_tokens),
           offsetof(O, bitwise_updates) + sizeof(O::bitwise_updates),
+          offsetof(O, window) + sizeof(O::window),
           sizeof(O)};
 }
 std::vector<std::size_t> field_ends(const treeattn_context_options*) {
@@ -236,6 +237,7 @@ PlanOptions plan_options(const treeattn_plan_options* given) {
     throw Error(ErrorCategory::InvalidArgument, fmt::format("block_tokens {} is negative (0: auto)", o.block_tokens));
   }
   options.block_tokens = o.block_tokens == 0 ? kAutoBlockTokens : o.block_tokens;
+  options.window = o.window;  // a negative one is refused by the planner, by name
   return options;
 }
 

@@ -4,8 +4,9 @@
 // upto), some with bad slots. A change is refused at once with an Error or
 // taken; an update that fails is repaired by removing the nodes given bad
 // input and setting queries on live nodes, and then succeeds. After every
-// successful update the plan is valid and covers every query's tokens
-// exactly once; where it holds no earlier layout it is bitwise
+// successful update the plan is valid and covers every query's tokens (the
+// last `window` of its path, under a sliding window) exactly once; where it
+// holds no earlier layout it is bitwise
 // plan(tree(), held_options()). Every slot is used once (a page is
 // page_size fresh slots), so coverage is exact per slot.
 
@@ -192,7 +193,7 @@ struct Driver {
     } catch (const Error& e) {
       finding(std::string("the updated plan is invalid: ") + e.what());
     }
-    const std::string coverage = test::coverage_error(tree, updated);
+    const std::string coverage = test::coverage_error(tree, updated, planner.options().window);
     if (!coverage.empty()) finding("the updated plan's coverage: " + coverage);
     const bool bitwise = !incremental.hold_flatten_blocks && !incremental.hold_greedy_groups;
     if (bitwise || !planner.last_update().held_layout) {
@@ -238,6 +239,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     incremental.redecide_drift = drifts[in.ConsumeIntegralInRange<int>(0, 3)];
   }
   const std::int32_t page_size = in.ConsumeIntegralInRange<std::int32_t>(1, 8);
+  if (in.ConsumeBool()) options.window = in.ConsumeIntegralInRange<std::int32_t>(1, 40);  // windows that slide as nodes grow
   Driver driver(in, options, incremental, page_size);
   for (int change = 0; change < kMaxChanges && in.remaining_bytes() > 0 && driver.next_slot < kMaxSlots; ++change) {
     switch (in.ConsumeIntegralInRange<int>(0, 9)) {

@@ -270,6 +270,19 @@ GreedyLayout layout_greedy(const Topology& topo, const GreedyGroups& g, const Pl
   return layout;
 }
 
+namespace {
+
+// The pieces [p0, p1) limited to the group's queries, where one of them sees them.
+void append_narrowed(const Visibility& vis, std::int32_t p0, std::int32_t p1, const GreedyGroup& group,
+                     std::vector<Piece>& run) {
+  for (std::int32_t p = p0; p < p1; ++p) {
+    Piece piece = vis.pieces[std::size_t(p)];
+    if (narrow_viewers(vis, piece, group.lo, group.hi)) run.push_back(piece);
+  }
+}
+
+}  // namespace
+
 void emit_greedy(PlanBuilder& builder, const Visibility& vis, const Topology& topo, const GreedyGroups& g,
                  const GreedyLayout& layout) {
   std::vector<std::int32_t> chain;
@@ -280,21 +293,22 @@ void emit_greedy(PlanBuilder& builder, const Visibility& vis, const Topology& to
       const Group& group = layout.groups[k];
       chain.clear();
       for (std::int32_t a = group.node; g.joined[std::size_t(a)];) chain.push_back(a = topo.parent[std::size_t(a)]);
-      // Ancestors' KV, root side first: every query of the group sees all of it.
+      // Ancestors' KV, root side first: every query of the group sees all of
+      // it, in one piece; with a window, piece by piece, each where a query
+      // of the group sees it.
       for (auto a = chain.rbegin(); a != chain.rend(); ++a) {
         const std::int32_t p0 = vis.node_piece_begin[std::size_t(*a)], p1 = vis.node_piece_end[std::size_t(*a)];
         if (p0 == p1) continue;
-        run.push_back(Piece{*a, vis.pieces[std::size_t(p0)].token_begin, vis.pieces[std::size_t(p1) - 1].token_end,
-                            group.lo, group.hi});
+        if (vis.window > 0) {
+          append_narrowed(vis, p0, p1, group, run);
+        } else {
+          run.push_back(Piece{*a, vis.pieces[std::size_t(p0)].token_begin, vis.pieces[std::size_t(p1) - 1].token_end,
+                              group.lo, group.hi, 0});
+        }
       }
       // The node's own pieces, limited to the group's queries.
-      for (std::int32_t p = vis.node_piece_begin[std::size_t(group.node)]; p < vis.node_piece_end[std::size_t(group.node)];
-           ++p) {
-        Piece piece = vis.pieces[std::size_t(p)];
-        piece.viewer_lo = std::max(piece.viewer_lo, group.lo);
-        piece.viewer_hi = std::min(piece.viewer_hi, group.hi);
-        if (piece.viewer_lo < piece.viewer_hi) run.push_back(piece);
-      }
+      append_narrowed(vis, vis.node_piece_begin[std::size_t(group.node)], vis.node_piece_end[std::size_t(group.node)],
+                      group, run);
     }
     builder.emit_run(run.data(), run.data() + run.size(), Cut::even, unit.blocks);
   }

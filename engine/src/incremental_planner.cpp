@@ -66,6 +66,11 @@ struct IncrementalPlanner::State {
   Plan plan;
   PlanUpdate last;
 
+  // Whether a layout may be held over appends at all: a window slides as
+  // nodes grow, so tokens leave nodes that did not grow and a held layout
+  // would still read them; windowed plans are built again every update.
+  bool holds_layouts() const { return options.window == 0; }
+
   // Whether the next plan lays out greedy's held edge decisions (and reads
   // no visibility but the memo's).
   bool greedy_holds() const {
@@ -75,7 +80,7 @@ struct IncrementalPlanner::State {
 
   Visibility& visibility() {
     if (vis_behind) {
-      vis = compute_visibility(tree, *topo);
+      vis = compute_visibility(tree, *topo, options.window);
       vis_behind = false;
     }
     return *vis;
@@ -437,7 +442,7 @@ const Plan& IncrementalPlanner::update() {
   const std::size_t n = s.tree.node_count();
   if (!s.topo || s.reshaped || (s.reanalyse && !s.same_shape())) {
     s.topo = analyze(s.tree, s.options.kv_slots, s.checked_nodes);
-    s.vis = compute_visibility(s.tree, *s.topo);
+    s.vis = compute_visibility(s.tree, *s.topo, s.options.window);
     s.vis_behind = false;
     s.index_whole_queries();
     s.memo.reset();
@@ -463,9 +468,11 @@ const Plan& IncrementalPlanner::update() {
         s.vis_behind = true;
       } else if (!s.vis_behind &&
                  !update_visibility(s.tree, *s.topo, *s.vis, s.grown, s.flatten_layout ? &s.growth : nullptr)) {
-        s.vis = compute_visibility(s.tree, *s.topo);
+        s.vis = compute_visibility(s.tree, *s.topo, s.options.window);
       }
       s.flatten_layout = s.flatten_layout && s.growth.tails_only;
+      // A window slides out of nodes that did not grow: greedy's edges are priced afresh.
+      if (s.memo && s.options.window > 0) s.memo.reset();
       if (s.memo) s.memo->appended(s.tree, *s.topo, s.vis_behind ? nullptr : &*s.vis, s.grown);
     }
     if (!s.replaced.empty()) {  // after the appends: a node both grew and was replaced takes its new slots whole
@@ -501,7 +508,7 @@ const Plan& IncrementalPlanner::update() {
   } else {
     if (s.held->strategy == Strategy::greedy && !s.memo) {
       s.memo.emplace(*s.topo, s.visibility());
-      s.memo->hold_groups = s.incremental.hold_greedy_groups;
+      s.memo->hold_groups = s.holds_layouts() && s.incremental.hold_greedy_groups;
     }
     // Greedy's held layout reads the memo's visibility only; any other plan this one.
     Visibility& vis = s.greedy_holds() ? *s.memo->reordered.cached() : s.visibility();
@@ -510,7 +517,7 @@ const Plan& IncrementalPlanner::update() {
                            &s.lender);
   }
   if (!info.held_layout) {  // a plan built now: the layout the next updates may hold
-    s.flatten_layout = s.incremental.hold_flatten_blocks && s.held->strategy == Strategy::flatten;
+    s.flatten_layout = s.holds_layouts() && s.incremental.hold_flatten_blocks && s.held->strategy == Strategy::flatten;
     if (s.flatten_layout) {
       s.held_block_limit =
           held_block_limit(s.plan, s.held->cost, s.held->block_tokens, s.incremental.redecide_drift);

@@ -41,7 +41,7 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::
         plan_.segment_token_end.push_back(end);
         plan_.segment_node.push_back(p->node);
       }
-      add_segment_viewers(p->viewer_lo, p->viewer_hi);
+      add_segment_viewers(*p);
       run_offset += end - begin;
       begin = end;
       if (run_offset == block_end) {
@@ -59,7 +59,8 @@ void PlanBuilder::emit_run(const Piece* first, const Piece* last, Cut cut, std::
 // Ranges come ordered by lo (every strategy emits its runs depth first), so
 // each starts in the last interval or after it, and a segment's viewers are a
 // range of indices into the list from the moment it is added.
-void PlanBuilder::add_segment_viewers(std::int32_t lo, std::int32_t hi) {
+void PlanBuilder::add_segment_viewers(const Piece& piece) {
+  const std::int32_t lo = piece.viewer_lo, hi = piece.viewer_hi;
   if (!open_.empty() && lo < open_.back().lo) {
     fail(ErrorCategory::InvalidPlan, "PlanBuilder: a run's viewer ranges are not ordered ({} after {})", lo,
          open_.back().lo);
@@ -74,11 +75,33 @@ void PlanBuilder::add_segment_viewers(std::int32_t lo, std::int32_t hi) {
     intervals_.push_back(Interval{lo, hi, viewers_});
     viewers_ += hi - lo;
   }
-  open_.push_back(OpenSegment{lo, hi, intervals_.back().offset + (lo - intervals_.back().begin)});
+  open_.push_back(OpenSegment{lo, hi, intervals_.back().offset + (lo - intervals_.back().begin),
+                              piece.path_begin});
+}
+
+// With a window a segment's viewers are the positions of its range whose
+// window reaches it: the block's viewers are those of its intervals that see
+// one of its segments, so no tile holds a query that sees none of the block.
+void PlanBuilder::window_viewers() {
+  window_positions_.clear();
+  window_seen_.assign(std::size_t(viewers_), 0);  // by index in the intervals' list
+  for (const OpenSegment& s : open_) {
+    for (std::int32_t k = 0; k < s.hi - s.lo; ++k) {
+      std::uint8_t& seen = window_seen_[std::size_t(s.first_viewer + k)];
+      seen = seen || sees(vis_, s.lo + k, s.path_begin);
+    }
+  }
+  for (const Interval& i : intervals_) {
+    for (std::int32_t position = i.begin; position < i.end; ++position) {
+      if (window_seen_[std::size_t(i.offset + position - i.begin)]) window_positions_.push_back(position);
+    }
+  }
 }
 
 void PlanBuilder::close_block() {
-  const std::int32_t viewers = viewers_;
+  const bool windowed = vis_.window > 0;
+  if (windowed) window_viewers();
+  const std::int32_t viewers = windowed ? std::int32_t(window_positions_.size()) : viewers_;
   if (shape_ != nullptr) {
     close_block_shape(viewers);
     return;
@@ -87,7 +110,9 @@ void PlanBuilder::close_block() {
   plan_.block_segment_begin.push_back(plan_.num_segments());
 
   // One work item per query tile; within a tile, a segment's viewers are a
-  // contiguous run of its queries, hence a contiguous run of mask bits.
+  // contiguous run of its queries, hence a contiguous run of mask bits. With
+  // a window the tiles walk the windowed viewers, and a segment's bit is set
+  // where the tile query is of its range and sees it (bits need not be a run).
   const std::int32_t tile = plan_.query_tile;
   std::size_t interval = 0;
   for (std::int32_t t0 = 0; t0 < viewers; t0 += tile) {
@@ -96,12 +121,26 @@ void PlanBuilder::close_block() {
     plan_.item_mask_begin.push_back(std::int32_t(plan_.segment_mask.size()));
     plan_.item_tile_rows.push_back(item_tile_rows(t1 - t0));
     for (std::int32_t t = t0; t < t1; ++t) {
-      while (t >= intervals_[interval].offset + (intervals_[interval].end - intervals_[interval].begin)) ++interval;
-      const std::int32_t position = intervals_[interval].begin + (t - intervals_[interval].offset);
+      std::int32_t position = 0;
+      if (windowed) {
+        position = window_positions_[std::size_t(t)];
+      } else {
+        while (t >= intervals_[interval].offset + (intervals_[interval].end - intervals_[interval].begin)) ++interval;
+        position = intervals_[interval].begin + (t - intervals_[interval].offset);
+      }
       plan_.tile_query.push_back(vis_.query_at[std::size_t(position)]);
     }
     plan_.item_query_begin.push_back(std::int32_t(plan_.tile_query.size()));
     for (const OpenSegment& s : open_) {
+      if (windowed) {
+        std::uint64_t mask = 0;
+        for (std::int32_t t = t0; t < t1; ++t) {
+          const std::int32_t position = window_positions_[std::size_t(t)];
+          if (position >= s.lo && position < s.hi && sees(vis_, position, s.path_begin)) mask |= std::uint64_t(1) << (t - t0);
+        }
+        plan_.segment_mask.push_back(mask);
+        continue;
+      }
       const std::int32_t a = std::clamp(s.first_viewer - t0, 0, t1 - t0);
       const std::int32_t b = std::clamp(s.first_viewer + (s.hi - s.lo) - t0, 0, t1 - t0);
       const std::uint64_t run = b - a == 64 ? ~std::uint64_t(0) : ((std::uint64_t(1) << (b - a)) - 1);
@@ -124,9 +163,16 @@ void PlanBuilder::close_block_shape(std::int32_t viewers) {
     shape_->items.push_back(ItemShape{queries, block_tokens_, item_tile_rows(queries), shape_blocks_});
   }
   ++shape_blocks_;
-  for (const Interval& i : intervals_) {
-    ++coverage_[std::size_t(i.begin)];
-    --coverage_[std::size_t(i.end)];
+  if (vis_.window > 0) {
+    for (std::int32_t position : window_positions_) {
+      ++coverage_[std::size_t(position)];
+      --coverage_[std::size_t(position) + 1];
+    }
+  } else {
+    for (const Interval& i : intervals_) {
+      ++coverage_[std::size_t(i.begin)];
+      --coverage_[std::size_t(i.end)];
+    }
   }
   open_next_block();
 }

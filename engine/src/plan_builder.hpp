@@ -38,8 +38,9 @@ class PlanBuilder {
   void finish();
 
  private:
-  void add_segment_viewers(std::int32_t lo, std::int32_t hi);
+  void add_segment_viewers(const Piece& piece);
   void close_block();
+  void window_viewers();
   void close_block_shape(std::int32_t viewers);
   void open_next_block();
   std::int32_t item_tile_rows(std::int32_t queries) const;  // of an item of the open block
@@ -62,10 +63,15 @@ class PlanBuilder {
   // disjoint intervals by add_segment_viewers()).
   struct OpenSegment {
     std::int32_t lo, hi, first_viewer;
+    std::int64_t path_begin;  // its piece's (the window's viewers)
   };
   std::vector<OpenSegment> open_;
   std::vector<Interval> intervals_;
   std::int32_t viewers_ = 0;  // of intervals_
+  // With a window, the open block's viewers are those of intervals_ that see
+  // one of its segments (window_viewers()): their positions, ascending.
+  std::vector<std::int32_t> window_positions_;
+  std::vector<std::uint8_t> window_seen_;  // window_viewers()' scratch
 };
 
 }  // namespace treeattn

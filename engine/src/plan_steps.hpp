@@ -28,7 +28,7 @@ struct GreedyChoice {
 // candidates often reorder a tree the same way, and then it is not recomputed.
 class VisibilityCache {
  public:
-  Visibility& get(const Tree& tree, const Topology& order);
+  Visibility& get(const Tree& tree, const Topology& order, std::int32_t window);
   // Tokens were appended to the nodes `grown` (`topo`: the tree's topology,
   // its query_upto updated): the cached visibility follows.
   void appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown);

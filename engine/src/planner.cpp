@@ -31,6 +31,7 @@ void check_plan_options(const PlanOptions& o) {
          kMaxQueryTile);
   }
   if (o.kv_slots < 0) fail(ErrorCategory::InvalidArgument, "kv_slots = {} is negative", o.kv_slots);
+  if (o.window < 0) fail(ErrorCategory::InvalidArgument, "window = {} is negative (0: no window)", o.window);
 }
 
 namespace {
@@ -91,10 +92,7 @@ void query_run(const Topology& topo, const Visibility& vis, std::size_t q, std::
   for (auto v = path.rbegin(); v != path.rend(); ++v) {
     for (std::int32_t p = vis.node_piece_begin[std::size_t(*v)]; p < vis.node_piece_end[std::size_t(*v)]; ++p) {
       Piece piece = vis.pieces[std::size_t(p)];
-      if (position < piece.viewer_lo || position >= piece.viewer_hi) continue;
-      piece.viewer_lo = position;
-      piece.viewer_hi = position + 1;
-      run.push_back(piece);
+      if (narrow_viewers(vis, piece, position, position + 1)) run.push_back(piece);
     }
   }
 }
@@ -329,7 +327,8 @@ Plan build_greedy(const Tree& tree, const Topology& topo, const Visibility& vis,
   consider_one_item_per_query(tree, topo, vis, options, decision);
   if (chosen != nullptr) chosen->greedy_candidate = candidate_of(decision);
   if (decision.own) {
-    return assemble(tree, decision.own->order, reordered.get(tree, decision.own->order), options, &*decision.own, reuse);
+    return assemble(tree, decision.own->order, reordered.get(tree, decision.own->order, options.window), options,
+                    &*decision.own, reuse);
   }
   PlanOptions layout = options;  // flatten's, or one item per query
   layout.strategy = decision.one_item_block > 0 ? Strategy::sequence : Strategy::flatten;
@@ -409,7 +408,7 @@ Plan plan_auto_block_size(const Tree& tree, const Topology& topo, const Visibili
 Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
   check_plan_options(options);
   const Topology topo = analyze(tree, options.kv_slots);
-  Visibility vis = compute_visibility(tree, topo);
+  Visibility vis = compute_visibility(tree, topo, options.window);
   Plan plan = plan_analyzed(tree, topo, vis, options, pool, nullptr, nullptr, nullptr);
   plan.id = new_plan_id();
   return plan;
@@ -419,9 +418,9 @@ Plan plan_on(const Tree& tree, const PlanOptions& options, ThreadPool* pool) {
 
 // --- what greedy keeps between its passes (plan_steps.hpp) -------------------
 
-Visibility& VisibilityCache::get(const Tree& tree, const Topology& order) {
-  if (!vis_ || order.children != order_->children) {
-    vis_ = compute_visibility(tree, order);
+Visibility& VisibilityCache::get(const Tree& tree, const Topology& order, std::int32_t window) {
+  if (!vis_ || order.children != order_->children || vis_->window != window) {
+    vis_ = compute_visibility(tree, order, window);
     order_ = order;
   }
   return *vis_;
@@ -430,7 +429,7 @@ Visibility& VisibilityCache::get(const Tree& tree, const Topology& order) {
 void VisibilityCache::appended(const Tree& tree, const Topology& topo, const std::vector<std::int32_t>& grown) {
   if (!vis_) return;
   order_->query_upto = topo.query_upto;
-  if (!update_visibility(tree, *order_, *vis_, grown)) vis_ = compute_visibility(tree, *order_);
+  if (!update_visibility(tree, *order_, *vis_, grown)) vis_ = compute_visibility(tree, *order_, vis_->window);
 }
 
 void VisibilityCache::replaced(const Tree& tree, const std::vector<std::int32_t>& nodes) {
@@ -439,7 +438,7 @@ void VisibilityCache::replaced(const Tree& tree, const std::vector<std::int32_t>
 
 const CostEstimate& GreedyMemo::own(const Tree& tree, const GreedyChoice& choice, const PlanOptions& options) {
   if (!timed_ || choice.groups.joined != joined_ || choice.layout.units != units_) {
-    estimate_ = predict(tree, choice.order, reordered.get(tree, choice.order), options, &choice);
+    estimate_ = predict(tree, choice.order, reordered.get(tree, choice.order, options.window), options, &choice);
     joined_ = choice.groups.joined;
     units_ = choice.layout.units;
     timed_ = true;
@@ -469,7 +468,7 @@ Plan plan_analyzed(const Tree& tree, const Topology& topo, Visibility& vis, cons
       regroup(held.order, held.groups, m.edges);
       held.layout = layout_greedy(held.order, held.groups, options, tree.heads);
       if (chosen != nullptr) chosen->greedy_candidate = GreedyCandidate::own;
-      Visibility& reordered = m.reordered.get(tree, held.order);
+      Visibility& reordered = m.reordered.get(tree, held.order, options.window);
       return assemble(tree, held.order, reordered, options, &held, reuse, lend(reordered, lender));
     }
     GreedyDecision decision = decide_greedy(tree, topo, vis, options, m, kNoBound, /*timed=*/false);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <memory>
+#include <utility>
 
 #include "fail.hpp"
 
@@ -20,13 +21,80 @@ void append_pieces(const Topology& topo, const Visibility& vis, std::int32_t v, 
   for (std::int32_t t = 0; t < vis.node_visible[i];) {
     while (k < own_end && topo.query_upto[std::size_t(vis.query_at[std::size_t(k)])] <= t) ++k;
     const std::int32_t next = k < own_end ? topo.query_upto[std::size_t(vis.query_at[std::size_t(k)])] : vis.node_visible[i];
-    out.push_back(Piece{v, offset + t, offset + next, k, vis.node_subtree_end[i]});
+    out.push_back(Piece{v, offset + t, offset + next, k, vis.node_subtree_end[i], 0});
     t = next;
   }
 }
 
+// Where each query's window starts (query_upto's last token, W - 1 back),
+// and what a node's windowed pieces need from below it.
+struct WindowBounds {
+  std::vector<std::int64_t> start;     // [queries] by query index
+  std::vector<std::int64_t> desc_min;  // [nodes] the earliest start of a query below the node
+  // Each window start strictly inside a node (node, offset in it), sorted:
+  // the piece boundaries windows add. A start lies in one node of its
+  // query's path, found by walking up at most the nodes the window spans.
+  std::vector<std::pair<std::int32_t, std::int64_t>> cuts;
+};
+
+WindowBounds window_bounds(const Tree& tree, const Topology& topo, const std::vector<std::int64_t>& depth,
+                           std::int32_t window) {
+  constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
+  const std::size_t n = tree.node_count(), nq = tree.query_count();
+  WindowBounds b;
+  b.start.resize(nq);
+  std::vector<std::int64_t> own_min(n, kNever);
+  for (std::size_t q = 0; q < nq; ++q) {
+    const std::int32_t v = topo.query_node[q];
+    b.start[q] = depth[std::size_t(v)] + topo.query_upto[q] - window;
+    own_min[std::size_t(v)] = std::min(own_min[std::size_t(v)], b.start[q]);
+    if (b.start[q] <= 0) continue;  // the window holds the whole path
+    std::int32_t a = v;
+    while (depth[std::size_t(a)] > b.start[q]) a = topo.parent[std::size_t(a)];  // a root's depth is 0
+    if (depth[std::size_t(a)] < b.start[q]) b.cuts.emplace_back(a, b.start[q] - depth[std::size_t(a)]);
+  }
+  std::sort(b.cuts.begin(), b.cuts.end());
+  b.desc_min.assign(n, kNever);
+  for (auto it = topo.preorder.rbegin(); it != topo.preorder.rend(); ++it) {  // children before their parent
+    const std::size_t i = std::size_t(*it);
+    const std::int32_t p = topo.parent[i];
+    if (p >= 0) b.desc_min[std::size_t(p)] = std::min({b.desc_min[std::size_t(p)], b.desc_min[i], own_min[i]});
+  }
+  return b;
+}
+
+// The windowed pieces of node v among its first `limit` tokens (those some
+// query's path reaches), its visible tokens starting at `offset` in the
+// flattened order: append_pieces' pieces cut at the window starts `cuts`
+// (offsets in the node, ascending), each kept where the earliest window
+// start of its viewers reaches it. The viewers [k, subtree end) are the own
+// queries from k on, whose starts ascend with their upto, and every query
+// below. Returns the tokens kept.
+std::int32_t append_window_pieces(const Topology& topo, const Visibility& vis, std::int32_t v, std::int32_t limit,
+                                  std::int32_t offset, const std::pair<std::int32_t, std::int64_t>* cut,
+                                  const std::pair<std::int32_t, std::int64_t>* cuts_end, std::int64_t desc_min,
+                                  std::vector<Piece>& out) {
+  const std::size_t i = std::size_t(v);
+  const std::int32_t own_end = vis.node_own_end[i], subtree_end = vis.node_subtree_end[i];
+  const std::int64_t depth = vis.node_depth[i];
+  std::int32_t k = vis.node_position[i], kept = 0;
+  for (std::int32_t t = 0; t < limit;) {
+    while (k < own_end && topo.query_upto[std::size_t(vis.query_at[std::size_t(k)])] <= t) ++k;
+    while (cut != cuts_end && cut->second <= t) ++cut;
+    std::int32_t end = k < own_end ? topo.query_upto[std::size_t(vis.query_at[std::size_t(k)])] : limit;
+    if (cut != cuts_end && cut->second < end) end = std::int32_t(cut->second);
+    const std::int64_t earliest = k < own_end ? std::min(vis.window_start[std::size_t(k)], desc_min) : desc_min;
+    if (earliest <= depth + t) {
+      out.push_back(Piece{v, offset + kept, offset + kept + (end - t), k, subtree_end, depth + t});
+      kept += end - t;
+    }
+    t = end;
+  }
+  return kept;
+}
+
 // The KV-pool rows of tokens [from, to) of the node at `index`, written to
-// out[from..to); returns the largest (-1 for none).
+// out[0..to - from); returns the largest (-1 for none).
 std::int64_t write_slots(const Tree& tree, std::size_t index, std::int32_t from, std::int32_t to, std::int32_t* out) {
   if (from >= to) return -1;
   const TreeNode& node = tree.nodes()[index];
@@ -39,17 +107,36 @@ std::int64_t write_slots(const Tree& tree, std::size_t index, std::int32_t from,
     for (std::int32_t t = from; t < to; ++page, offset_in_page = 0) {
       const std::int64_t base = tree.page(index, page) * node.page_size;
       const std::int32_t end = std::min(to, t + (node.page_size - offset_in_page));
-      for (; t < end; ++t, ++offset_in_page) out[t] = std::int32_t(base + offset_in_page);
-      largest = std::max<std::int64_t>(largest, out[end - 1]);
+      for (; t < end; ++t, ++offset_in_page) out[t - from] = std::int32_t(base + offset_in_page);
+      largest = std::max<std::int64_t>(largest, out[end - 1 - from]);
     }
     return largest;
   }
   if (node.listed) {
-    for (std::int32_t t = from; t < to; ++t) out[t] = std::int32_t(tree.slot(index, t));
-    return *std::max_element(out + from, out + to);
+    for (std::int32_t t = from; t < to; ++t) out[t - from] = std::int32_t(tree.slot(index, t));
+    return *std::max_element(out, out + (to - from));
   }
-  for (std::int32_t t = from; t < to; ++t) out[t] = std::int32_t(node.first + t);
+  for (std::int32_t t = from; t < to; ++t) out[t - from] = std::int32_t(node.first + t);
   return node.first + to - 1;
+}
+
+// The KV-pool rows of the node at `index`'s visible tokens (vis.node_* and
+// its pieces set), written to out[0..node_visible); returns the largest (-1
+// for none). Without a window they are its first node_visible tokens; with
+// one, its pieces' tokens, which may leave gaps in the node.
+std::int64_t write_node_slots(const Tree& tree, const Visibility& vis, std::size_t index, std::int32_t* out) {
+  if (vis.window == 0) return write_slots(tree, index, 0, vis.node_visible[index], out);
+  std::int64_t largest = -1;
+  const std::int32_t first = vis.node_piece_begin[index];
+  if (first == vis.node_piece_end[index]) return largest;
+  const std::int32_t base = vis.pieces[std::size_t(first)].token_begin;
+  for (std::int32_t p = first; p < vis.node_piece_end[index]; ++p) {
+    const Piece& piece = vis.pieces[std::size_t(p)];
+    const std::int32_t from = std::int32_t(piece.path_begin - vis.node_depth[index]);
+    const std::int32_t count = piece.token_end - piece.token_begin;
+    largest = std::max(largest, write_slots(tree, index, from, from + count, out + (piece.token_begin - base)));
+  }
+  return largest;
 }
 
 // Whether a node's recomputed pieces are its old ones with only the last
@@ -74,7 +161,16 @@ void check_total(std::int64_t total_visible) {
 
 }  // namespace
 
-Visibility compute_visibility(const Tree& tree, const Topology& topo) {
+bool narrow_viewers(const Visibility& vis, Piece& piece, std::int32_t lo, std::int32_t hi) {
+  piece.viewer_lo = std::max(piece.viewer_lo, lo);
+  piece.viewer_hi = std::min(piece.viewer_hi, hi);
+  for (std::int32_t position = piece.viewer_lo; position < piece.viewer_hi; ++position) {
+    if (sees(vis, position, piece.path_begin)) return true;
+  }
+  return false;
+}
+
+Visibility compute_visibility(const Tree& tree, const Topology& topo, std::int32_t window) {
   const std::size_t n = tree.node_count();
   const std::size_t nq = tree.query_count();
   const std::vector<TreeNode>& nodes = tree.nodes();
@@ -115,6 +211,21 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
   }
   check_total(total_visible);
 
+  // With a window: each node's path position, and the window bounds.
+  WindowBounds bounds;
+  vis.window = window;
+  if (window > 0) {
+    vis.node_depth.assign(n, 0);
+    for (std::int32_t v : topo.preorder) {  // parents first
+      const std::int32_t p = topo.parent[std::size_t(v)];
+      if (p >= 0) vis.node_depth[std::size_t(v)] = vis.node_depth[std::size_t(p)] + nodes[std::size_t(p)].length;
+    }
+    bounds = window_bounds(tree, topo, vis.node_depth, window);
+    vis.window_start.resize(nq);
+  }
+  const auto* cut = bounds.cuts.data();
+  const auto* cuts_end = cut + bounds.cuts.size();
+
   // One forward pass in preorder: query positions, pieces and token slots.
   vis.query_at.resize(nq);
   vis.query_position.resize(nq);
@@ -138,6 +249,7 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
     for (std::int32_t k = 0; k < own_count; ++k) {
       vis.query_at[std::size_t(position)] = own_first[k];
       vis.query_position[std::size_t(own_first[k])] = position;
+      if (window > 0) vis.window_start[std::size_t(position)] = bounds.start[std::size_t(own_first[k])];
       ++position;
     }
 
@@ -146,14 +258,21 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo) {
     vis.node_own_end[i] = position;
     vis.node_subtree_end[i] = subtree_end;
     vis.node_piece_begin[i] = std::int32_t(vis.pieces.size());
-    append_pieces(topo, vis, v, offset, vis.pieces);
+    if (window > 0) {
+      const auto* node_cuts = std::lower_bound(cut, cuts_end, std::make_pair(v, std::int64_t(0)));
+      vis.node_visible[i] = append_window_pieces(topo, vis, v, visible[i], offset, node_cuts, cuts_end,
+                                                 bounds.desc_min[i], vis.pieces);
+    } else {
+      append_pieces(topo, vis, v, offset, vis.pieces);
+    }
     vis.node_piece_end[i] = std::int32_t(vis.pieces.size());
 
-    vis.node_max_slot[i] = write_slots(tree, i, 0, visible[i], slot_out);
+    vis.node_max_slot[i] = write_node_slots(tree, vis, i, slot_out);
     vis.max_slot = std::max(vis.max_slot, vis.node_max_slot[i]);
-    slot_out += visible[i];
-    offset += visible[i];
+    slot_out += vis.node_visible[i];
+    offset += vis.node_visible[i];
   }
+  vis.token_slot.resize(std::size_t(offset));  // a window leaves tokens out
   return vis;
 }
 
@@ -174,6 +293,7 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
     growth->tails_only = false;
     growth->tails.clear();
   }
+  if (vis.window > 0) return false;
   for (std::int32_t v : grown) {
     const std::size_t i = std::size_t(v);
     const std::int32_t first = vis.node_position[i], own_end = vis.node_own_end[i];
@@ -240,7 +360,8 @@ bool update_visibility(const Tree& tree, const Topology& topo, Visibility& vis, 
     // The node's slots will start at begin + shift; its new tokens follow its old ones.
     std::int32_t* node_slots = slots + c->begin + shift;
     std::int64_t& node_max = vis.node_max_slot[std::size_t(c->node)];
-    node_max = std::max(node_max, write_slots(tree, std::size_t(c->node), c->old_visible, c->new_visible, node_slots));
+    node_max = std::max(node_max, write_slots(tree, std::size_t(c->node), c->old_visible, c->new_visible,
+                                                   node_slots + c->old_visible));
     vis.max_slot = std::max(vis.max_slot, node_max);
     end = old_end;
   }
@@ -283,7 +404,7 @@ void replace_slots(const Tree& tree, Visibility& vis, const std::vector<std::int
     if (vis.node_visible[i] == 0) continue;
     gave_up_largest = gave_up_largest || vis.node_max_slot[i] == vis.max_slot;
     std::int32_t* slots = vis.token_slot.data() + vis.pieces[std::size_t(vis.node_piece_begin[i])].token_begin;
-    vis.node_max_slot[i] = write_slots(tree, i, 0, vis.node_visible[i], slots);
+    vis.node_max_slot[i] = write_node_slots(tree, vis, i, slots);
     largest = std::max(largest, vis.node_max_slot[i]);
   }
   vis.max_slot = gave_up_largest ? *std::max_element(vis.node_max_slot.begin(), vis.node_max_slot.end())

@@ -11,6 +11,14 @@
 // A node's visible tokens are therefore cut into *pieces*, one per distinct
 // upto boundary, each with a constant viewer range. Pieces partition the
 // visible tokens; strategies only decide how to group them into KV blocks.
+//
+// With a sliding window W, query q at path position P sees the tokens at path
+// positions P - W + 1 .. P (its window start). A piece is then cut further
+// wherever a viewer's window starts inside it, and its viewers are the
+// positions of [lo, hi) whose window starts at or before its first token
+// (sees()): a subset of the range, the same for every token of the piece.
+// Tokens no viewer's window reaches are in no piece, so a node's visible
+// tokens need not be a prefix of it.
 
 #include <cstdint>
 #include <vector>
@@ -25,6 +33,7 @@ struct Piece {
   std::int32_t token_end;
   std::int32_t viewer_lo;    // viewers: query positions [viewer_lo, viewer_hi)
   std::int32_t viewer_hi;
+  std::int64_t path_begin;   // path position of its first token (windowed visibility only, else 0)
 };
 
 struct Visibility {
@@ -43,17 +52,34 @@ struct Visibility {
   std::vector<std::int32_t> node_subtree_end;
   std::vector<std::int32_t> node_own_end;
   std::vector<std::int32_t> node_visible;
+  // The sliding window (0: none), and where it is set each query position's
+  // window start and each node's path position of its first token.
+  std::int32_t window = 0;
+  std::vector<std::int64_t> window_start;  // [queries] by position
+  std::vector<std::int64_t> node_depth;    // [nodes]
 };
 
-Visibility compute_visibility(const Tree& tree, const Topology& topo);
+Visibility compute_visibility(const Tree& tree, const Topology& topo, std::int32_t window = 0);
+
+// Whether the query at `position`, one of a piece's viewer range, sees the
+// piece (its window reaches the piece's first token, at `path_begin`; always
+// without a window).
+inline bool sees(const Visibility& vis, std::int32_t position, std::int64_t path_begin) {
+  return vis.window == 0 || vis.window_start[std::size_t(position)] <= path_begin;
+}
+// `piece` narrowed to the viewer positions [lo, hi); false where none of
+// them sees it (its tokens are then read by no one of that range).
+bool narrow_viewers(const Visibility& vis, Piece& piece, std::int32_t lo, std::int32_t hi);
 
 // After tokens were appended to the nodes `grown` (topo.query_upto already
 // set for the queries that see whole nodes), brings `vis` to what
 // compute_visibility() returns now, in time linear in the pieces and the
 // grown nodes' own queries plus one move of the token slots. Returns false,
 // leaving `vis` as it was, where an append changes more than token counts
-// (the order of a node's own queries, or its number of pieces): the caller
-// then computes it again.
+// (the order of a node's own queries, or its number of pieces), or a window
+// is set (an append slides the windows of every query below the node, so
+// tokens leave nodes other than the grown ones): the caller then computes it
+// again.
 //
 // `growth`, when given, receives what a plan laid out on the old pieces needs
 // to follow them (flatten's held blocks).

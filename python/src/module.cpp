@@ -107,10 +107,11 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
                   " context runs host arrays" + (ctx.context.backend() == BackendKind::cuda ? " and CUDA arrays" : ""));
 }
 
-PlanOptions plan_options(const std::string& strategy, std::optional<int> block_tokens) {
+PlanOptions plan_options(const std::string& strategy, std::optional<int> block_tokens, std::optional<int> window) {
   PlanOptions options;
   options.strategy = parse_strategy(strategy);
   options.block_tokens = block_tokens.value_or(kAutoBlockTokens);
+  options.window = window.value_or(0);  // a negative one is refused by the planner, by name
   return options;
 }
 
@@ -214,22 +215,24 @@ NB_MODULE(_core, m) {
            nb::arg("backend"), nb::arg("device"), nb::arg("threads"), nb::arg("model_cache"))
       .def_prop_ro("backend", [](const ContextHandle& c) { return std::string(to_string(c.context.backend())); })
       .def("plan",
-           [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens) {
-             const PlanOptions options = plan_options(strategy, block_tokens);
+           [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens,
+              std::optional<int> window) {
+             const PlanOptions options = plan_options(strategy, block_tokens, window);
              nb::gil_scoped_release release;
              return PlanHandle{c.context.plan(tree, options)};
            },
-           nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none())
+           nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none(),
+           nb::arg("window") = nb::none())
       .def("planner",
            [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens,
-              bool bitwise_updates) {
+              bool bitwise_updates, std::optional<int> window) {
              IncrementalOptions incremental;
              incremental.hold_flatten_blocks = !bitwise_updates;
              incremental.hold_greedy_groups = !bitwise_updates;
-             return c.context.planner(tree, plan_options(strategy, block_tokens), incremental);
+             return c.context.planner(tree, plan_options(strategy, block_tokens, window), incremental);
            },
            nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none(),
-           nb::arg("bitwise_updates") = false)
+           nb::arg("bitwise_updates") = false, nb::arg("window") = nb::none())
       .def("_attention", &attention, nb::arg("plan"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
            nb::arg("lse").none(), nb::arg("stream"))
       .def("_graph_stable",

@@ -102,22 +102,27 @@ class Context:
     def backend(self):
         return self._context.backend
 
-    def plan(self, tree, strategy="flatten", block_tokens=None):
-        """Plans `tree` with this context's device model."""
-        plan = self._context.plan(tree, strategy, block_tokens)
+    def plan(self, tree, strategy="flatten", block_tokens=None, window=None):
+        """Plans `tree` with this context's device model. window: a sliding window
+        (transformers' sliding_window): each query sees the last `window` tokens of
+        its path, its own included, and tokens outside every window are not read
+        (None or 0: none; negative: ValueError). A model alternating windowed and
+        full layers plans twice per step."""
+        plan = self._context.plan(tree, strategy, block_tokens, window)
         _plans[plan.handle] = plan
         return plan
 
-    def planner(self, tree, strategy="flatten", block_tokens=None, bitwise_updates=False):
+    def planner(self, tree, strategy="flatten", block_tokens=None, bitwise_updates=False, window=None):
         """A Planner that starts from `tree` (its heads, nodes and queries) and plans
         with this context's device model: each decode step hand it the step's
         changes (add_node, add_node_range, add_node_pages, append_range,
         append_pages, remove_node, set_queries) and call update(), whose plan
         attention() takes. bitwise_updates: every update equals ctx.plan() of the
         whole tree bit for bit (else a layout may be kept over steps that only
-        lengthen nodes, which is faster). A change naming an unknown node raises
-        ValueError naming it."""
-        return Planner(self._context.planner(tree, strategy, block_tokens, bool(bitwise_updates)))
+        lengthen nodes, which is faster). window: as plan()'s; under a window
+        every update is bitwise (a window slides as leaves grow, so no layout is
+        kept). A change naming an unknown node raises ValueError naming it."""
+        return Planner(self._context.planner(tree, strategy, block_tokens, bool(bitwise_updates), window))
 
     def graph_stable(self, plans, headroom=1.0):
         """CUDA: fixes the device workspace's capacities to the largest of `plans`

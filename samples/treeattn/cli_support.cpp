@@ -122,6 +122,7 @@ void PlanFlags::add_to(CLI::App& sub) {
   sub.add_option("--query-tile", query_tile, "Max queries per work item (bits of a segment mask)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  sub.add_option("--window", window, kWindowHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
   sub.add_option("--cost", cost, kCostHelp);
   sub.add_option("--plan-threads", plan_threads, kPlanThreadsHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
 }
@@ -162,6 +163,10 @@ const char* const kBlockTokensHelp =
     "ones, and a tree whose CTAs nearly fill the SMs a size that fills them evenly); greedy: the size small groups "
     "are packed up to, its long groups are cut by the cost model";
 
+const char* const kWindowHelp =
+    "Sliding window: each query sees the last N tokens of its path, its own included (transformers' "
+    "sliding_window); tokens outside every window are not read. 0: none";
+
 const char* const kCostHelp =
     "Cost-model coefficients KEY=VALUE,... over the H100 defaults: pass_ns, tile_ns_large, tile_ns_small "
     "(a pass, a 64-token KV tile in a 64-row or 16-row pass), partial_ns (a partial row), slots (CTAs in flight), sms (the SMs they are spread over), "
@@ -196,6 +201,7 @@ PlanOptions PlanFlags::options(std::int64_t kv_slots, const CostModel& base) con
   o.strategy = parse_strategy(strategy);
   o.block_tokens = parse_block_tokens(block_tokens);
   o.query_tile = query_tile;
+  o.window = window;
   o.kv_slots = kv_slots;
   o.cost = base;
   o.cost.set(cost);

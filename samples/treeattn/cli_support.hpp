@@ -37,11 +37,12 @@ std::vector<std::string> strategy_names();
 std::vector<std::string> backend_names();
 std::vector<std::string> model_names();
 
-// --strategy, --block-tokens, --query-tile, --cost and --plan-threads, shared by the commands that plan.
+// --strategy, --block-tokens, --query-tile, --window, --cost and --plan-threads, shared by the commands that plan.
 struct PlanFlags {
   std::string strategy = "flatten";
   std::string block_tokens = "auto";  // a count or "auto" (parse_block_tokens)
   int query_tile = kMaxQueryTile;
+  int window = 0;    // PlanOptions::window (0: none)
   std::string cost;  // cost-model coefficients, KEY=VALUE,...
   int plan_threads = 1;  // the Planner's threads (0: one per hardware thread)
 
@@ -77,6 +78,7 @@ CLI::Validator block_tokens_validator();
 
 // The help texts of --block-tokens, --cost and --plan-threads (plan, run, demo, bench).
 extern const char* const kBlockTokensHelp;
+extern const char* const kWindowHelp;
 extern const char* const kCostHelp;
 extern const char* const kPlanThreadsHelp;
 

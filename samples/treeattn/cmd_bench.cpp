@@ -29,6 +29,7 @@ struct BenchOptions {
   std::vector<std::string> backends = {"auto"};
   std::vector<std::string> block_tokens = {"auto"};  // each a count or "auto"
   std::vector<std::string> costs = {""};  // cost-model variants, each KEY=VALUE,...
+  int window = 0;  // PlanOptions::window
   int repeat = 20;
   int plan_threads = 1;
   bool bitwise_updates = false;
@@ -206,7 +207,7 @@ nlohmann::json plan_row(const BenchOptions& o, const BenchCase& c, const Plan& p
           {"plan_update_block_tokens", updates.block_tokens},
           {"plan_update_steps", updates.steps}, {"plan_update_choices", updates.choices},
           {"plan_update_held", updates.held},   {"bitwise_updates", o.bitwise_updates},
-          {"plan_threads", plan_threads}};
+          {"plan_threads", plan_threads},       {"window", o.window}};
 }
 
 // The table's cells a backend fills ("-" without one).
@@ -264,6 +265,7 @@ nlohmann::json bench_case(const BenchOptions& o, const BenchCase& c, Planner& pl
   PlanOptions options;
   options.strategy = parse_strategy(c.strategy);
   options.block_tokens = parse_block_tokens(c.block_tokens);
+  options.window = o.window;
   options.cost = c.cost;
   Plan plan;
   const Timing plan_time = time_it(o.repeat, [&] { plan = planner.plan(named.tree, options); });
@@ -348,6 +350,7 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--cost", o->costs,
                   std::string(kCostHelp) + ". Give --cost several times to sweep: every strategy runs once per model");
+  sub->add_option("--window", o->window, kWindowHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--plan-threads", o->plan_threads, kPlanThreadsHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_flag("--bitwise-updates", o->bitwise_updates, kBitwiseUpdatesHelp);

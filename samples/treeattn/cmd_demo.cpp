@@ -481,6 +481,7 @@ void write_json(const DemoOptions& o, const DemoSetup& setup, const DemoLoop& lo
                                   {"runner", loop.runner().name()},
                                   {"strategy", o.plan.strategy},
                                   {"block_tokens_option", o.plan.block_tokens},
+                                  {"window", o.plan.window},
                                   {"layers", setup.layers},
                                   {"steps", setup.steps},
                                   {"tokens_generated", loop.totals().generated},

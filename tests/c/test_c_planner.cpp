@@ -68,6 +68,56 @@ TEST_CASE("C planner replay: held layouts stay within rounding of from-scratch p
   treeattn_context_destroy(context);
 }
 
+TEST_CASE("C planner replay under a sliding window: no layout held, every strategy against the windowed oracle") {
+  treeattn_context* context = cpu_context();
+  for (treeattn_strategy s : {TREEATTN_STRATEGY_FLATTEN, TREEATTN_STRATEGY_SEQUENCE, TREEATTN_STRATEGY_GREEDY}) {
+    for (std::int32_t window : {1, 20}) {
+      CAPTURE(int(s));
+      CAPTURE(window);
+      CReplayOptions options;
+      options.strategy = s;
+      options.bitwise_updates = false;  // a window holds no layout all the same
+      options.window = window;
+      CHECK(check_c_planner_replay(context, call_on_host, options) == 0);
+    }
+  }
+  treeattn_context_destroy(context);
+}
+
+TEST_CASE("C plan options: a window plans it; a struct_size from before `window` plans none") {
+  treeattn_context* context = cpu_context();
+  treeattn_tree* tree = one_node_tree(5, 10);
+  // The same node's last three tokens alone: what a window of 3 leaves its query.
+  treeattn_tree* last_three = nullptr;
+  REQUIRE(treeattn_tree_create(4, 2, 64, 0.0f, &last_three) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(last_three, 5, -1, 7, 3) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(last_three, 5, -1) == TREEATTN_OK);
+  treeattn::Tree twin({4, 2, 64});  // for the inputs: K and V rows 0..9
+  twin.add_node_range(5, treeattn::kNoParent, 0, 10);
+  twin.add_query(5);
+  Inputs in = make_inputs(twin, treeattn::DType::f16, 3);
+  auto output = [&](const treeattn_tree* planned, const treeattn_plan_options* options) {
+    treeattn_plan* plan = nullptr;
+    REQUIRE_MESSAGE(treeattn_plan_create(context, planned, options, &plan) == TREEATTN_OK, treeattn_last_error());
+    Outputs out{treeattn::HostArray(treeattn::DType::f32, {1, 4, 64}), treeattn::HostArray(treeattn::DType::f32, {1, 4})};
+    call_on_host(context, plan, in, out);
+    treeattn_plan_destroy(plan);
+    return out.o.bytes;
+  };
+  treeattn_plan_options windowed;
+  treeattn_plan_options_init(&windowed);
+  windowed.window = 3;
+  treeattn_plan_options older = windowed;
+  older.struct_size = offsetof(treeattn_plan_options, window);  // a caller built before the field
+  const auto whole = output(tree, nullptr);
+  CHECK(output(tree, &older) == whole);
+  CHECK(output(tree, &windowed) == output(last_three, nullptr));
+  CHECK(output(tree, &windowed) != whole);
+  treeattn_tree_destroy(last_three);
+  treeattn_tree_destroy(tree);
+  treeattn_context_destroy(context);
+}
+
 TEST_CASE("C planner: bad input names what is wrong") {
   treeattn_context* context = cpu_context();
   treeattn_tree* tree = one_node_tree(5, 10);
@@ -82,6 +132,15 @@ TEST_CASE("C planner: bad input names what is wrong") {
   std::memcpy(&bad.strategy, &strategy, sizeof strategy);
   CHECK(treeattn_planner_create(context, tree, &bad, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
   CHECK(last_error().find("strategy is -1") != std::string::npos);
+  treeattn_plan_options negative_window;
+  treeattn_plan_options_init(&negative_window);
+  negative_window.window = -2;
+  CHECK(treeattn_planner_create(context, tree, &negative_window, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("window = -2 is negative") != std::string::npos);
+  treeattn_plan* refused = nullptr;
+  CHECK(treeattn_plan_create(context, tree, &negative_window, &refused) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("window = -2 is negative") != std::string::npos);
+  CHECK(refused == nullptr);
 
   REQUIRE(treeattn_planner_create(context, tree, nullptr, &planner) == TREEATTN_OK);
   treeattn_tree_destroy(tree);

@@ -110,6 +110,50 @@ TEST_CASE("run writes the library's O and LSE for the example tree") {
   }
 }
 
+TEST_CASE("--window on run, bench and demo plans sliding windows; a negative one is refused naming it") {
+  TempDir dir;
+  REQUIRE(cli("random-inputs --tree " + kExample + " --out-dir " + dir.path + " --seed 5").status == 0);
+  const std::string inputs =
+      " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") + " --v " + (dir / "v.npy") + " --backend cpu --block-tokens 100";
+  Result r = cli("run --tree " + kExample + inputs + " --out " + (dir / "o.npy") + " --window 5");
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  const Tree tree = load_tree_json(kExample);
+  HostArray q = read_npy(dir / "q.npy"), k = read_npy(dir / "k.npy"), v = read_npy(dir / "v.npy");
+  PlanOptions windowed{Strategy::flatten, 100, kMaxQueryTile, 0};
+  windowed.window = 5;
+  const Plan plan = treeattn::plan(tree, windowed);
+  HostArray o(DType::f32, {plan.num_queries, 8, 128});
+  ContextOptions cpu;
+  cpu.backend = BackendKind::cpu;
+  Context(cpu).run(plan, {q.view(), k.view(), v.view(), o.view(), {}});
+  CHECK(read_npy(dir / "o.npy").bytes == o.bytes);
+  REQUIRE(cli("run --tree " + kExample + inputs + " --out " + (dir / "o_whole.npy")).status == 0);
+  CHECK(read_npy(dir / "o_whole.npy").bytes != o.bytes);  // the window reached the plan
+  r = cli("run --tree " + kExample + inputs + " --out " + (dir / "o.npy") + " --window -1", true);
+  CHECK(r.status != 0);
+  CHECK(r.output.find("--window") != std::string::npos);
+
+  const std::string workload = "--workload fewshot --prompt 2000 --branches 8 --generated 16 --strategy flatten --repeat 1 --backend none";
+  const nlohmann::json whole = bench(workload).rows, window = bench(workload + " --window 256").rows;
+  REQUIRE(window.size() == 1);
+  CHECK(window[0]["window"] == 256);
+  CHECK(whole[0]["window"] == 0);
+  // The prompt's last 240 tokens and every branch: tokens outside every window are not read.
+  CHECK(window[0]["tokens"] == 240 + 8 * 16);
+  CHECK(window[0]["plan_read_kv_bytes"] == window[0]["unique_kv_bytes"]);
+
+  r = cli("demo --workload fewshot --branches 3 --prompt 100 --generated 10 --layers 1 --block-tokens 32 --window 12 "
+          "--dump-step 7 --dump-dir " + dir.path + " --json " + (dir / "demo.json"));
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  const nlohmann::json summary = read_json(dir / "demo.json");
+  CHECK(summary["window"] == 12);
+  CHECK(summary["steps_on_held_layout"] == 0);  // a window holds no layout: each step is the whole plan
+  r = cli("run --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") + " --v " +
+          (dir / "v.npy") + " --out " + (dir / "o_run.npy") + " --block-tokens 32 --window 12");
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(read_npy(dir / "o_run.npy").bytes == read_npy(dir / "o.npy").bytes);
+}
+
 TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") {
   TempDir dir;
   REQUIRE(cli("random-inputs --tree " + kExample + " --out-dir " + dir.path).status == 0);

@@ -21,6 +21,20 @@ using namespace treeattn;
 using namespace treeattn::test;
 
 namespace {
+// The random forests the oracle checks run on: a few requests, some queries
+// on part of their node, and every fourth seed tiles beyond 64 queries.
+RandomForestOptions oracle_forest(std::uint64_t seed) {
+  RandomForestOptions o;
+  o.seed = seed;
+  o.nodes = std::int32_t(5 + seed * 3);
+  o.roots = std::int32_t(1 + seed % 3);
+  o.queries = std::int32_t(seed % 4 == 0 ? 90 : 12);
+  o.max_tokens = 48;
+  o.upto_fraction = 0.3;
+  o.heads = {4, 2, 64, 0.0f};
+  return o;
+}
+
 // Runs the tree with f32 outputs, then with f16 and with bf16 outputs: each
 // low-precision output must be bit for bit the host's rounding of the f32 one.
 // Returns the f32 outputs.
@@ -47,20 +61,54 @@ TEST_CASE("conformance: every strategy matches the fp64 oracle on random forests
   auto backend = make_test_backend();
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
     CAPTURE(seed);
-    RandomForestOptions o;
-    o.seed = seed;
-    o.nodes = std::int32_t(5 + seed * 3);
-    o.roots = std::int32_t(1 + seed % 3);
-    o.queries = std::int32_t(seed % 4 == 0 ? 90 : 12);  // 90: tiles beyond 64 queries
-    o.max_tokens = 48;
-    o.upto_fraction = 0.3;
-    o.heads = {4, 2, 64, 0.0f};
-    check_against_oracle(*backend, random_forest(o), DType::f16, seed, 1.0f, seed % 2 ? 64 : 16, seed % 3 ? 64 : 7);
+    check_against_oracle(*backend, random_forest(oracle_forest(seed)), DType::f16, seed, 1.0f, seed % 2 ? 64 : 16,
+                         seed % 3 ? 64 : 7);
   }
 }
 
-TEST_CASE("conformance: pool rows no query sees hold NaN and change nothing (a tile past its item's end reads a row it sees)") {
+namespace {
+
+// Every pool row that no query's `window` (0: its whole path) holds set to
+// NaN in K and V; returns how many.
+std::int64_t poison_unseen_rows(const Tree& tree, Inputs& in, std::int32_t window) {
+  std::vector<char> seen(std::size_t(total_tokens(tree)), 0);
+  for (std::size_t q = 0; q < tree.query_count(); ++q) {
+    for (std::int64_t slot : visible_slots(tree, q, window)) seen[std::size_t(slot)] = 1;
+  }
+  const std::int64_t row = std::int64_t(tree.heads.heads_kv) * tree.heads.head_dim;
+  std::int64_t unseen = 0;
+  for (std::size_t slot = 0; slot < seen.size(); ++slot) {
+    if (seen[slot]) continue;
+    ++unseen;
+    for (std::int64_t e = 0; e < row; ++e) {
+      store_from_float(in.k.bytes.data(), in.k.dtype, std::size_t(std::int64_t(slot) * row + e), std::nanf(""));
+      store_from_float(in.v.bytes.data(), in.v.dtype, std::size_t(std::int64_t(slot) * row + e), std::nanf(""));
+    }
+  }
+  return unseen;
+}
+
+// Every strategy at blocks whose last tile is partly past their tokens, with
+// the rows no query sees NaN, against the oracle.
+void check_unseen_rows_change_nothing(const Tree& tree, std::int32_t window) {
   auto backend = make_test_backend();
+  Inputs in = make_inputs(tree, DType::f16, 5);
+  REQUIRE(poison_unseen_rows(tree, in, window) > 0);
+  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view(), window);
+  for (Strategy s : all_strategies()) {
+    for (std::int32_t block : {40, 64, 100}) {
+      CAPTURE(to_string(s));
+      CAPTURE(block);
+      PlanOptions options{s, block};
+      options.window = window;
+      Outputs out = run_backend(*backend, tree, in, options);
+      CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(DType::f16));
+      CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(DType::f16));
+    }
+  }
+}
+
+RandomForestOptions partly_seen_forest() {
   RandomForestOptions o;
   o.seed = 21;
   o.nodes = 30;
@@ -69,32 +117,38 @@ TEST_CASE("conformance: pool rows no query sees hold NaN and change nothing (a t
   o.max_tokens = 40;
   o.upto_fraction = 0.5;  // tokens past a query's upto that no other query sees
   o.heads = {4, 2, 64, 0.0f};
-  const Tree tree = random_forest(o);
-  Inputs in = make_inputs(tree, DType::f16, 5);
-  std::vector<char> seen(std::size_t(total_tokens(tree)), 0);
-  for (std::size_t q = 0; q < tree.query_count(); ++q) {
-    for (std::int64_t slot : visible_slots(tree, q)) seen[std::size_t(slot)] = 1;
-  }
-  const std::int64_t row = std::int64_t(tree.heads.heads_kv) * tree.heads.head_dim;
-  std::int64_t unseen = 0;
-  for (std::size_t slot = 0; slot < seen.size(); ++slot) {
-    if (seen[slot]) continue;
-    ++unseen;
-    for (std::int64_t e = 0; e < row; ++e) {
-      store_from_float(in.k.bytes.data(), DType::f16, std::size_t(std::int64_t(slot) * row + e), std::nanf(""));
-      store_from_float(in.v.bytes.data(), DType::f16, std::size_t(std::int64_t(slot) * row + e), std::nanf(""));
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("conformance: pool rows no query sees hold NaN and change nothing (a tile past its item's end reads a row it sees)") {
+  check_unseen_rows_change_nothing(random_forest(partly_seen_forest()), 0);
+}
+
+// Sliding windows reach the kernels through the plan alone: its segments
+// leave out the tokens outside every window, its masks hold each query to
+// its own (masks that need not be contiguous runs of a tile's bits).
+TEST_CASE("conformance: sliding windows, every strategy matches the fp64 oracle (windows of 1 to 300 tokens)") {
+  auto backend = make_test_backend();
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    CAPTURE(seed);
+    RandomForestOptions o = oracle_forest(seed);
+    o.chain_bias = 0.6;  // deep paths: windows end inside ancestors
+    const Tree tree = random_forest(o);
+    for (std::int32_t window : {1, 7, 40, 300}) {
+      CAPTURE(window);
+      check_against_oracle(*backend, tree, DType::f16, seed, 1.0f, seed % 2 ? 64 : 16, seed % 3 ? 64 : 7, window);
     }
   }
-  REQUIRE(unseen > 0);
-  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view());
-  for (Strategy s : all_strategies()) {
-    for (std::int32_t block : {40, 64, 100}) {  // blocks whose last tile is partly past their tokens
-      CAPTURE(to_string(s));
-      CAPTURE(block);
-      Outputs out = run_backend(*backend, tree, in, PlanOptions{s, block});
-      CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(DType::f16));
-      CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(DType::f16));
-    }
+}
+
+TEST_CASE("conformance: pool rows outside every window hold NaN and change nothing") {
+  RandomForestOptions o = partly_seen_forest();
+  o.chain_bias = 0.6;
+  for (std::int32_t window : {3, 25}) {
+    CAPTURE(window);
+    check_unseen_rows_change_nothing(random_forest(o), window);
   }
 }
 

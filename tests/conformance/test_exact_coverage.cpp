@@ -22,17 +22,21 @@ namespace {
 
 // Every strategy at each block size and input dtype, planned with the
 // backend's cost model (the auto block size and greedy read it).
+// `window`: the plans' sliding window (0: none), each query then expected to
+// see exactly the last `window` tokens of its path.
 void check_exact_coverage(Backend& backend, const Tree& tree, const std::vector<std::int32_t>& blocks,
-                          const std::vector<DType>& dtypes) {
+                          const std::vector<DType>& dtypes, std::int32_t window = 0) {
   for (DType dtype : dtypes) {
     CAPTURE(to_string(dtype));
-    CoverageCheck check(tree, dtype);
+    CAPTURE(window);
+    CoverageCheck check(tree, dtype, window);
     for (Strategy s : all_strategies()) {
       for (std::int32_t block : blocks) {
         CAPTURE(to_string(s));
         CAPTURE(block);
         PlanOptions options{s, block};
         options.cost = backend.cost_model();
+        options.window = window;
         CHECK(check.error(backend, treeattn::plan(tree, options)) == "");
       }
     }
@@ -73,6 +77,19 @@ Tree deep_chain(const HeadConfig& heads, std::int64_t nodes) {
   return tree;
 }
 
+// A forest of four requests, some queries on part of their node (GQA 8/2, head_dim 256).
+Tree four_requests() {
+  RandomForestOptions o;
+  o.seed = 41;
+  o.nodes = 40;
+  o.roots = 4;
+  o.queries = 24;
+  o.max_tokens = 60;
+  o.upto_fraction = 0.3;
+  o.heads = {8, 2, 256, 0.0f};
+  return random_forest(o);
+}
+
 }  // namespace
 
 // Sized for lavapipe in CI (2 cores): the few-shot tree at head_dim 64 and
@@ -92,20 +109,57 @@ TEST_CASE("exact coverage: a speculative token tree, causal inside its nodes (MH
 
 TEST_CASE("exact coverage: a forest of four requests (GQA 8/2, head_dim 256)") {
   auto backend = make_test_backend();
-  RandomForestOptions o;
-  o.seed = 41;
-  o.nodes = 40;
-  o.roots = 4;
-  o.queries = 24;
-  o.max_tokens = 60;
-  o.upto_fraction = 0.3;
-  o.heads = {8, 2, 256, 0.0f};
-  check_exact_coverage(*backend, random_forest(o), {48}, {DType::f16, DType::bf16});
+  check_exact_coverage(*backend, four_requests(), {48}, {DType::f16, DType::bf16});
 }
 
 TEST_CASE("exact coverage: a 300-node chain (MHA 4/4, head_dim 64)") {
   auto backend = make_test_backend();
   check_exact_coverage(*backend, deep_chain({4, 4, 64, 0.0f}, 300), {32, 700}, {DType::f16});
+}
+
+// Sliding windows: each query sees exactly the last `window` tokens of its
+// path, through the plan's segments and masks alone.
+TEST_CASE("exact coverage with sliding windows: few-shot, a window ending inside the prompt or the branch") {
+  auto backend = make_test_backend();
+  Tree tree = few_shot_tree({32, 8, 64, 0.0f}, 4000, 20, 30);
+  tree.add_query(0, 2500);  // a query inside the prompt
+  for (std::int32_t window : {1024, 17}) check_exact_coverage(*backend, tree, {256, kAutoBlockTokens}, {DType::f16}, window);
+}
+
+TEST_CASE("exact coverage with sliding windows: a speculative token tree, causal inside its nodes") {
+  auto backend = make_test_backend();
+  const Tree tree = speculative_tree({8, 8, 128, 0.0f}, 700);
+  for (std::int32_t window : {1, 4, 300}) check_exact_coverage(*backend, tree, {64, kAutoBlockTokens}, {DType::f16}, window);
+  check_exact_coverage(*backend, tree, {64}, {DType::bf16}, 6);
+}
+
+TEST_CASE("exact coverage with sliding windows: a forest of four requests and a 300-node chain") {
+  auto backend = make_test_backend();
+  for (std::int32_t window : {2, 50}) check_exact_coverage(*backend, four_requests(), {48}, {DType::f16}, window);
+  check_exact_coverage(*backend, deep_chain({4, 4, 64, 0.0f}, 300), {32, 700}, {DType::f16}, 40);
+}
+
+TEST_CASE("exact coverage with sliding windows: IncrementalPlanner updates as branches grow past the window") {
+  auto backend = make_test_backend();
+  const HeadConfig heads{32, 8, 128, 0.0f};
+  const Tree start = few_shot_tree(heads, 600, 8, 20);
+  for (Strategy s : {Strategy::flatten, Strategy::greedy}) {
+    CAPTURE(to_string(s));
+    PlanOptions options{s, 128};
+    options.cost = backend->cost_model();
+    options.window = 32;  // the windows leave the prompt as the branches pass 32 tokens
+    IncrementalPlanner planner(heads, options);
+    planner.add_tree(start);
+    planner.update();
+    std::int64_t next_slot = total_tokens(start);
+    for (int step = 0; step < 16; ++step) {
+      CAPTURE(step);
+      for (const TreeQuery& q : start.queries()) planner.append_range(q.node, next_slot++, 1);
+      const Plan& plan = planner.update();
+      CoverageCheck check(planner.tree(), DType::f16, options.window);
+      CHECK(check.error(*backend, plan) == "");
+    }
+  }
 }
 
 TEST_CASE("exact coverage: IncrementalPlanner plans on held flatten blocks longer than block_tokens") {

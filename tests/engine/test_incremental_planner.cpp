@@ -87,7 +87,8 @@ ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, 
     const PlanUpdate& did = planner.last_update();
     const Tree tree = live.to_tree(kHeads, queries);
     if (options.strategy == Strategy::greedy) {
-      CHECK(did.held_layout == (incremental.hold_greedy_groups && !decides && !did.chosen && !did.reanalysed &&
+      CHECK(did.held_layout == (incremental.hold_greedy_groups && options.window == 0 && !decides && !did.chosen &&
+                                !did.reanalysed &&
                                 planner.held_options().greedy_candidate == GreedyCandidate::own));
     }
     decides = did.chosen || did.reanalysed;
@@ -103,6 +104,13 @@ ReplayCounts replay_and_compare(Scenario& scenario, const PlanOptions& options, 
       if (!difference.empty()) {
         FAIL_CHECK(scenario.name(), " step ", step, ": ", difference);
         return counts;
+      }
+      if (options.window > 0) {  // the windows slid with the appends: still each query's last tokens exactly
+        const std::string error = test::coverage_error(tree, updated, options.window);
+        if (!error.empty()) {
+          FAIL_CHECK(scenario.name(), " step ", step, " (window ", options.window, "): ", error);
+          return counts;
+        }
       }
     }
     if (did.chosen) {
@@ -672,6 +680,58 @@ TEST_CASE("random SequenceTree steps (growth, forks, pruning, token trees replac
       }
     }
     CHECK(replaced_steps > 5);
+  }
+}
+
+TEST_CASE("windows slide as leaves grow: few-shot, speculative and tree-of-thought replays plan bitwise, layouts held or not") {
+  const MedusaWorkload medusa = load_medusa(kWorkloads + "/speculative/APPS_tree_size64.json");
+  const std::vector<ReasoningTree> reasoning = load_reasoning(kWorkloads + "/reasoning/keywordToT.json");
+  for (Strategy s : {Strategy::flatten, Strategy::greedy, Strategy::node, Strategy::sequence}) {
+    for (std::int32_t window : {1, 24, 700}) {
+      for (const IncrementalOptions& incremental : {IncrementalOptions{}, bitwise()}) {
+        CAPTURE(to_string(s));
+        CAPTURE(window);
+        PlanOptions options{s, window == 24 ? kAutoBlockTokens : 64};
+        options.window = window;
+        auto fewshot = few_shot_scenario(1000, 12, 40);  // windows leave the prompt token by token
+        const ReplayCounts f = replay_and_compare(*fewshot, options, 0, incremental);
+        CHECK(f.steps == 40);
+        CHECK(f.held == 0);  // no layout is held under a window
+        auto speculative = speculative_scenario(medusa, 0, 600);
+        CHECK(replay_and_compare(*speculative, options, 30, incremental).held == 0);
+        auto thought = reasoning_scenario(reasoning.front());
+        CHECK(replay_and_compare(*thought, options, 60, incremental).held == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("random appends under a window: each update bitwise the from-scratch plan, windows covered exactly") {
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    const Tree start = small_forest(seed, 40, 24);
+    std::int64_t next_slot = total_tokens(start);
+    for (Strategy s : kIncremental) {
+      CAPTURE(seed);
+      CAPTURE(to_string(s));
+      PlanOptions options{s, 48};
+      options.window = std::int32_t(3 + seed * 7);
+      IncrementalPlanner planner(start.heads, options);  // holds on: a window turns them off
+      planner.add_tree(start);
+      REQUIRE(test::plan_difference(planner.update(), plan(start, options)) == "");
+      std::mt19937_64 rng(seed);
+      for (int step = 0; step < 20; ++step) {
+        for (int k = 0; k < 4; ++k) {
+          const TreeNode& n = start.nodes()[rng() % start.node_count()];
+          const std::int64_t count = 1 + std::int64_t(rng() % 3);
+          planner.append_range(n.id, next_slot, count);
+          next_slot += count;
+        }
+        const Plan& updated = planner.update();
+        CHECK_FALSE(planner.last_update().held_layout);
+        REQUIRE(test::plan_difference(updated, plan(planner.tree(), options)) == "");
+        REQUIRE(test::coverage_error(planner.tree(), updated, options.window) == "");
+      }
+    }
   }
 }
 

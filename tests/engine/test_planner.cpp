@@ -39,16 +39,7 @@ Tree star(std::int32_t leaves, std::int64_t prefix, std::int64_t leaf_tokens) {
 
 TEST_CASE("every strategy covers seeded random forests exactly") {
   for (std::uint64_t seed = 1; seed <= 60; ++seed) {
-    RandomForestOptions o;
-    o.seed = seed;
-    o.nodes = std::int32_t(1 + seed % 40);
-    o.roots = std::min<std::int32_t>(o.nodes, std::int32_t(1 + seed % 3));
-    o.queries = std::int32_t(seed % 7 == 0 ? 150 : 1 + seed % 30);  // some blocks exceed 64 queries
-    o.max_tokens = std::int32_t(seed % 5 == 0 ? 300 : 40);
-    o.min_tokens = seed % 4 == 0 ? 0 : 1;  // empty nodes too
-    o.upto_fraction = 0.35;
-    o.sparse_ids = seed % 2 == 0;
-    const Tree tree = random_forest(o);
+    const Tree tree = random_forest(test::invariant_forest(seed));
     CAPTURE(seed);
     for (Strategy s : all_strategies()) {
       for (std::int32_t block_tokens : {1, 7, 64, 256, kAutoBlockTokens}) {
@@ -115,15 +106,20 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
   Planner three(3), all(0), single(1);
   CHECK(three.threads() == 3);
   CHECK(single.threads() == 1);
+  // Under a sliding window too: the shapes the candidates are timed from
+  // hold only the tokens and queries the windows leave.
   for (const auto& [name, tree] : trees) {
     for (const auto& [model_name, model] : {std::pair{"defaults", CostModel{}}, std::pair{"one SM", one_sm}}) {
     for (Strategy s : {Strategy::flatten, Strategy::greedy, Strategy::node, Strategy::sequence}) {
+    for (std::int32_t window : {0, 300}) {
       CAPTURE(name);
       CAPTURE(model_name);
       CAPTURE(to_string(s));
+      CAPTURE(window);
       PlanOptions options;
       options.strategy = s;
       options.cost = model;
+      options.window = window;
       REQUIRE(options.block_tokens == kAutoBlockTokens);  // the default
       const Plan chosen = plan(tree, options);
       // The fastest prediction among the candidates, the shortest on a tie.
@@ -142,6 +138,7 @@ TEST_CASE("block_tokens auto keeps the candidate plan the cost model predicts fa
       CHECK(test::plan_difference(chosen, *expected) == "");
       for (Planner* planner : {&three, &all, &single}) CHECK(test::plan_difference(planner->plan(tree, options), chosen) == "");
       check_invariants(tree, options);
+    }
     }
     }
   }

@@ -52,6 +52,28 @@ def test_every_strategy_matches_the_reference(rng, strategy, block_tokens):
     assert np.abs(lse - want_lse).max() <= 2e-3
 
 
+@pytest.mark.parametrize("strategy", ["flatten", "node", "node_chunk", "sequence", "cascade", "greedy"])
+@pytest.mark.parametrize("window", [1, 40, 310])
+def test_sliding_windows_match_the_reference(rng, strategy, window):
+    tree, paths = fewshot_tree()
+    ctx = treeattn.Context("cpu", threads=2)
+    plan = ctx.plan(tree, strategy=strategy, block_tokens=32, window=window)
+    q, k, v = inputs(rng, np.float16)
+    o, lse = ctx.attention(plan, q, k, v)
+    want_o, want_lse = reference_attention(q, k, v, [path[-window:] for path in paths], 1 / np.sqrt(HEADS[2]))
+    assert np.abs(o.astype(np.float64) - want_o).max() <= 2e-3
+    assert np.abs(lse - want_lse).max() <= 2e-3
+
+
+def test_a_negative_window_raises_a_value_error_naming_it():
+    tree, _ = fewshot_tree()
+    ctx = treeattn.Context("cpu")
+    with pytest.raises(ValueError, match="window = -1 is negative"):
+        ctx.plan(tree, window=-1)
+    with pytest.raises(ValueError, match="window = -1 is negative"):
+        ctx.planner(tree, window=-1)
+
+
 def test_caller_outputs_f32_inputs_and_a_custom_scale(rng):
     tree = treeattn.Tree(*HEADS, scale=0.05)
     tree.add_node_range(0, -1, 0, 120)

@@ -110,7 +110,7 @@ def step_changes(replay, planner, step):
     planner.set_queries(replay.queries())
 
 
-def run_replay(ctx, strategy, bitwise_updates, to_device=lambda a: a, to_host=np.asarray, steps=20):
+def run_replay(ctx, strategy, bitwise_updates, to_device=lambda a: a, to_host=np.asarray, steps=20, window=None):
     rng = np.random.default_rng(11)
     hq, hkv, d = HEADS
     k = rng.uniform(-1, 1, (POOL, hkv, d)).astype(np.float16)
@@ -122,7 +122,7 @@ def run_replay(ctx, strategy, bitwise_updates, to_device=lambda a: a, to_host=np
     replay.add_ranged(0, 5)
     replay.add_paged(0, 7)
     planner = ctx.planner(replay.tree(replay.queries()), strategy=strategy, block_tokens=48,
-                          bitwise_updates=bitwise_updates)
+                          bitwise_updates=bitwise_updates, window=window)
     assert isinstance(planner, treeattn.Planner)
     held = 0
     for step in range(steps):
@@ -131,13 +131,13 @@ def run_replay(ctx, strategy, bitwise_updates, to_device=lambda a: a, to_host=np
         queries = replay.queries()
         plan = planner.update()
         held += planner.held_layout
-        if bitwise_updates:
+        if bitwise_updates or window:
             assert not planner.held_layout
         assert plan.num_queries == len(queries)
         q = rng.uniform(-1, 1, (len(queries), hq, d)).astype(np.float16)
         q_dev = to_device(q)
         o, lse = ctx.attention(plan, q_dev, k_dev, v_dev)
-        whole = ctx.plan(replay.tree(queries), strategy=strategy, block_tokens=48)
+        whole = ctx.plan(replay.tree(queries), strategy=strategy, block_tokens=48, window=window)
         o_whole, lse_whole = ctx.attention(whole, q_dev, k_dev, v_dev)
         o, lse, o_whole, lse_whole = (to_host(a).astype(np.float32) for a in (o, lse, o_whole, lse_whole))
         # greedy keeps its layout choice (its own, flatten's, one item per query) between
@@ -146,7 +146,8 @@ def run_replay(ctx, strategy, bitwise_updates, to_device=lambda a: a, to_host=np
             assert np.array_equal(o, o_whole) and np.array_equal(lse, lse_whole), f"step {step}"
         else:
             assert np.abs(o - o_whole).max() <= 1e-3 and np.abs(lse - lse_whole).max() <= 1e-4, f"step {step}"
-        want_o, want_lse = reference_attention(q, k, v, [replay.path(n, u) for n, u in queries], 1 / np.sqrt(d))
+        paths = [replay.path(n, u)[-window:] if window else replay.path(n, u) for n, u in queries]
+        want_o, want_lse = reference_attention(q, k, v, paths, 1 / np.sqrt(d))
         assert np.abs(o - want_o).max() <= 2e-3, f"step {step}"
         assert np.abs(lse - want_lse).max() <= 2e-3, f"step {step}"
     return held
@@ -163,6 +164,12 @@ def test_held_layouts_stay_close_to_whole_plans(strategy):
     # flatten keeps its blocks over the steps of appends alone; greedy keeps edges only
     # where its model chose its own layout, which these trees do not
     assert held > 0 or strategy == "greedy"
+
+
+@pytest.mark.parametrize("strategy", ["flatten", "sequence", "greedy"])
+def test_windowed_updates_hold_no_layout_and_match_the_windowed_reference(strategy):
+    # a window slides as leaves grow: every update is the whole plan, held layouts or not
+    run_replay(treeattn.Context("cpu", threads=2), strategy, bitwise_updates=False, window=24)
 
 
 def test_changes_naming_unknown_nodes_raise_value_errors():

@@ -210,6 +210,7 @@ int check_c_planner_replay(treeattn_context* context, const CallPlan& call, cons
   plan_options.strategy = options.strategy;
   plan_options.block_tokens = 48;  // several blocks, so updates move block edges
   plan_options.bitwise_updates = options.bitwise_updates ? 1 : 0;
+  plan_options.window = options.window;
 
   treeattn_tree* initial = model.c_tree(queries);
   treeattn_planner* planner = nullptr;
@@ -251,7 +252,8 @@ int check_c_planner_replay(treeattn_context* context, const CallPlan& call, cons
       CHECK(max_abs_error(incremental.o.view(), doubles_of(reference.o)) <= 1e-4);
       CHECK(max_abs_error(incremental.lse.view(), doubles_of(reference.lse)) <= 1e-4);
     }
-    const OracleResult expected = oracle_attention(model.tree(queries), in.q.view(), in.k.view(), in.v.view());
+    const OracleResult expected =
+        oracle_attention(model.tree(queries), in.q.view(), in.k.view(), in.v.view(), options.window);
     CHECK(max_abs_error(incremental.o.view(), expected.o) <= tolerance(DType::f16));
     CHECK(max_abs_error(incremental.lse.view(), expected.lse) <= tolerance(DType::f16));
   }

@@ -22,6 +22,7 @@ struct CReplayOptions {
   treeattn_strategy strategy = TREEATTN_STRATEGY_FLATTEN;
   bool bitwise_updates = true;
   int steps = 24;
+  std::int32_t window = 0;  // treeattn_plan_options.window (the oracle's too)
 };
 
 // Returns how many steps kept an earlier step's layout (treeattn_planner_held_layout).

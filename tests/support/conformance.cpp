@@ -50,12 +50,14 @@ Outputs run_plan(Backend& backend, const Tree& tree, Inputs& in, const Plan& pla
 }
 
 void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude,
-                          std::int32_t block_tokens, std::int32_t query_tile) {
+                          std::int32_t block_tokens, std::int32_t query_tile, std::int32_t window) {
   Inputs in = make_inputs(tree, dtype, seed, q_amplitude);
-  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view());
+  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view(), window);
   for (Strategy s : all_strategies()) {
     CAPTURE(to_string(s));
-    Outputs out = run_backend(backend, tree, in, PlanOptions{s, block_tokens, query_tile, 0});
+    PlanOptions options{s, block_tokens, query_tile, 0};
+    options.window = window;
+    Outputs out = run_backend(backend, tree, in, options);
     CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(dtype));
     CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(dtype));
   }

@@ -38,9 +38,11 @@ Outputs run_backend(Backend& backend, const Tree& tree, Inputs& in, const PlanOp
 // The same with a plan already made (perhaps altered) for `tree`.
 Outputs run_plan(Backend& backend, const Tree& tree, Inputs& in, const Plan& plan, DType out_dtype = DType::f32);
 
-// Every strategy against the oracle, O and LSE within tolerance(dtype).
+// Every strategy against the oracle, O and LSE within tolerance(dtype);
+// `window`: the plans' sliding window (0: none), the oracle's too.
 void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude = 1.0f,
-                          std::int32_t block_tokens = 64, std::int32_t query_tile = kMaxQueryTile);
+                          std::int32_t block_tokens = 64, std::int32_t query_tile = kMaxQueryTile,
+                          std::int32_t window = 0);
 
 // time_layers() on a 40-query forest with llama3-8b heads: `repeats` positive
 // timings and the same O as run(), bit for bit.

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "support/oracle.hpp"
 #include "treeattn/workloads.hpp"
 
 namespace treeattn::test {
@@ -26,7 +27,7 @@ int coverage_bit(std::int64_t slot, std::int32_t kv_head, std::int32_t column) {
   return int(splitmix64(key) >> (column % 64) & 1u);
 }
 
-CoverageCheck::CoverageCheck(const Tree& tree, DType inputs) : tree_(tree) {
+CoverageCheck::CoverageCheck(const Tree& tree, DType inputs, std::int32_t window) : tree_(tree) {
   const HeadConfig& h = tree.heads;
   const std::int64_t nq = std::int64_t(tree.query_count()), slots = std::max<std::int64_t>(total_tokens(tree), 1);
   const std::size_t row = std::size_t(h.heads_kv) * std::size_t(h.head_dim);
@@ -45,13 +46,13 @@ CoverageCheck::CoverageCheck(const Tree& tree, DType inputs) : tree_(tree) {
   // its node whole or its first `upto` tokens.
   std::unordered_map<std::int64_t, std::size_t> index;
   for (std::size_t i = 0; i < tree.node_count(); ++i) index[tree.nodes()[i].id] = i;
-  auto add_tokens = [&](std::vector<double>& sums, std::size_t node, std::int64_t count) {
-    for (std::int64_t t = 0; t < count; ++t) {
-      const std::int64_t slot = tree.slot(node, t);
-      for (std::size_t e = 0; e < row; ++e) {
-        sums[e] += coverage_bit(slot, std::int32_t(e / std::size_t(h.head_dim)), std::int32_t(e % std::size_t(h.head_dim)));
-      }
+  auto add_slot = [&](std::vector<double>& sums, std::int64_t slot) {
+    for (std::size_t e = 0; e < row; ++e) {
+      sums[e] += coverage_bit(slot, std::int32_t(e / std::size_t(h.head_dim)), std::int32_t(e % std::size_t(h.head_dim)));
     }
+  };
+  auto add_tokens = [&](std::vector<double>& sums, std::size_t node, std::int64_t count) {
+    for (std::int64_t t = 0; t < count; ++t) add_slot(sums, tree.slot(node, t));
   };
   std::vector<std::vector<double>> node_sums(tree.node_count());
   auto whole = [&](std::size_t node) -> const std::vector<double>& {
@@ -66,6 +67,13 @@ CoverageCheck::CoverageCheck(const Tree& tree, DType inputs) : tree_(tree) {
   for (std::size_t q = 0; q < std::size_t(nq); ++q) {
     const TreeQuery& query = tree.queries()[q];
     std::vector<double> sums(row, 0.0);
+    if (window > 0) {  // the window's tokens one by one (the oracle's list): no whole node to share
+      const std::vector<std::int64_t> slots = visible_slots(tree, q, window);
+      for (std::int64_t slot : slots) add_slot(sums, slot);
+      tokens_[q] = std::int64_t(slots.size());
+      for (std::size_t e = 0; e < row; ++e) o_[q * row + e] = sums[e] / double(tokens_[q]);
+      continue;
+    }
     const std::size_t own = index.at(query.node);
     const std::int64_t own_count = query.upto == kWholeNode ? tree.nodes()[own].length : query.upto;
     add_tokens(sums, own, own_count);

@@ -25,8 +25,10 @@ inline constexpr double kCoverageLseTolerance = 2e-5;
 class CoverageCheck {
  public:
   // Q = 0, K and V the bits, in `inputs` (f16 or bf16; f32 too for the CPU
-  // and CUDA backends). Requires a tree whose slots are distinct.
-  CoverageCheck(const Tree& tree, DType inputs);
+  // and CUDA backends). Requires a tree whose slots are distinct. With a
+  // sliding window (> 0) each query is expected to see exactly the last
+  // `window` tokens of its path.
+  CoverageCheck(const Tree& tree, DType inputs, std::int32_t window = 0);
 
   // "" when `plan` (made for the tree) run on `backend` gives every query head
   // LSE = ln(its tokens) and O = the mean of their V bits, column by column;

@@ -7,7 +7,7 @@
 
 namespace treeattn::test {
 
-std::vector<std::int64_t> visible_slots(const Tree& tree, std::size_t q) {
+std::vector<std::int64_t> visible_slots(const Tree& tree, std::size_t q, std::int32_t window) {
   std::map<std::int64_t, std::size_t> index;
   for (std::size_t i = 0; i < tree.node_count(); ++i) index[tree.nodes()[i].id] = i;
   const TreeQuery& query = tree.queries()[q];
@@ -22,10 +22,12 @@ std::vector<std::int64_t> visible_slots(const Tree& tree, std::size_t q) {
     if (i == path.back() && query.upto != kWholeNode) count = query.upto;
     for (std::int64_t t = 0; t < count; ++t) slots.push_back(tree.slot(i, t));
   }
+  if (window > 0 && slots.size() > std::size_t(window)) slots.erase(slots.begin(), slots.end() - window);
   return slots;
 }
 
-OracleResult oracle_attention(const Tree& tree, const TensorRef& q, const TensorRef& k, const TensorRef& v) {
+OracleResult oracle_attention(const Tree& tree, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                              std::int32_t window) {
   const HeadConfig& h = tree.heads;
   const std::size_t hq = std::size_t(h.heads_q), hkv = std::size_t(h.heads_kv), d = std::size_t(h.head_dim);
   const double scale = h.scale != 0.0f ? double(h.scale) : 1.0 / std::sqrt(double(h.head_dim));
@@ -34,7 +36,7 @@ OracleResult oracle_attention(const Tree& tree, const TensorRef& q, const Tensor
   r.o.assign(nq * hq * d, 0.0);
   r.lse.assign(nq * hq, 0.0);
   for (std::size_t qi = 0; qi < nq; ++qi) {
-    const std::vector<std::int64_t> slots = visible_slots(tree, qi);
+    const std::vector<std::int64_t> slots = visible_slots(tree, qi, window);
     for (std::size_t head = 0; head < hq; ++head) {
       const std::size_t kv_head = head / (hq / hkv);
       std::vector<double> scores(slots.size());

@@ -10,10 +10,24 @@
 
 namespace treeattn::test {
 
-std::string coverage_error(const Tree& tree, const Plan& plan) {
+RandomForestOptions invariant_forest(std::uint64_t seed) {
+  RandomForestOptions o;
+  o.seed = seed;
+  o.nodes = std::int32_t(1 + seed % 40);
+  o.roots = std::min<std::int32_t>(o.nodes, std::int32_t(1 + seed % 3));
+  o.queries = std::int32_t(seed % 7 == 0 ? 150 : 1 + seed % 30);
+  o.max_tokens = std::int32_t(seed % 5 == 0 ? 300 : 40);
+  o.min_tokens = seed % 4 == 0 ? 0 : 1;
+  o.upto_fraction = 0.35;
+  o.sparse_ids = seed % 2 == 0;
+  return o;
+}
+
+std::string coverage_error(const Tree& tree, const Plan& plan, std::int32_t window) {
   const std::size_t nq = tree.query_count();
   if (std::size_t(plan.num_queries) != nq) return "num_queries differs from the tree";
   std::vector<std::vector<std::int64_t>> seen(nq);
+  std::vector<std::uint8_t> token_read(std::size_t(plan.num_tokens()), 0);  // unmasked for some query
   for (std::int32_t i = 0; i < plan.num_items(); ++i) {
     const std::int32_t block = plan.item_block[std::size_t(i)];
     const std::int32_t s0 = plan.block_segment_begin[std::size_t(block)];
@@ -27,12 +41,22 @@ std::string coverage_error(const Tree& tree, const Plan& plan) {
         const std::size_t q = std::size_t(plan.tile_query[std::size_t(q0 + j)]);
         for (std::int32_t t = plan.segment_token_begin[std::size_t(s)]; t < plan.segment_token_end[std::size_t(s)]; ++t) {
           seen[q].push_back(plan.token_slot[std::size_t(t)]);
+          token_read[std::size_t(t)] = 1;
         }
       }
     }
   }
+  for (std::int32_t s = 0; s < plan.num_segments(); ++s) {
+    for (std::int32_t t = plan.segment_token_begin[std::size_t(s)]; t < plan.segment_token_end[std::size_t(s)]; ++t) {
+      if (!token_read[std::size_t(t)]) {
+        return "segment " + std::to_string(s) + " (node " + std::to_string(plan.segment_node[std::size_t(s)]) +
+               ") holds token " + std::to_string(t) + " (slot " + std::to_string(plan.token_slot[std::size_t(t)]) +
+               "), which no query sees";
+      }
+    }
+  }
   for (std::size_t q = 0; q < nq; ++q) {
-    std::vector<std::int64_t> expected = visible_slots(tree, q);
+    std::vector<std::int64_t> expected = visible_slots(tree, q, window);
     std::sort(expected.begin(), expected.end());
     std::sort(seen[q].begin(), seen[q].end());
     if (seen[q] == expected) continue;
@@ -54,9 +78,9 @@ std::string coverage_error(const Tree& tree, const Plan& plan) {
 void check_invariants(const Tree& tree, const PlanOptions& options) {
   const Plan plan = treeattn::plan(tree, options);
   INFO("strategy ", std::string(to_string(options.strategy)), ", block_tokens ", options.block_tokens, ", query_tile ",
-       options.query_tile, ", cost ", options.cost.to_string());
+       options.query_tile, ", window ", options.window, ", cost ", options.cost.to_string());
   CHECK_NOTHROW(validate(plan));
-  CHECK(coverage_error(tree, plan) == "");
+  CHECK(coverage_error(tree, plan, options.window) == "");
   // Greedy's blocks are as long as its model leaves them; the plan records the longest.
   std::int32_t longest = 0;
   for (std::int32_t b = 0; b < plan.num_blocks(); ++b) longest = std::max(longest, plan.block_token_count(b));

@@ -9,13 +9,22 @@
 #include "treeattn/plan.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/tree.hpp"
+#include "treeattn/workloads.hpp"
 
 namespace treeattn::test {
 
-// Empty when every (query, visible token) pair is covered exactly once and no
-// other pair is unmasked; else a description of the first difference.
+// The seeded random forests the planner's invariants are checked on: 1 to 40
+// nodes in up to three trees, empty nodes, queries on part of their node,
+// every seventh seed more than 64 queries (tiles beyond one), sparse ids.
+RandomForestOptions invariant_forest(std::uint64_t seed);
+
+// Empty when every (query, visible token) pair is covered exactly once, no
+// other pair is unmasked and every token of every segment is unmasked for
+// some query (nothing is read that no query sees); else a description of the
+// first difference. `window`: the plan's sliding window (0: none), each
+// query's visible tokens the last `window` of its path.
 // Requires a tree whose slots are distinct (random_forest guarantees it).
-std::string coverage_error(const Tree& tree, const Plan& plan);
+std::string coverage_error(const Tree& tree, const Plan& plan, std::int32_t window = 0);
 
 // Plans `tree` with `options` and checks (doctest CHECKs) what every strategy
 // promises: a valid plan, exact coverage, block and tile limits, determinism.

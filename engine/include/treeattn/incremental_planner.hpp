@@ -35,7 +35,10 @@
 // first after a choice or a change of shape). Those plans cover every
 // query's tokens exactly (IncrementalOptions::hold_flatten_blocks and
 // hold_greedy_groups say what they keep); with both off every plan is
-// bitwise.
+// bitwise. With a sliding window (PlanOptions::window) every append slides
+// the windows of the queries below it, so tokens leave nodes that did not
+// grow: the visibility is computed again at each update that appends, no
+// layout is held, and every plan is bitwise plan(tree(), held_options()).
 //
 //   treeattn::IncrementalPlanner planner(heads, options);
 //   planner.add_node_range(0, treeattn::kNoParent, 0, 4000);  // step 1: the whole tree

@@ -44,6 +44,12 @@ struct PlanOptions {
   LaunchOrder launch_order = LaunchOrder::model;
   // `greedy` only: its layout, chosen by the model or given.
   GreedyCandidate greedy_candidate = GreedyCandidate::model;
+  // Sliding window (0: none): a query sees the last `window` tokens of its
+  // path, its own included (key visible iff q_pos - k_pos < window, as
+  // transformers' sliding_window). Tokens outside every query's window are
+  // in no segment (never read); masks hold each query to its window. A model
+  // that alternates windowed and full layers plans twice per step.
+  std::int32_t window = 0;
 };
 
 Plan plan(const Tree& tree, const PlanOptions& options = {});

@@ -163,6 +163,10 @@ typedef struct treeattn_plan_options {
                                    size drifts by a quarter); 0 lets a planner keep flatten's blocks and
                                    greedy's edges over steps that only lengthen nodes (faster, equal up to
                                    rounding) */
+  int32_t window;               /* sliding window: a query sees the last `window` tokens of its path, its own
+                                   included (transformers' sliding_window); tokens outside every window are
+                                   not read. 0: none; negative: TREEATTN_ERROR_INVALID_ARGUMENT naming it.
+                                   A planner under a window keeps no layout between updates */
 } treeattn_plan_options;
 TREEATTN_C_API void treeattn_plan_options_init(treeattn_plan_options* options);
 /* Validates the tree (the message names the node or query) and plans it with

@@ -10,14 +10,18 @@
 namespace treeattn::test {
 
 struct OracleResult {
-  std::vector<double> o;    // [queries, heads_q, head_dim]
+  std::vector<double> o;    // [queries, heads_q, head_dim_v]
   std::vector<double> lse;  // [queries, heads_q]
 };
 
 // KV-pool slots query `q` sees, in root-to-node order.
 std::vector<std::int64_t> visible_slots(const Tree& tree, std::size_t q);
 
-OracleResult oracle_attention(const Tree& tree, const TensorRef& q, const TensorRef& k, const TensorRef& v);
+// Dense host tensors; the attention variants of `options` (DESIGN.md §8)
+// computed on K and V dequantized in double: soft-capped scores, and each
+// query head's sink a term of the softmax's denominator and LSE.
+OracleResult oracle_attention(const Tree& tree, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                              const AttentionOptions& options = {});
 
 // Max |a - b| over two arrays (f32 test output against the fp64 oracle).
 double max_abs_error(const TensorRef& got, const std::vector<double>& expected);

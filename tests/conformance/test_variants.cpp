@@ -38,7 +38,8 @@ Tree variant_forest(std::uint64_t seed, HeadConfig heads) {
 TEST_CASE("variants: each variant and combination matches the fp64 oracle for every strategy") {
   auto backend = make_test_backend();
   for (const Variant& variant : all_variants()) {
-    CAPTURE(variant.name);
+    const std::string variant_name = variant.name;
+    CAPTURE(variant_name);
     for (std::uint64_t seed = 1; seed <= 3; ++seed) {
       CAPTURE(seed);
       const Tree tree = variant_forest(seed, {8, 2, 64, 0.0f});
@@ -51,12 +52,14 @@ TEST_CASE("variants: each variant and combination matches the fp64 oracle for ev
 TEST_CASE("variants: head_dim_v 128 beside head_dim 192, and head_dim 96, plain and with every variant") {
   auto backend = make_test_backend();
   for (const HeadConfig heads : {HeadConfig{8, 2, 192, 0.0f, 128}, HeadConfig{8, 2, 96, 0.0f}, HeadConfig{4, 4, 96, 0.0f, 96}}) {
-    CAPTURE(describe(heads));
+    const std::string heads_name = describe(heads);
+    CAPTURE(heads_name);
     const Tree tree = variant_forest(5, heads);
     Inputs plain = make_inputs(tree, DType::f16, 5);
     check_inputs_against_oracle(*backend, tree, plain, tolerance(DType::f16));
     for (const Variant& variant : all_variants()) {
-      CAPTURE(variant.name);
+      const std::string variant_name = variant.name;
+    CAPTURE(variant_name);
       Inputs in = make_variant_inputs(tree, variant, 6);
       check_inputs_against_oracle(*backend, tree, in, tolerance(DType::f16));
     }
@@ -74,11 +77,11 @@ TEST_CASE("variants: sinks join once per query head, for a query merged from hun
   const Plan plan = treeattn::plan(tree, PlanOptions{Strategy::flatten, 2});
   REQUIRE(plan.merge_begin[1] - plan.merge_begin[0] >= 300);
   REQUIRE(plan.merge_begin[3] == plan.merge_begin[2]);
-  for (const char* name : {"sinks", "sinks + soft-cap 5", "fp8_e4m3 + sinks + soft-cap 30"}) {
+  for (const std::string name : {"sinks", "sinks + soft-cap 5", "fp8_e4m3 + sinks + soft-cap 30"}) {
     CAPTURE(name);
     Variant variant;
     for (const Variant& v : all_variants()) {
-      if (std::string(v.name) == name) variant = v;
+      if (v.name == name) variant = v;
     }
     REQUIRE(variant.sinks);
     Inputs in = make_variant_inputs(tree, variant, 17);
@@ -91,7 +94,8 @@ TEST_CASE("variants: fp8 K and V with unit scales give the f16 run of the same v
   auto backend = make_test_backend();
   const Tree tree = variant_forest(8, {8, 2, 64, 0.0f});
   for (DType fp8 : {DType::fp8_e4m3, DType::fp8_e5m2}) {
-    CAPTURE(to_string(fp8));
+    const std::string fp8_name = to_string(fp8);
+    CAPTURE(fp8_name);
     Inputs as_fp8 = make_inputs(tree, DType::f16, 8);
     Inputs as_f16 = make_inputs(tree, DType::f16, 8);
     for (HostArray* a : {&as_fp8.k, &as_fp8.v}) {
@@ -124,9 +128,9 @@ TEST_CASE("variants: options and dtypes that do not fit the call are rejected by
   HostArray q(DType::f16, {2, 4, 64}), k(DType::f16, {10, 2, 64}), o(DType::f32, {2, 4, 64});
   HostArray k8(DType::fp8_e4m3, {10, 2, 64}), v8(DType::fp8_e5m2, {10, 2, 64}), q32(DType::f32, {2, 4, 64});
   HostArray heads_q(DType::f32, {4}), heads_kv(DType::f32, {2}), wrong_length(DType::f32, {3}), f16_sinks(DType::f16, {4});
-  auto expect_refused = [&](const AttentionArgs& args, const char* fragment) {
+  auto expect_refused = [&](const AttentionArgs& args, const std::string& fragment) {
     CAPTURE(fragment);
-    CHECK_THROWS_WITH_AS(backend->run(plan, args), doctest::Contains(fragment), Error);
+    CHECK_THROWS_WITH_AS(backend->run(plan, args), doctest::Contains(fragment.c_str()), Error);
   };
   auto with = [&](AttentionOptions options, TensorRef kk, TensorRef vv) {
     return AttentionArgs{q.view(), kk, vv, o.view(), {}, options};

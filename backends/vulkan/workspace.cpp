@@ -25,8 +25,10 @@ std::uint32_t out_type(DType dtype) {
     case DType::f16: return 0;
     case DType::bf16: return 1;
     case DType::f32: return 2;
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: break;  // check_args refuses an fp8 O
   }
-  return 2;
+  throw Error(ErrorCategory::InvalidArgument, fmt::format("Vulkan backend: O is f16, bf16 or f32, not {}", to_string(dtype)));
 }
 
 // Room for `bytes` and half as much again: a tree that grows every decode step

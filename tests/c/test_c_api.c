@@ -153,9 +153,12 @@ static unsigned g_seed = 12345u;
 static unsigned next_random(void) { return (g_seed = g_seed * 1103515245u + 12345u) >> 16; }
 static uint16_t random_f16(void) { return float_to_f16((float)(next_random() & 2047) / 1024.0f - 1.0f); }
 
-static treeattn_tree* build_tree(void) {
-  treeattn_tree* tree = NULL;
-  CHECK(treeattn_tree_create(HQ, HKV, D, 0.0f, &tree) == TREEATTN_OK);
+static void fill_f16(uint16_t* a, size_t n) {
+  for (size_t i = 0; i < n; ++i) a[i] = random_f16();
+}
+
+/* The tree's nodes and queries, into a tree of any heads. */
+static void add_nodes_and_queries(treeattn_tree* tree) {
   const int64_t listed[] = {40, 35, 36};
   CHECK(treeattn_tree_add_node(tree, 7, 100, listed, 3) == TREEATTN_OK); /* before its parent: fine */
   CHECK(treeattn_tree_add_node_range(tree, 100, -1, 0, 30) == TREEATTN_OK);
@@ -164,6 +167,12 @@ static treeattn_tree* build_tree(void) {
   CHECK(treeattn_tree_add_query(tree, 7, -1) == TREEATTN_OK);
   CHECK(treeattn_tree_add_query(tree, 9, -1) == TREEATTN_OK);
   CHECK(treeattn_tree_add_query(tree, 9, 2) == TREEATTN_OK);
+}
+
+static treeattn_tree* build_tree(void) {
+  treeattn_tree* tree = NULL;
+  CHECK(treeattn_tree_create(HQ, HKV, D, 0.0f, &tree) == TREEATTN_OK);
+  add_nodes_and_queries(tree);
   return tree;
 }
 
@@ -223,9 +232,9 @@ static void test_variants(treeattn_context* context, const treeattn_plan* plan, 
 static void test_head_dim_v(treeattn_context* context) {
   enum { DQK = 192, DV = 128 };
   static uint16_t q[3 * HQ * DQK], k[SLOTS * HKV * DQK], v[SLOTS * HKV * DV];
-  for (size_t i = 0; i < sizeof q / 2; ++i) q[i] = random_f16();
-  for (size_t i = 0; i < sizeof k / 2; ++i) k[i] = random_f16();
-  for (size_t i = 0; i < sizeof v / 2; ++i) v[i] = random_f16();
+  fill_f16(q, sizeof q / 2);
+  fill_f16(k, sizeof k / 2);
+  fill_f16(v, sizeof v / 2);
   static double want_o[3 * HQ * DV], want_lse[3 * HQ];
   reference(DQK, DV, q, k, v, NULL, NULL, NULL, 0.0, want_o, want_lse);
 
@@ -238,13 +247,7 @@ static void test_head_dim_v(treeattn_context* context) {
   tree_options.head_dim_v = DV;
   treeattn_tree* tree = NULL;
   CHECK(treeattn_tree_create_with(&tree_options, &tree) == TREEATTN_OK);
-  const int64_t listed[] = {40, 35, 36}, pages[] = {25, 26};
-  CHECK(treeattn_tree_add_node_range(tree, 100, -1, 0, 30) == TREEATTN_OK);
-  CHECK(treeattn_tree_add_node(tree, 7, 100, listed, 3) == TREEATTN_OK);
-  CHECK(treeattn_tree_add_node_pages(tree, 9, 7, pages, 2, 2, 2) == TREEATTN_OK);
-  CHECK(treeattn_tree_add_query(tree, 7, -1) == TREEATTN_OK);
-  CHECK(treeattn_tree_add_query(tree, 9, -1) == TREEATTN_OK);
-  CHECK(treeattn_tree_add_query(tree, 9, 2) == TREEATTN_OK);
+  add_nodes_and_queries(tree);
   treeattn_plan* plan = NULL;
   CHECK(treeattn_plan_create(context, tree, NULL, &plan) == TREEATTN_OK);
   static float o[3 * HQ * DV], lse[3 * HQ];
@@ -281,9 +284,9 @@ int main(void) {
 
   /* Inputs: Q [3, HQ, D], K and V [SLOTS, HKV, D], f16. */
   static uint16_t q[3 * HQ * D], k[SLOTS * HKV * D], v[SLOTS * HKV * D];
-  for (size_t i = 0; i < sizeof q / 2; ++i) q[i] = random_f16();
-  for (size_t i = 0; i < sizeof k / 2; ++i) k[i] = random_f16();
-  for (size_t i = 0; i < sizeof v / 2; ++i) v[i] = random_f16();
+  fill_f16(q, sizeof q / 2);
+  fill_f16(k, sizeof k / 2);
+  fill_f16(v, sizeof v / 2);
 
   static double want_o[3 * HQ * D], want_lse[3 * HQ];
   reference(D, D, q, k, v, NULL, NULL, NULL, 0.0, want_o, want_lse);

@@ -120,11 +120,7 @@ TEST_CASE("variants: fp8 K and V with unit scales give the f16 run of the same v
 
 TEST_CASE("variants: options and dtypes that do not fit the call are rejected by name") {
   auto backend = make_test_backend();
-  Tree tree({4, 2, 64});
-  tree.add_node_range(0, kNoParent, 0, 10);
-  tree.add_query(0);
-  tree.add_query(0, 4);
-  const Plan plan = treeattn::plan(tree);
+  const Plan plan = treeattn::plan(bad_input_tree());
   HostArray q(DType::f16, {2, 4, 64}), k(DType::f16, {10, 2, 64}), o(DType::f32, {2, 4, 64});
   HostArray k8(DType::fp8_e4m3, {10, 2, 64}), v8(DType::fp8_e5m2, {10, 2, 64}), q32(DType::f32, {2, 4, 64});
   HostArray heads_q(DType::f32, {4}), heads_kv(DType::f32, {2}), wrong_length(DType::f32, {3}), f16_sinks(DType::f16, {4});

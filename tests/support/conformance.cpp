@@ -32,6 +32,14 @@ Tree determinism_forest() {
   return random_forest(o);
 }
 
+Tree bad_input_tree() {
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 10);
+  tree.add_query(0);
+  tree.add_query(0, 4);
+  return tree;
+}
+
 AttentionOptions Inputs::options() {
   AttentionOptions o;
   o.logit_softcap = logit_softcap;

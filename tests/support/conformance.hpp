@@ -25,6 +25,10 @@ double tolerance(DType inputs);
 // up to 64 queries) for the determinism checks.
 Tree determinism_forest();
 
+// One 10-token root and two queries on it (the second seeing 4 tokens), heads
+// 4/2/64: the tree of the bad-input cases.
+Tree bad_input_tree();
+
 struct Inputs {
   HostArray q, k, v;
   // The call's attention variants (DESIGN.md §8); an empty array: none.

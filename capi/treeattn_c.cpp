@@ -211,6 +211,15 @@ TensorRef tensor_of(const treeattn_tensor* t, const char* name) {
   return r;
 }
 
+// An options tensor: none where the pointer is NULL; given, it needs its data
+// (the C++ options take null data for "none", which would ignore it silently).
+TensorRef option_tensor_of(const treeattn_tensor* t, const char* name) {
+  if (t != nullptr && t->data == nullptr) {
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("{} has no data (pass NULL for none)", name));
+  }
+  return tensor_of(t, name);
+}
+
 // A tree of these heads, checked as far as the C layer can (the planner
 // checks the head dims against those the kernels have).
 Tree tree_of(const HeadConfig& h) {
@@ -241,9 +250,9 @@ AttentionArgs args_of(const treeattn_tensor* q, const treeattn_tensor* k, const 
   args.options.logit_softcap = c.logit_softcap;
   args.options.k_scale = c.k_scale;
   args.options.v_scale = c.v_scale;
-  args.options.sinks = tensor_of(c.sinks, "sinks");
-  args.options.k_scales = tensor_of(c.k_scales, "k_scales");
-  args.options.v_scales = tensor_of(c.v_scales, "v_scales");
+  args.options.sinks = option_tensor_of(c.sinks, "sinks");
+  args.options.k_scales = option_tensor_of(c.k_scales, "k_scales");
+  args.options.v_scales = option_tensor_of(c.v_scales, "v_scales");
   return args;
 }
 

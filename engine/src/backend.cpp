@@ -113,10 +113,11 @@ void refuse_unsupported(const std::string& variant, const char* backend) {
   if (!variant.empty()) fail(ErrorCategory::InvalidArgument, "{} is not supported by the {} backend yet", variant, backend);
 }
 
-// An options tensor of one f32 per head (sinks: query heads; scales: KV heads).
+// An options tensor of one f32 per head (sinks: query heads; scales: KV heads), dense.
 void expect_per_head(const char* name, const TensorRef& t, std::int64_t heads, const char* meaning) {
   expect_shape(name, t, {heads}, meaning);
   if (t.dtype != DType::f32) fail(ErrorCategory::InvalidArgument, "{} must be f32, got {}", name, to_string(t.dtype));
+  expect_row_stride(name, t, false);
 }
 
 // K/V dtypes: one of Q's, or both fp8 of one kind with Q f16 or bf16; O f16, bf16 or f32.

@@ -210,7 +210,12 @@ static void test_variants(treeattn_context* context, const treeattn_plan* plan, 
   options.sinks = &short_sinks;
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
               "sinks is [3] f32, expected [4] (heads_q)");
+  const treeattn_tensor no_data = tensor(NULL, TREEATTN_DTYPE_F32, 1, HKV, 0, 0);
   options.sinks = NULL;
+  options.k_scales = &no_data;
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "k_scales has no data (pass NULL for none)");
+  options.k_scales = &tk_scales;
   options.logit_softcap = -1.0f;
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
               "logit_softcap = -1 must be finite and not negative");

@@ -153,6 +153,9 @@ TEST_CASE("variants: options and dtypes that do not fit the call are rejected by
   both.k_scale = 2.0f;
   both.k_scales = heads_kv.view();
   expect_refused(with(both, k8.view(), k8.view()), "give k_scale = 2 or k_scales per KV head, not both");
+  AttentionOptions strided_sinks;
+  strided_sinks.sinks = TensorRef{heads_q.bytes.data(), DType::f32, {4}, 2};  // checked before any read
+  expect_refused(with(strided_sinks, k.view(), k.view()), "sinks is [4] f32 row stride 2: it must be dense");
   AttentionOptions zero_scale;
   zero_scale.v_scale = 0.0f;
   expect_refused(with(zero_scale, k8.view(), k8.view()), "v_scale = 0 must be positive and finite");

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "treeattn/tools.hpp"
 #include "treeattn/context.hpp"
@@ -106,6 +107,12 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
   const std::optional<DType> kv_dtype = kv_dtype_of(variants.kv_dtype);
   AttentionArgs args{tensor_of(q, "q"), tensor_of(k, "k", kv_dtype), tensor_of(v, "v", kv_dtype), tensor_of(o, "out"),
                      lse ? tensor_of(*lse, "lse") : TensorRef{}};
+  for (const auto& [name, t] : {std::pair{"k", &args.k}, std::pair{"v", &args.v}}) {
+    if (kv_dtype && t->dtype != *kv_dtype) {
+      throw Error(ErrorCategory::InvalidArgument, std::string("kv_dtype='") + to_string(*kv_dtype) +
+                                                      "' names uint8 fp8 bytes, but " + name + " is " + to_string(t->dtype));
+    }
+  }
   args.options.logit_softcap = variants.logit_softcap;
   args.options.k_scale = variants.k_scale;
   args.options.v_scale = variants.v_scale;

@@ -104,8 +104,10 @@ def test_bad_options_are_named(rng):
         ctx.attention(plan, q, k8, k8)
     with pytest.raises(ValueError, match="kv_dtype 'fp8' is not an fp8 kind"):
         ctx.attention(plan, q, k8, k8, kv_dtype="fp8")
-    with pytest.raises(ValueError, match=r"fp8 K needs V of the same fp8 kind, got K fp8_e4m3 and V f16"):
+    with pytest.raises(ValueError, match="kv_dtype='fp8_e4m3' names uint8 fp8 bytes, but v is f16"):
         ctx.attention(plan, q, k8, k, kv_dtype="fp8_e4m3")
+    with pytest.raises(ValueError, match="kv_dtype='fp8_e5m2' names uint8 fp8 bytes, but k is f16"):
+        ctx.attention(plan, q, k, k, kv_dtype="fp8_e5m2")
     with pytest.raises(ValueError, match=r"sinks is \[3\] f32, expected \[8\] \(heads_q\)"):
         ctx.attention(plan, q, k, k, sinks=np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="sinks must be f32, got f16"):

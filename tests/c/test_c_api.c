@@ -157,6 +157,14 @@ static void fill_f16(uint16_t* a, size_t n) {
   for (size_t i = 0; i < n; ++i) a[i] = random_f16();
 }
 
+/* Random f16 Q [3, HQ, d], K [SLOTS, HKV, d] and V [SLOTS, HKV, dv], and their plain attention. */
+static void random_inputs(int d, int dv, uint16_t* q, uint16_t* k, uint16_t* v, double* want_o, double* want_lse) {
+  fill_f16(q, (size_t)(3 * HQ * d));
+  fill_f16(k, (size_t)(SLOTS * HKV * d));
+  fill_f16(v, (size_t)(SLOTS * HKV * dv));
+  reference(d, dv, q, k, v, NULL, NULL, NULL, 0.0, want_o, want_lse);
+}
+
 /* The tree's nodes and queries, into a tree of any heads. */
 static void add_nodes_and_queries(treeattn_tree* tree) {
   const int64_t listed[] = {40, 35, 36};
@@ -237,11 +245,8 @@ static void test_variants(treeattn_context* context, const treeattn_plan* plan, 
 static void test_head_dim_v(treeattn_context* context) {
   enum { DQK = 192, DV = 128 };
   static uint16_t q[3 * HQ * DQK], k[SLOTS * HKV * DQK], v[SLOTS * HKV * DV];
-  fill_f16(q, sizeof q / 2);
-  fill_f16(k, sizeof k / 2);
-  fill_f16(v, sizeof v / 2);
   static double want_o[3 * HQ * DV], want_lse[3 * HQ];
-  reference(DQK, DV, q, k, v, NULL, NULL, NULL, 0.0, want_o, want_lse);
+  random_inputs(DQK, DV, q, k, v, want_o, want_lse);
 
   treeattn_tree_options tree_options;
   treeattn_tree_options_init(&tree_options);
@@ -289,12 +294,8 @@ int main(void) {
 
   /* Inputs: Q [3, HQ, D], K and V [SLOTS, HKV, D], f16. */
   static uint16_t q[3 * HQ * D], k[SLOTS * HKV * D], v[SLOTS * HKV * D];
-  fill_f16(q, sizeof q / 2);
-  fill_f16(k, sizeof k / 2);
-  fill_f16(v, sizeof v / 2);
-
   static double want_o[3 * HQ * D], want_lse[3 * HQ];
-  reference(D, D, q, k, v, NULL, NULL, NULL, 0.0, want_o, want_lse);
+  random_inputs(D, D, q, k, v, want_o, want_lse);
 
   treeattn_tree* tree = build_tree();
   treeattn_context_options context_options;

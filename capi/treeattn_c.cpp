@@ -114,6 +114,26 @@ std::vector<std::size_t> field_ends(const treeattn_context_options*) {
           sizeof(O)};
 }
 
+std::vector<std::size_t> field_ends(const treeattn_tree_options*) {
+  using O = treeattn_tree_options;
+  return {sizeof(O::struct_size),
+          offsetof(O, heads_q) + sizeof(O::heads_q),
+          offsetof(O, heads_kv) + sizeof(O::heads_kv),
+          offsetof(O, head_dim) + sizeof(O::head_dim),
+          offsetof(O, head_dim_v) + sizeof(O::head_dim_v),
+          sizeof(O)};
+}
+std::vector<std::size_t> field_ends(const treeattn_attention_options*) {
+  using O = treeattn_attention_options;
+  return {sizeof(O::struct_size),
+          offsetof(O, logit_softcap) + sizeof(O::logit_softcap),
+          offsetof(O, k_scale) + sizeof(O::k_scale),
+          offsetof(O, v_scale) + sizeof(O::v_scale),
+          offsetof(O, sinks) + sizeof(O::sinks),
+          offsetof(O, k_scales) + sizeof(O::k_scales),
+          sizeof(O)};
+}
+
 // An options struct from a caller that may be older (smaller) than this
 // library: the fields it has, defaults for the rest.
 template <typename Options>
@@ -148,9 +168,12 @@ DType dtype_of(const treeattn_dtype& field, const char* tensor) {
     case TREEATTN_DTYPE_F16: return DType::f16;
     case TREEATTN_DTYPE_BF16: return DType::bf16;
     case TREEATTN_DTYPE_F32: return DType::f32;
+    case TREEATTN_DTYPE_FP8_E4M3: return DType::fp8_e4m3;
+    case TREEATTN_DTYPE_FP8_E5M2: return DType::fp8_e5m2;
   }
   throw Error(ErrorCategory::InvalidArgument,
-              fmt::format("{}: unknown dtype {} (TREEATTN_DTYPE_F16, _BF16 or _F32)", tensor, value_of(field)));
+              fmt::format("{}: unknown dtype {} (TREEATTN_DTYPE_F16, _BF16, _F32, _FP8_E4M3 or _FP8_E5M2)", tensor,
+                          value_of(field)));
 }
 
 // A C tensor as a TensorRef: dense, or (Q and O) rows `strides[0]` apart.
@@ -189,13 +212,49 @@ TensorRef tensor_of(const treeattn_tensor* t, const char* name) {
   return r;
 }
 
+// An options tensor: none where the pointer is NULL; given, it needs its data
+// (the C++ options take null data for "none", which would ignore it silently).
+TensorRef option_tensor_of(const treeattn_tensor* t, const char* name) {
+  if (t != nullptr && t->data == nullptr) {
+    throw Error(ErrorCategory::InvalidArgument, fmt::format("{} has no data (pass NULL for none)", name));
+  }
+  return tensor_of(t, name);
+}
+
+// A tree of these heads, checked as far as the C layer can (the planner
+// checks the head dims against those the kernels have).
+Tree tree_of(const HeadConfig& h) {
+  if (h.heads_q <= 0 || h.heads_kv <= 0 || h.head_dim <= 0 || h.heads_q % h.heads_kv != 0) {
+    throw Error(ErrorCategory::InvalidTree,
+                fmt::format("heads_q {}, heads_kv {}, head_dim {}: each must be positive and heads_q a multiple of heads_kv",
+                            h.heads_q, h.heads_kv, h.head_dim));
+  }
+  if (h.head_dim_v < 0) {
+    throw Error(ErrorCategory::InvalidTree, fmt::format("head_dim_v {} must be positive (0: head_dim)", h.head_dim_v));
+  }
+  if (!(h.scale >= 0.0f) || std::isinf(h.scale)) {
+    throw Error(ErrorCategory::InvalidTree, fmt::format("scale {} must be finite and >= 0 (0: 1/sqrt(head_dim))", h.scale));
+  }
+  return Tree(h);
+}
+
 AttentionArgs args_of(const treeattn_tensor* q, const treeattn_tensor* k, const treeattn_tensor* v,
-                      const treeattn_tensor* o, const treeattn_tensor* lse) {
+                      const treeattn_tensor* o, const treeattn_tensor* lse, const treeattn_attention_options* given) {
   require(q, "q");
   require(k, "k");
   require(v, "v");
   require(o, "o");
-  return AttentionArgs{tensor_of(q, "q"), tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(o, "o"), tensor_of(lse, "lse")};
+  AttentionArgs args{tensor_of(q, "q"), tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(o, "o"), tensor_of(lse, "lse")};
+  if (given == nullptr) return args;
+  const treeattn_attention_options c =
+      read_options(given, treeattn_attention_options_init, "treeattn_attention_options");
+  args.options.logit_softcap = c.logit_softcap;
+  args.options.k_scale = c.k_scale;
+  args.options.v_scale = c.v_scale;
+  args.options.sinks = option_tensor_of(c.sinks, "sinks");
+  args.options.k_scales = option_tensor_of(c.k_scales, "k_scales");
+  args.options.v_scales = option_tensor_of(c.v_scales, "v_scales");
+  return args;
 }
 
 ContextOptions context_options(const treeattn_context_options& o) {
@@ -279,15 +338,23 @@ treeattn_status treeattn_tree_create(int32_t heads_q, int32_t heads_kv, int32_t 
   return guarded([&] {
     require(out, "out");
     *out = nullptr;
-    if (heads_q <= 0 || heads_kv <= 0 || head_dim <= 0 || heads_q % heads_kv != 0) {
-      throw Error(ErrorCategory::InvalidTree,
-                  fmt::format("heads_q {}, heads_kv {}, head_dim {}: each must be positive and heads_q a multiple of heads_kv",
-                              heads_q, heads_kv, head_dim));
-    }
-    if (!(scale >= 0.0f) || std::isinf(scale)) {
-      throw Error(ErrorCategory::InvalidTree, fmt::format("scale {} must be finite and >= 0 (0: 1/sqrt(head_dim))", scale));
-    }
-    *out = new treeattn_tree{Tree(HeadConfig{heads_q, heads_kv, head_dim, scale})};
+    *out = new treeattn_tree{tree_of(HeadConfig{heads_q, heads_kv, head_dim, scale})};
+  });
+}
+
+void treeattn_tree_options_init(treeattn_tree_options* o) {
+  if (o == nullptr) return;
+  *o = treeattn_tree_options{};
+  o->struct_size = sizeof(*o);
+}
+
+treeattn_status treeattn_tree_create_with(const treeattn_tree_options* given, treeattn_tree** out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    require(given, "options");
+    const treeattn_tree_options o = read_options(given, treeattn_tree_options_init, "treeattn_tree_options");
+    *out = new treeattn_tree{tree_of(HeadConfig{o.heads_q, o.heads_kv, o.head_dim, o.scale, o.head_dim_v})};
   });
 }
 
@@ -467,10 +534,24 @@ void treeattn_planner_destroy(treeattn_planner* p) { delete p; }
 treeattn_status treeattn_run(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
                              const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,
                              const treeattn_tensor* lse) {
+  return treeattn_run_with(context, plan, q, k, v, o, lse, nullptr);
+}
+
+void treeattn_attention_options_init(treeattn_attention_options* o) {
+  if (o == nullptr) return;
+  *o = treeattn_attention_options{};
+  o->struct_size = sizeof(*o);
+  o->k_scale = 1.0f;
+  o->v_scale = 1.0f;
+}
+
+treeattn_status treeattn_run_with(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
+                                  const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,
+                                  const treeattn_tensor* lse, const treeattn_attention_options* options) {
   return guarded([&] {
     require(context, "context");
     const Plan& p = plan_of(plan);
-    context->context.run(p, args_of(q, k, v, o, lse));
+    context->context.run(p, args_of(q, k, v, o, lse, options));
   });
 }
 
@@ -484,10 +565,17 @@ treeattn_status treeattn_upload(treeattn_context* context, const treeattn_plan* 
 treeattn_status treeattn_enqueue(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
                                  const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,
                                  const treeattn_tensor* lse, void* stream) {
+  return treeattn_enqueue_with(context, plan, q, k, v, o, lse, nullptr, stream);
+}
+
+treeattn_status treeattn_enqueue_with(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
+                                      const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,
+                                      const treeattn_tensor* lse, const treeattn_attention_options* options,
+                                      void* stream) {
   return guarded([&] {
     require(context, "context");
     const Plan& p = plan_of(plan);
-    const AttentionArgs args = args_of(q, k, v, o, lse);
+    const AttentionArgs args = args_of(q, k, v, o, lse, options);
     switch (context->context.backend()) {
       case BackendKind::cuda: context->context.enqueue(p, args, static_cast<CUstream_st*>(stream)); return;
       case BackendKind::vulkan:

@@ -1,8 +1,9 @@
 // The C API driven by call sequences decoded from the input: trees (listed,
 // ranged and paged nodes, queries, out-of-range ids, slots, pages and upto),
 // plans and planners with option structs of any struct_size and raw enum
-// values, runs on a CPU context with tensors of wrong shapes, dtypes, strides
-// and NULLs. Every call returns a status in the enum, with a message exactly
+// values, runs on a CPU context with tensors of wrong shapes, dtypes (fp8
+// among them), strides and NULLs, and attention options (soft-cap, scales,
+// sinks and per-head scales of any shape and dtype; trees of any head_dim_v). Every call returns a status in the enum, with a message exactly
 // when it fails; nothing crashes or leaks (ASan, UBSan, LeakSanitizer).
 // Tensors stay small: every buffer holds what its shape and strides claim,
 // up to kMaxTensorBytes (a tensor claiming more gets no data: NULL).
@@ -67,7 +68,7 @@ struct Handles {
   treeattn_plan* plan = nullptr;
   treeattn_planner* planner = nullptr;
   const treeattn_plan* step = nullptr;  // the planner's plan
-  std::int32_t heads_q = 4, heads_kv = 2, head_dim = 64;
+  std::int32_t heads_q = 4, heads_kv = 2, head_dim = 64, head_dim_v = 64;
   std::vector<std::vector<unsigned char>> buffers;
 
   explicit Handles(FuzzedDataProvider& input) : in(input) {}
@@ -125,29 +126,43 @@ struct Handles {
     const std::int32_t hq = pick_int32(in, 8), hkv = pick_int32(in, 4), hd = pick_int32(in, 256);
     const float scales[] = {0.0f, 0.125f, -1.0f, __builtin_nanf(""), __builtin_inff()};
     const float scale = scales[in.ConsumeIntegralInRange<int>(0, 4)];
-    treeattn_tree* made = nullptr;
-    check(treeattn_tree_create(hq, hkv, hd, scale, in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : &made));
+    treeattn_tree** out = in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : new treeattn_tree*(nullptr);
+    std::int32_t hdv = 0;
+    if (in.ConsumeBool()) {
+      check(treeattn_tree_create(hq, hkv, hd, scale, out));
+    } else {  // with head_dim_v, from options of any size
+      treeattn_tree_options o;
+      treeattn_tree_options_init(&o);
+      if (in.ConsumeBool()) o.struct_size = std::size_t(pick_int(in, sizeof o + 8));
+      o.heads_q = hq, o.heads_kv = hkv, o.head_dim = hd, o.scale = scale;
+      o.head_dim_v = hdv = pick_int32(in, 256);
+      check(treeattn_tree_create_with(in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : &o, out));
+    }
+    treeattn_tree* made = out != nullptr ? *out : nullptr;
+    delete out;
     if (made == nullptr) return;
     treeattn_tree_destroy(tree);
     tree = made;
-    heads_q = hq, heads_kv = hkv, head_dim = hd;
+    heads_q = hq, heads_kv = hkv, head_dim = hd, head_dim_v = hdv > 0 ? hdv : hd;
   }
 
   treeattn_tree* maybe_tree() { return in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : tree; }
   treeattn_planner* maybe_planner() { return in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : planner; }
 
-  // A tensor of [rows, heads, head_dim] (or [rows, heads]) with up to three faults.
-  treeattn_tensor tensor(std::int64_t rows, std::int64_t heads, bool lse) {
+  // A tensor of [rows, heads, columns] (or [rows, heads] for LSE, [rows] for an
+  // options tensor) of a dtype up to `top_dtype`, with up to three faults.
+  treeattn_tensor tensor(std::int64_t rows, std::int64_t heads, std::int64_t columns, bool lse,
+                         std::int32_t top_dtype = TREEATTN_DTYPE_F32, int ndim = 3) {
     treeattn_tensor t{};
-    t.ndim = lse ? 2 : 3;
+    t.ndim = lse ? 2 : ndim;
     t.shape[0] = rows;
     t.shape[1] = heads;
-    t.shape[2] = head_dim;
-    store_raw(t.dtype, lse ? TREEATTN_DTYPE_F32 : in.ConsumeIntegralInRange<std::int32_t>(0, 2));
+    t.shape[2] = columns;
+    store_raw(t.dtype, lse ? TREEATTN_DTYPE_F32 : in.ConsumeIntegralInRange<std::int32_t>(0, top_dtype));
     for (int faults = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? in.ConsumeIntegralInRange<int>(1, 3) : 0; faults > 0;
          --faults) {
       switch (in.ConsumeIntegralInRange<int>(0, 4)) {
-        case 0: store_raw(t.dtype, pick_int32(in, 3)); break;
+        case 0: store_raw(t.dtype, pick_int32(in, 5)); break;
         case 1: t.ndim = pick_int32(in, 5); break;
         case 2: t.shape[in.ConsumeIntegralInRange<int>(0, 3)] = pick_int(in, 70); break;
         case 3: t.strides[in.ConsumeIntegralInRange<int>(0, 3)] = pick_int(in, 1 << 12); break;
@@ -173,18 +188,54 @@ struct Handles {
     return t;
   }
 
+  // NULL, the defaults, or options of any size with edge values and option
+  // tensors (of `storage`) that may be missing, short or of another dtype.
+  const treeattn_attention_options* attention_options(treeattn_attention_options& o, treeattn_tensor (&storage)[3]) {
+    treeattn_attention_options_init(&o);
+    switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+      case 0: return nullptr;
+      case 1: return &o;
+      default: break;
+    }
+    if (in.ConsumeIntegralInRange<int>(0, 3) == 0) o.struct_size = std::size_t(pick_int(in, sizeof o + 8));
+    const float values[] = {0.0f, 1.0f, 0.5f, 30.0f, -1.0f, __builtin_nanf(""), __builtin_inff()};
+    o.logit_softcap = values[in.ConsumeIntegralInRange<int>(0, 6)];
+    o.k_scale = values[in.ConsumeIntegralInRange<int>(0, 6)];
+    o.v_scale = values[in.ConsumeIntegralInRange<int>(0, 6)];
+    const treeattn_tensor** fields[] = {&o.sinks, &o.k_scales, &o.v_scales};
+    const std::int64_t lengths[] = {heads_q, heads_kv, heads_kv};
+    for (int i = 0; i < 3; ++i) {
+      if (in.ConsumeBool()) continue;
+      storage[i] = tensor(lengths[i], 1, 1, false, TREEATTN_DTYPE_F32, 1);
+      *fields[i] = &storage[i];
+    }
+    return &o;
+  }
+
   void run(const treeattn_plan* which) {
     const std::int64_t nq = treeattn_plan_num_queries(which);
     const std::int64_t slots = pick_int(in, 80);
-    treeattn_tensor q = tensor(nq, heads_q, false), k = tensor(slots, heads_kv, false), v = tensor(slots, heads_kv, false),
-                    o = tensor(nq, heads_q, false), lse = tensor(nq, heads_q, true);
+    treeattn_tensor q = tensor(nq, heads_q, head_dim, false), k = tensor(slots, heads_kv, head_dim, false, TREEATTN_DTYPE_FP8_E5M2),
+                    v = tensor(slots, heads_kv, head_dim_v, false, TREEATTN_DTYPE_FP8_E5M2),
+                    o = tensor(nq, heads_q, head_dim_v, false), lse = tensor(nq, heads_q, 0, true);
     treeattn_tensor* maybe[] = {&q, &k, &v, &o, &lse};
     if (in.ConsumeIntegralInRange<int>(0, 7) == 0) maybe[in.ConsumeIntegralInRange<int>(0, 4)] = nullptr;
-    if (in.ConsumeBool()) {
-      check(treeattn_run(in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : context, which, maybe[0], maybe[1],
-                         maybe[2], maybe[3], maybe[4]));
-    } else {
-      check(treeattn_enqueue(context, which, maybe[0], maybe[1], maybe[2], maybe[3], maybe[4], nullptr));
+    treeattn_attention_options options;
+    treeattn_tensor option_tensors[3];
+    switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+      case 0:
+        check(treeattn_run(in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : context, which, maybe[0], maybe[1],
+                           maybe[2], maybe[3], maybe[4]));
+        break;
+      case 1: check(treeattn_enqueue(context, which, maybe[0], maybe[1], maybe[2], maybe[3], maybe[4], nullptr)); break;
+      case 2:
+        check(treeattn_run_with(context, which, maybe[0], maybe[1], maybe[2], maybe[3], maybe[4],
+                                attention_options(options, option_tensors)));
+        break;
+      default:
+        check(treeattn_enqueue_with(context, which, maybe[0], maybe[1], maybe[2], maybe[3], maybe[4],
+                                    attention_options(options, option_tensors), nullptr));
+        break;
     }
     buffers.clear();
   }

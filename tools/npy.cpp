@@ -21,6 +21,8 @@ const char* descr_of(DType dtype) {
     case DType::f16: return "<f2";
     case DType::bf16: return "<u2";
     case DType::f32: return "<f4";
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: return "|u1";
   }
   return "?";
 }
@@ -70,7 +72,7 @@ std::vector<std::int64_t> parse_shape(const std::string& text, const std::string
 
 }  // namespace
 
-HostArray parse_npy(const std::string& contents, const std::string& name) {
+HostArray parse_npy(const std::string& contents, const std::string& name, std::optional<DType> bytes_as) {
   if (contents.size() < kMagicSize + 4 || contents.compare(0, kMagicSize, kMagic, kMagicSize) != 0) {
     fail(ErrorCategory::Io, "{}: not a .npy file (bad magic)", name);
   }
@@ -96,8 +98,12 @@ HostArray parse_npy(const std::string& contents, const std::string& name) {
   if (descr == "'<f2'" || descr == "\"<f2\"") array.dtype = DType::f16;
   else if (descr == "'<f4'" || descr == "\"<f4\"") array.dtype = DType::f32;
   else if (descr == "'<u2'" || descr == "\"<u2\"") array.dtype = DType::bf16;
-  else {
-    fail(ErrorCategory::Io, "{}: dtype {} is not supported (use '<f2' for f16, '<f4' for f32, '<u2' for bf16 bits)",
+  else if ((descr == "'|u1'" || descr == "\"|u1\"") && bytes_as && is_fp8(*bytes_as)) array.dtype = *bytes_as;
+  else if (descr == "'|u1'" || descr == "\"|u1\"") {
+    fail(ErrorCategory::Io, "{}: dtype '|u1' holds fp8 codes, read only as fp8_e4m3 or fp8_e5m2 K and V (--kv-dtype)", name);
+  } else {
+    fail(ErrorCategory::Io,
+         "{}: dtype {} is not supported (use '<f2' for f16, '<f4' for f32, '<u2' for bf16 bits, '|u1' for fp8 codes)",
          name, descr.empty() ? "(missing)" : descr);
   }
   const std::string fortran = dict_value(header, "fortran_order");
@@ -124,8 +130,8 @@ HostArray parse_npy(const std::string& contents, const std::string& name) {
   return array;
 }
 
-HostArray read_npy(const std::string& path) {
-  return parse_npy(read_file(path), path);
+HostArray read_npy(const std::string& path, std::optional<DType> bytes_as) {
+  return parse_npy(read_file(path), path, bytes_as);
 }
 
 std::string encode_npy(const TensorRef& t) {

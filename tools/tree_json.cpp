@@ -71,12 +71,16 @@ Tree parse_tree_json(const std::string& text, const std::string& name) {
     fail(ErrorCategory::Io, "{}: malformed JSON: {}", name, e.what());
   }
   const Reader r(name);
-  r.only_keys(doc, "the top level", {"heads_q", "heads_kv", "head_dim", "scale", "nodes", "queries"});
+  r.only_keys(doc, "the top level", {"heads_q", "heads_kv", "head_dim", "head_dim_v", "scale", "nodes", "queries"});
 
   HeadConfig heads;
   heads.heads_q = r.small_int(r.field(doc, "", "heads_q"), "heads_q");
   heads.heads_kv = r.small_int(r.field(doc, "", "heads_kv"), "heads_kv");
   heads.head_dim = r.small_int(r.field(doc, "", "head_dim"), "head_dim");
+  if (auto it = doc.find("head_dim_v"); it != doc.end()) {
+    heads.head_dim_v = r.small_int(*it, "head_dim_v");
+    if (heads.head_dim_v <= 0) fail(ErrorCategory::Io, "{}: head_dim_v = {} must be positive (omit it for head_dim)", name, heads.head_dim_v);
+  }
   if (auto it = doc.find("scale"); it != doc.end()) {
     if (!it->is_number()) fail(ErrorCategory::Io, "{}: scale must be a number, got {}", name, it->dump());
     // Checked as a double: past a float's range the conversion is undefined, and an
@@ -158,6 +162,7 @@ std::string tree_to_json(const Tree& tree) {
   doc["heads_q"] = tree.heads.heads_q;
   doc["heads_kv"] = tree.heads.heads_kv;
   doc["head_dim"] = tree.heads.head_dim;
+  if (tree.heads.value_dim() != tree.heads.head_dim) doc["head_dim_v"] = tree.heads.value_dim();
   if (tree.heads.scale != 0.0f) doc["scale"] = tree.heads.scale;
   json nodes = json::array();
   for (std::size_t i = 0; i < tree.node_count(); ++i) {

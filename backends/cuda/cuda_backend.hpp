@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "attention_variants.hpp"
 #include "device_buffer.hpp"
 #include "backend.hpp"
 #include "treeattn/cuda.hpp"
@@ -20,6 +21,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   const char* name() const noexcept override { return "cuda"; }
+  VariantSupport variants() const noexcept override { return kAttentionVariants; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   void upload(const Plan& plan, void* stream) override;
   void enqueue(const Plan& plan, const AttentionArgs& device_tensors, void* stream) override;

@@ -14,6 +14,7 @@
 #include "../../cuda/attn_launch.hpp"
 #include "device_buffer.hpp"
 #include "device_scope.hpp"
+#include "attention_variants.hpp"
 #include "lowering.hpp"
 #include "backend.hpp"
 #include "treeattn/cuda.hpp"
@@ -77,7 +78,7 @@ struct Layout {
 
 std::size_t partial_bytes(const WorkspaceLimits& l) {
   const std::size_t rows = std::size_t(l.partials) * std::size_t(l.heads.heads_q);
-  return std::max<std::size_t>(rows * std::size_t(l.heads.head_dim + 1) * 4, 16);
+  return std::max<std::size_t>(rows * std::size_t(l.heads.value_dim() + 1) * 4, 16);
 }
 
 ElementType element_type(DType dtype) {
@@ -85,8 +86,11 @@ ElementType element_type(DType dtype) {
     case DType::f16: return ElementType::f16;
     case DType::bf16: return ElementType::bf16;
     case DType::f32: return ElementType::f32;
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: break;  // check_args refuses fp8 before: no kernel reads it
   }
-  return ElementType::f32;
+  throw Error(ErrorCategory::InvalidArgument,
+              fmt::format("CUDA backend: the kernels take f16, bf16 or f32 elements, not {}", to_string(dtype)));
 }
 
 }  // namespace
@@ -178,7 +182,7 @@ struct Workspace::State {
     params.passes = reinterpret_cast<const PassInfo*>(at(kPasses));
     const std::size_t partial_rows = std::size_t(limits.partials) * std::size_t(limits.heads.heads_q);
     params.partial_o = partials.as<float>();
-    params.partial_lse = partials.as<float>() + partial_rows * std::size_t(limits.heads.head_dim);
+    params.partial_lse = partials.as<float>() + partial_rows * std::size_t(limits.heads.value_dim());
     params.max_queries = std::max(limits.queries, 1);
     params.heads_q = limits.heads.heads_q;
     params.heads_kv = limits.heads.heads_kv;
@@ -237,6 +241,7 @@ const Context& Workspace::context() const noexcept { return state_->context; }
 void Workspace::upload(const Plan& plan, Stream stream) {
   State& s = *state_;
   DeviceScope scope(s.context.device());
+  check_head_dims(plan.heads, kAttentionVariants, kBackendName);
   const WorkspaceLimits need = WorkspaceLimits::of(plan);
   if (s.graph_stable) {
     if (!s.limits.heads.same_as(plan.heads)) {
@@ -347,7 +352,7 @@ void Workspace::upload(const Plan& plan, Stream stream) {
 void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
   const State& s = *state_;
   if (!s.uploaded) throw Error(ErrorCategory::InvalidArgument, "enqueue before any plan was uploaded to the workspace");
-  check_args(s.shape, a);
+  check_args(s.shape, a, kAttentionVariants, kBackendName);
   DeviceScope scope(s.context.device());
   KernelParams p = s.params;
   p.q = a.q.data;

@@ -15,7 +15,7 @@ namespace {
 std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
 
 void check_supported(const Plan& plan, const AttentionArgs& args) {
-  check_args(plan, args);
+  check_args(plan, args, kAttentionVariants, kBackendName);
   if (args.q.dtype == DType::f32) {
     throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
   }
@@ -101,7 +101,7 @@ void VulkanBackend::upload_if_new(const Plan& plan, DType inputs, VkCommandBuffe
 
 void VulkanBackend::enqueue(const Plan& plan, const AttentionArgs& a, void* stream) {
   if (stream == nullptr) throw Error(ErrorCategory::InvalidArgument, "enqueue: the VkCommandBuffer is null");
-  check_args(plan, a);
+  check_args(plan, a, kAttentionVariants, kBackendName);
   if (a.q.dtype == DType::f32) {
     throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
   }

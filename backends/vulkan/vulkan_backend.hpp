@@ -7,6 +7,7 @@
 
 #include <memory>
 
+#include "attention_variants.hpp"
 #include "backend.hpp"
 #include "context_options.hpp"
 #include "treeattn/vulkan.hpp"
@@ -27,6 +28,7 @@ class VulkanBackend final : public Backend {
   static std::unique_ptr<Backend> make_for_gpu(const BackendOptions& options);
 
   const char* name() const noexcept override { return "vulkan"; }
+  VariantSupport variants() const noexcept override { return kAttentionVariants; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   // `stream` is the VkCommandBuffer being recorded; tensors are buffer device addresses
   // (the plan's upload is recorded there too, when the workspace does not hold it).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "attention_variants.hpp"
 #include "vk_check.hpp"
 #include "vk_sequence.hpp"
 #include "workspace_state.hpp"
@@ -24,8 +25,10 @@ std::uint32_t out_type(DType dtype) {
     case DType::f16: return 0;
     case DType::bf16: return 1;
     case DType::f32: return 2;
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: break;  // check_args refuses an fp8 O
   }
-  return 2;
+  throw Error(ErrorCategory::InvalidArgument, fmt::format("Vulkan backend: O is f16, bf16 or f32, not {}", to_string(dtype)));
 }
 
 // Room for `bytes` and half as much again: a tree that grows every decode step
@@ -107,7 +110,7 @@ void Workspace::State::record(VkCommandBuffer commands, const LayerTensors& t) {
   pc.o = t.o;
   pc.lse = t.lse;
   pc.partial_o = partials.address();
-  pc.partial_lse = partials.address() + partial_rows * std::size_t(shape.heads.head_dim) * 4;
+  pc.partial_lse = partials.address() + partial_rows * std::size_t(shape.heads.value_dim()) * 4;
   pc.chunk_slots = t.chunk_slots;
   pc.num_chunks = std::uint32_t(t.k_chunks.size());
   pc.heads_q = std::uint32_t(shape.heads.heads_q);
@@ -139,6 +142,7 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   Context::State& ctx = *s.context;
   const Device& device = *ctx.device;
   const DeviceCaps& caps = device.caps();
+  check_head_dims(plan.heads, kAttentionVariants, kBackendName);
   const int d = plan.heads.head_dim;
   std::string reason;
   s.variant = ctx.variant(s.inputs, d, &reason);
@@ -171,7 +175,7 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   std::memcpy(s.staging[b].mapped(), s.encoded.words.data(), bytes);
   grow(s.plan, bytes, device, Buffer::Kind::device_local, s.retired[b]);
   s.partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);
-  grow(s.partials, s.partial_rows * std::size_t(d + 1) * 4, device, Buffer::Kind::device_local, s.retired[b]);
+  grow(s.partials, s.partial_rows * std::size_t(plan.heads.value_dim() + 1) * 4, device, Buffer::Kind::device_local, s.retired[b]);
   s.next = 1 - b;
 
   // The copy waits for earlier dispatches that read the plan, and the dispatches after it for the copy.
@@ -189,7 +193,7 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
 
 void Workspace::State::record_addresses(VkCommandBuffer commands, const AttentionArgs& a) {
   if (!uploaded) throw Error(ErrorCategory::InvalidArgument, "record before any plan was uploaded to the workspace");
-  check_args(shape, a);
+  check_args(shape, a, kAttentionVariants, kBackendName);
   if (a.q.dtype != inputs) {
     throw Error(ErrorCategory::InvalidArgument, fmt::format("Q is {}, but the workspace was made for {} inputs",
                                                             to_string(a.q.dtype), to_string(inputs)));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <tuple>
 #include <limits>
 
 #include "fail.hpp"
@@ -93,9 +95,90 @@ void expect_addressable(const char* name, const TensorRef& t) {
 
 CallShape CallShape::of(const Plan& plan) { return CallShape{plan.heads, plan.num_queries, plan.min_kv_slots}; }
 
-void check_args(const CallShape& plan, const AttentionArgs& a) {
+std::string unsupported_variant(const HeadConfig& heads, const AttentionOptions& options, DType kv,
+                                const VariantSupport& supported) {
+  if (heads.value_dim() != heads.head_dim && !supported.head_dim_v) {
+    return fmt::format("head_dim_v {} beside head_dim {}", heads.value_dim(), heads.head_dim);
+  }
+  if ((heads.head_dim == 96 || heads.value_dim() == 96) && !supported.head_dim_96) return "head_dim 96";
+  if (is_fp8(kv) && !supported.fp8_kv) return fmt::format("{} K and V", to_string(kv));
+  if (options.sinks.data != nullptr && !supported.sinks) return "attention sinks";
+  if (options.logit_softcap != 0.0f && !supported.logit_softcap) return "logit soft-capping";
+  return "";
+}
+
+namespace {
+
+void refuse_unsupported(const std::string& variant, const char* backend) {
+  if (!variant.empty()) fail(ErrorCategory::InvalidArgument, "{} is not supported by the {} backend yet", variant, backend);
+}
+
+// An options tensor of one f32 per head (sinks: query heads; scales: KV heads), dense.
+void expect_per_head(const char* name, const TensorRef& t, std::int64_t heads, const char* meaning) {
+  expect_shape(name, t, {heads}, meaning);
+  if (t.dtype != DType::f32) fail(ErrorCategory::InvalidArgument, "{} must be f32, got {}", name, to_string(t.dtype));
+  expect_row_stride(name, t, false);
+}
+
+// K/V dtypes: one of Q's, or both fp8 of one kind with Q f16 or bf16; O f16, bf16 or f32.
+void check_dtypes(const AttentionArgs& a) {
+  if (is_fp8(a.k.dtype) || is_fp8(a.v.dtype)) {
+    if (a.k.dtype != a.v.dtype) {
+      fail(ErrorCategory::InvalidArgument, "fp8 K needs V of the same fp8 kind, got K {} and V {}", to_string(a.k.dtype),
+           to_string(a.v.dtype));
+    }
+    if (a.q.dtype != DType::f16 && a.q.dtype != DType::bf16) {
+      fail(ErrorCategory::InvalidArgument, "Q must be f16 or bf16 with {} K and V, got {}", to_string(a.k.dtype),
+           to_string(a.q.dtype));
+    }
+  } else if (a.q.dtype != a.k.dtype || a.v.dtype != a.k.dtype) {
+    fail(ErrorCategory::InvalidArgument, "Q, K and V must share one dtype, got {}, {} and {}", to_string(a.q.dtype),
+         to_string(a.k.dtype), to_string(a.v.dtype));
+  }
+  if (is_fp8(a.q.dtype)) fail(ErrorCategory::InvalidArgument, "Q must be f16, bf16 or f32, got {}", to_string(a.q.dtype));
+  if (is_fp8(a.o.dtype)) fail(ErrorCategory::InvalidArgument, "O must be f16, bf16 or f32, got {}", to_string(a.o.dtype));
+}
+
+// The scales dequantize fp8 K and V: with other K and V they are refused, not ignored.
+void check_scales(const CallShape& plan, const AttentionArgs& a) {
+  const AttentionOptions& opt = a.options;
+  const bool fp8 = is_fp8(a.k.dtype);
+  const std::tuple<const char*, float, const TensorRef*, const char*> scales[] = {
+      {"k_scale", opt.k_scale, &opt.k_scales, "k_scales"}, {"v_scale", opt.v_scale, &opt.v_scales, "v_scales"}};
+  for (const auto& [name, value, per_head, tensor_name] : scales) {
+    if (!(value > 0.0f) || std::isinf(value)) {
+      fail(ErrorCategory::InvalidArgument, "{} = {} must be positive and finite", name, value);
+    }
+    if (!fp8 && (value != 1.0f || per_head->data != nullptr)) {
+      fail(ErrorCategory::InvalidArgument, "{} dequantizes fp8 K and V; K and V are {}", per_head->data ? tensor_name : name,
+           to_string(a.k.dtype));
+    }
+    if (per_head->data == nullptr) continue;
+    if (value != 1.0f) {
+      fail(ErrorCategory::InvalidArgument, "give {} = {} or {} per KV head, not both", name, value, tensor_name);
+    }
+    expect_per_head(tensor_name, *per_head, plan.heads.heads_kv, "heads_kv");
+  }
+}
+
+void check_options(const CallShape& plan, const AttentionArgs& a) {
+  const AttentionOptions& opt = a.options;
+  if (!(opt.logit_softcap >= 0.0f) || std::isinf(opt.logit_softcap)) {
+    fail(ErrorCategory::InvalidArgument, "logit_softcap = {} must be finite and not negative (0: off)", opt.logit_softcap);
+  }
+  if (opt.sinks.data != nullptr) expect_per_head("sinks", opt.sinks, plan.heads.heads_q, "heads_q");
+  check_scales(plan, a);
+}
+
+}  // namespace
+
+void check_head_dims(const HeadConfig& heads, const VariantSupport& supported, const char* backend) {
+  refuse_unsupported(unsupported_variant(heads, {}, DType::f16, supported), backend);
+}
+
+void check_args(const CallShape& plan, const AttentionArgs& a, const VariantSupport& supported, const char* backend) {
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, hkv = plan.heads.heads_kv,
-                     d = plan.heads.head_dim;
+                     d = plan.heads.head_dim, dv = plan.heads.value_dim();
   expect_shape("Q", a.q, {nq, hq, d}, "queries, heads_q, head_dim");
   expect_addressable("Q", a.q);
   if (a.k.shape.size() != 3 || a.k.shape[1] != hkv || a.k.shape[2] != d) {
@@ -107,14 +190,11 @@ void check_args(const CallShape& plan, const AttentionArgs& a) {
          plan.min_kv_slots - 1);
   }
   expect_addressable("K", a.k);
-  expect_shape("V", a.v, a.k.shape, "the shape of K");
+  expect_shape("V", a.v, {a.k.shape[0], hkv, dv}, dv == d ? "the shape of K" : "K's slots, heads_kv, head_dim_v");
   expect_addressable("V", a.v);
   if (a.k.data == nullptr && a.k.numel() > 0) fail(ErrorCategory::InvalidArgument, "K has no data");
-  if (a.q.dtype != a.k.dtype || a.v.dtype != a.k.dtype) {
-    fail(ErrorCategory::InvalidArgument, "Q, K and V must share one dtype, got {}, {} and {}",
-         to_string(a.q.dtype), to_string(a.k.dtype), to_string(a.v.dtype));
-  }
-  expect_shape("O", a.o, {nq, hq, d}, "queries, heads_q, head_dim");
+  check_dtypes(a);
+  expect_shape("O", a.o, {nq, hq, dv}, dv == d ? "queries, heads_q, head_dim" : "queries, heads_q, head_dim_v");
   expect_addressable("O", a.o);
   if (a.lse.data != nullptr) {
     expect_shape("LSE", a.lse, {nq, hq}, "queries, heads_q");
@@ -125,6 +205,8 @@ void check_args(const CallShape& plan, const AttentionArgs& a) {
   expect_row_stride("V", a.v, true);
   expect_row_stride("O", a.o, true);
   expect_row_stride("LSE", a.lse, false);
+  check_options(plan, a);
+  refuse_unsupported(unsupported_variant(plan.heads, a.options, a.k.dtype, supported), backend);
 }
 
 }  // namespace treeattn

@@ -1,6 +1,8 @@
 #include "treeattn/dtype.hpp"
 
+#include <array>
 #include <cmath>
+#include <limits>
 
 namespace treeattn {
 
@@ -9,11 +11,22 @@ const char* to_string(DType dtype) noexcept {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
     case DType::f32: return "f32";
+    case DType::fp8_e4m3: return "fp8_e4m3";
+    case DType::fp8_e5m2: return "fp8_e5m2";
   }
   return "?";
 }
 
-std::size_t dtype_size(DType dtype) noexcept { return dtype == DType::f32 ? 4 : 2; }
+std::size_t dtype_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: return 1;
+  }
+  return 0;
+}
 
 float half_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
@@ -63,6 +76,58 @@ std::uint16_t float_to_bf16(float f) noexcept {
   if ((x & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((x >> 16) | 0x40u);
   x += 0x7fffu + ((x >> 16) & 1u);
   return std::uint16_t(x >> 16);
+}
+
+namespace {
+
+// Rounds |f| (finite) to a sign-less minifloat code with `mantissa_bits` and
+// exponent `bias`, to nearest even; the caller maps codes past the largest
+// finite one. Subnormal steps are 2^(1 - bias - mantissa_bits); a mantissa
+// that rounds up to 2 carries into the exponent, as the code arithmetic does.
+std::uint32_t round_to_minifloat(float magnitude, int mantissa_bits, int bias) {
+  const int min_exponent = 1 - bias;
+  int exponent = 0;
+  std::frexp(magnitude, &exponent);  // magnitude = m * 2^exponent, m in [0.5, 1)
+  --exponent;                        // magnitude = m * 2^exponent, m in [1, 2)
+  if (magnitude == 0.0f || exponent < min_exponent) {
+    return std::uint32_t(std::nearbyint(std::ldexp(magnitude, mantissa_bits - min_exponent)));
+  }
+  const float steps = std::nearbyint(std::ldexp(magnitude, mantissa_bits - exponent)) - std::ldexp(1.0f, mantissa_bits);
+  return (std::uint32_t(exponent + bias) << mantissa_bits) + std::uint32_t(steps);
+}
+
+std::uint8_t sign_bit(float f) { return std::signbit(f) ? 0x80u : 0u; }
+
+}  // namespace
+
+float fp8_e4m3_to_float(std::uint8_t b) noexcept {
+  // One table of the 256 values: the CPU backend decodes every K and V element through it.
+  static const std::array<float, 256> values = [] {
+    std::array<float, 256> v{};
+    for (std::uint32_t code = 0; code < 256; ++code) {
+      const std::uint32_t exponent = (code >> 3) & 0xfu, mantissa = code & 0x7u;
+      // Subnormals are mantissa * 2^-9; normals (1 + mantissa / 8) * 2^(exponent - 7).
+      const float magnitude = exponent == 0 ? std::ldexp(float(mantissa), -9)
+                                            : std::ldexp(1.0f + float(mantissa) / 8.0f, int(exponent) - 7);
+      v[code] = (exponent == 0xfu && mantissa == 0x7u) ? std::numeric_limits<float>::quiet_NaN()
+                                                       : (code & 0x80u) ? -magnitude : magnitude;
+    }
+    return v;
+  }();
+  return values[b];
+}
+
+std::uint8_t float_to_fp8_e4m3(float f) noexcept {
+  if (std::isnan(f) || std::isinf(f)) return std::uint8_t(sign_bit(f) | 0x7fu);
+  const std::uint32_t code = round_to_minifloat(std::fabs(f), 3, 7);
+  return std::uint8_t(sign_bit(f) | (code > 0x7eu ? 0x7fu : code));  // past 448: NaN
+}
+
+std::uint8_t float_to_fp8_e5m2(float f) noexcept {
+  if (std::isnan(f)) return std::uint8_t(sign_bit(f) | 0x7eu);
+  if (std::isinf(f)) return std::uint8_t(sign_bit(f) | 0x7cu);
+  const std::uint32_t code = round_to_minifloat(std::fabs(f), 2, 15);
+  return std::uint8_t(sign_bit(f) | (code > 0x7bu ? 0x7cu : code));  // past 57344: infinity
 }
 
 }  // namespace treeattn

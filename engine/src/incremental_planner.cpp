@@ -216,10 +216,8 @@ void IncrementalPlanner::add_node_pages(std::int64_t id, std::int64_t parent, co
 void IncrementalPlanner::add_tree(const Tree& tree) {
   const HeadConfig& a = state_->tree.heads;
   const HeadConfig& b = tree.heads;
-  if (a.heads_q != b.heads_q || a.heads_kv != b.heads_kv || a.head_dim != b.head_dim ||
-      a.effective_scale() != b.effective_scale()) {
-    fail(ErrorCategory::InvalidArgument, "add_tree: the tree's heads {}/{}/{} are not the planner's {}/{}/{}", b.heads_q,
-         b.heads_kv, b.head_dim, a.heads_q, a.heads_kv, a.head_dim);
+  if (!a.same_as(b)) {
+    fail(ErrorCategory::InvalidArgument, "add_tree: the tree's heads {} are not the planner's {}", describe(b), describe(a));
   }
   std::vector<std::int64_t> entries;
   for (std::size_t i = 0; i < tree.node_count(); ++i) {

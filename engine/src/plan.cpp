@@ -331,13 +331,14 @@ void validate(const Plan& plan) {
 }
 
 std::int64_t PlanStats::kv_bytes(std::int64_t token_count, std::size_t elem_bytes) const noexcept {
-  return token_count * heads_kv * head_dim * std::int64_t(elem_bytes) * 2;
+  return token_count * heads_kv * (head_dim + head_dim_v) * std::int64_t(elem_bytes);
 }
 
 PlanStats compute_stats(const Plan& plan) {
   PlanStats st;
   st.heads_kv = plan.heads.heads_kv;
   st.head_dim = plan.heads.head_dim;
+  st.head_dim_v = plan.heads.value_dim();
   st.tokens = plan.num_tokens();
   st.segments = plan.num_segments();
   st.blocks = plan.num_blocks();

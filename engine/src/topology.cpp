@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <vector>
+
+#include <fmt/ranges.h>
 
 #include "fail.hpp"
 #include "id_map.hpp"
@@ -16,6 +19,15 @@ std::string node_name(const Tree& tree, std::int32_t index) {
   return fmt::format("node {} (nodes[{}])", tree.nodes()[std::size_t(index)].id, index);
 }
 
+// "head_dim 192 with head_dim_v 128", the QK/V pairs other than equal dims.
+std::string split_head_dims_text() {
+  std::vector<std::string> pairs;
+  for (SplitHeadDims s : kSupportedSplitHeadDims) {
+    pairs.push_back(fmt::format("head_dim {} with head_dim_v {}", s.head_dim, s.head_dim_v));
+  }
+  return fmt::format("{}", fmt::join(pairs, ", "));
+}
+
 void check_heads(const HeadConfig& h) {
   if (h.heads_q <= 0) fail(ErrorCategory::InvalidTree, "heads_q = {} must be positive", h.heads_q);
   if (h.heads_kv <= 0) fail(ErrorCategory::InvalidTree, "heads_kv = {} must be positive", h.heads_kv);
@@ -23,10 +35,16 @@ void check_heads(const HeadConfig& h) {
     fail(ErrorCategory::InvalidTree, "heads_q = {} is not a multiple of heads_kv = {}", h.heads_q,
          h.heads_kv);
   }
-  if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), h.head_dim) ==
-      std::end(kSupportedHeadDims)) {
-    fail(ErrorCategory::InvalidTree, "head_dim = {} is not supported (supported: 64, 128, 256)",
-         h.head_dim);
+  if (h.head_dim_v < 0) fail(ErrorCategory::InvalidTree, "head_dim_v = {} must be positive (0: head_dim)", h.head_dim_v);
+  if (h.value_dim() == h.head_dim) {
+    if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), h.head_dim) == std::end(kSupportedHeadDims)) {
+      fail(ErrorCategory::InvalidTree, "head_dim = {} is not supported (supported: {}; or {})", h.head_dim,
+           fmt::join(kSupportedHeadDims, ", "), split_head_dims_text());
+    }
+  } else if (std::none_of(std::begin(kSupportedSplitHeadDims), std::end(kSupportedSplitHeadDims),
+                          [&](SplitHeadDims s) { return s.head_dim == h.head_dim && s.head_dim_v == h.head_dim_v; })) {
+    fail(ErrorCategory::InvalidTree, "head_dim = {} with head_dim_v = {} is not supported (supported: {})", h.head_dim,
+         h.head_dim_v, split_head_dims_text());
   }
   if (!(h.scale >= 0.0f) || h.scale == std::numeric_limits<float>::infinity()) {
     fail(ErrorCategory::InvalidTree, "scale = {} must be positive and finite (0 selects 1/sqrt(head_dim))",

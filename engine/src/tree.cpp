@@ -24,10 +24,14 @@ float HeadConfig::effective_scale() const noexcept {
 }
 
 bool HeadConfig::same_as(const HeadConfig& o) const noexcept {
-  return heads_q == o.heads_q && heads_kv == o.heads_kv && head_dim == o.head_dim && effective_scale() == o.effective_scale();
+  return heads_q == o.heads_q && heads_kv == o.heads_kv && head_dim == o.head_dim && value_dim() == o.value_dim() &&
+         effective_scale() == o.effective_scale();
 }
 
 std::string describe(const HeadConfig& h) {
+  if (h.value_dim() != h.head_dim) {
+    return fmt::format("{}/{}/{} v {} scale {}", h.heads_q, h.heads_kv, h.head_dim, h.value_dim(), h.effective_scale());
+  }
   return fmt::format("{}/{}/{} scale {}", h.heads_q, h.heads_kv, h.head_dim, h.effective_scale());
 }
 

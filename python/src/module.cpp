@@ -14,6 +14,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "treeattn/tools.hpp"
 #include "treeattn/context.hpp"
@@ -28,20 +30,27 @@ namespace {
 // strided and whose other dimensions are dense, as the engine does.
 using Array = nb::ndarray<>;
 
-DType dtype_of(const Array& a, const char* name) {
+// `bytes_as`: what uint8 elements hold (fp8 K and V: the package passes
+// torch's float8 tensors as uint8 views, numpy has no fp8), or nothing.
+DType dtype_of(const Array& a, const char* name, std::optional<DType> bytes_as) {
   const nb::dlpack::dtype t = a.dtype();
   if (t == nb::dtype<float>()) return DType::f32;
   if (t.code == std::uint8_t(nb::dlpack::dtype_code::Float) && t.bits == 16) return DType::f16;
   if (t.code == std::uint8_t(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) return DType::bf16;
+  if (t == nb::dtype<std::uint8_t>()) {
+    if (bytes_as) return *bytes_as;
+    throw Error(ErrorCategory::InvalidArgument,
+                std::string(name) + ": uint8 elements are fp8 bytes only with kv_dtype='fp8_e4m3' or 'fp8_e5m2'");
+  }
   throw Error(ErrorCategory::InvalidArgument,
-              std::string(name) + ": dtype must be float16, bfloat16 or float32 (DLPack code " + std::to_string(t.code) +
-                  ", " + std::to_string(t.bits) + " bits)");
+              std::string(name) + ": dtype must be float16, bfloat16 or float32" + (bytes_as ? ", or uint8 fp8 bytes" : "") +
+                  " (DLPack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits)");
 }
 
-TensorRef tensor_of(const Array& a, const char* name) {
+TensorRef tensor_of(const Array& a, const char* name, std::optional<DType> bytes_as = std::nullopt) {
   TensorRef t;
   t.data = a.data();
-  t.dtype = dtype_of(a, name);
+  t.dtype = dtype_of(a, name, bytes_as);
   for (std::size_t d = 0; d < a.ndim(); ++d) t.shape.push_back(std::int64_t(a.shape(d)));
   std::int64_t dense = 1;  // elements of one row: each inner dimension must follow the next densely
   for (std::size_t d = a.ndim(); d-- > 1;) {
@@ -77,11 +86,46 @@ struct ContextHandle {
   std::mutex busy;
 };
 
+// "fp8_e4m3" or "fp8_e5m2" (the kv_dtype of fp8 bytes), or nothing.
+std::optional<DType> kv_dtype_of(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  for (DType d : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+    if (*name == to_string(d)) return d;
+  }
+  throw Error(ErrorCategory::InvalidArgument, "kv_dtype '" + *name + "' is not an fp8 kind ('fp8_e4m3' or 'fp8_e5m2')");
+}
+
+// The attention variants of one call (AttentionOptions); absent arrays: none.
+struct Variants {
+  float logit_softcap = 0.0f, k_scale = 1.0f, v_scale = 1.0f;
+  std::optional<Array> sinks, k_scales, v_scales;
+  std::optional<std::string> kv_dtype;
+};
+
 void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const Array& k, const Array& v, const Array& o,
-               std::optional<Array> lse, std::uintptr_t stream) {
-  AttentionArgs args{tensor_of(q, "q"), tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(o, "out"),
+               std::optional<Array> lse, std::uintptr_t stream, const Variants& variants) {
+  const std::optional<DType> kv_dtype = kv_dtype_of(variants.kv_dtype);
+  AttentionArgs args{tensor_of(q, "q"), tensor_of(k, "k", kv_dtype), tensor_of(v, "v", kv_dtype), tensor_of(o, "out"),
                      lse ? tensor_of(*lse, "lse") : TensorRef{}};
+  for (const auto& [name, t] : {std::pair{"k", &args.k}, std::pair{"v", &args.v}}) {
+    if (kv_dtype && t->dtype != *kv_dtype) {
+      throw Error(ErrorCategory::InvalidArgument, std::string("kv_dtype='") + to_string(*kv_dtype) +
+                                                      "' names uint8 fp8 bytes, but " + name + " is " + to_string(t->dtype));
+    }
+  }
+  args.options.logit_softcap = variants.logit_softcap;
+  args.options.k_scale = variants.k_scale;
+  args.options.v_scale = variants.v_scale;
   const int device = q.device_type();
+  for (const auto& [name, given, ref] : {std::tuple{"sinks", &variants.sinks, &args.options.sinks},
+                                         std::tuple{"k_scales", &variants.k_scales, &args.options.k_scales},
+                                         std::tuple{"v_scales", &variants.v_scales, &args.options.v_scales}}) {
+    if (!*given) continue;
+    *ref = tensor_of(**given, name);
+    if ((*given)->device_type() != device) {
+      throw Error(ErrorCategory::InvalidArgument, std::string(name) + " must be on q's device (DLPack device types differ)");
+    }
+  }
   for (const Array* a : {&k, &v, &o}) {
     if (a->device_type() != device) {
       throw Error(ErrorCategory::InvalidArgument, "q, k, v and out must be on one device (DLPack device types differ)");
@@ -135,10 +179,11 @@ NB_MODULE(_core, m) {
 
   nb::class_<Tree>(m, "Tree")
       .def("__init__",
-           [](Tree* t, int heads_q, int heads_kv, int head_dim, std::optional<float> scale) {
-             new (t) Tree(HeadConfig{heads_q, heads_kv, head_dim, scale.value_or(0.0f)});
+           [](Tree* t, int heads_q, int heads_kv, int head_dim, std::optional<float> scale, std::optional<int> head_dim_v) {
+             new (t) Tree(HeadConfig{heads_q, heads_kv, head_dim, scale.value_or(0.0f), head_dim_v.value_or(0)});
            },
-           nb::arg("heads_q"), nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("scale") = nb::none())
+           nb::arg("heads_q"), nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("scale") = nb::none(),
+           nb::arg("head_dim_v") = nb::none())
       .def("add_node", &Tree::add_node, nb::arg("id"), nb::arg("parent"), nb::arg("slots"))
       .def("add_node_range", &Tree::add_node_range, nb::arg("id"), nb::arg("parent"), nb::arg("first_slot"),
            nb::arg("count"))
@@ -150,6 +195,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("num_nodes", &Tree::node_count)
       .def_prop_ro("num_queries", &Tree::query_count)
       .def_prop_ro("heads", [](const Tree& t) { return nb::make_tuple(t.heads.heads_q, t.heads.heads_kv, t.heads.head_dim); })
+      .def_prop_ro("head_dim_v", [](const Tree& t) { return t.heads.value_dim(); })
       .def_static(
           "from_json",
           [](nb::handle source) {
@@ -168,6 +214,7 @@ NB_MODULE(_core, m) {
   nb::class_<PlanHandle>(m, "Plan", nb::is_weak_referenceable())
       .def_prop_ro("handle", [](const PlanHandle& p) { return p.plan.id; }, "a number naming the plan (the torch op takes it)")
       .def_prop_ro("num_queries", [](const PlanHandle& p) { return p.plan.num_queries; })
+      .def_prop_ro("head_dim_v", [](const PlanHandle& p) { return p.plan.heads.value_dim(); }, "columns of V and O")
       .def_prop_ro("num_items", [](const PlanHandle& p) { return p.plan.num_items(); })
       .def_prop_ro("num_partials", [](const PlanHandle& p) { return p.plan.num_partials; })
       .def_prop_ro("block_tokens", [](const PlanHandle& p) { return p.plan.block_tokens; })
@@ -233,8 +280,18 @@ NB_MODULE(_core, m) {
            },
            nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none(),
            nb::arg("bitwise_updates") = false, nb::arg("window") = nb::none())
-      .def("_attention", &attention, nb::arg("plan"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
-           nb::arg("lse").none(), nb::arg("stream"))
+      .def("_attention",
+           [](ContextHandle& c, const PlanHandle& plan, const Array& q, const Array& k, const Array& v, const Array& o,
+              std::optional<Array> lse, std::uintptr_t stream, float logit_softcap, float k_scale, float v_scale,
+              std::optional<Array> sinks, std::optional<Array> k_scales, std::optional<Array> v_scales,
+              std::optional<std::string> kv_dtype) {
+             attention(c, plan, q, k, v, o, std::move(lse), stream,
+                       Variants{logit_softcap, k_scale, v_scale, std::move(sinks), std::move(k_scales), std::move(v_scales),
+                                std::move(kv_dtype)});
+           },
+           nb::arg("plan"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
+           nb::arg("stream"), nb::arg("logit_softcap"), nb::arg("k_scale"), nb::arg("v_scale"), nb::arg("sinks").none(),
+           nb::arg("k_scales").none(), nb::arg("v_scales").none(), nb::arg("kv_dtype").none())
       .def("_graph_stable",
            [](ContextHandle& c, const std::vector<const PlanHandle*>& plans, double headroom) {
              std::vector<const Plan*> list;

@@ -79,6 +79,24 @@ def _current_stream(q):
     return 0
 
 
+_TORCH_FP8 = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+
+
+def _fp8_bytes(k, v, kv_dtype):
+    """K and V as the engine takes fp8: torch float8 tensors become uint8 views of
+    their bytes (DLPack carries no fp8 there) with their kind as kv_dtype."""
+    kinds = {_TORCH_FP8.get(str(x.dtype).removeprefix("torch.")) for x in (k, v) if _namespace(x) == "torch"}
+    kinds.discard(None)
+    if not kinds:
+        return k, v, kv_dtype
+    if len(kinds) > 1 or (kv_dtype is not None and kv_dtype not in kinds):
+        raise ValueError(f"k and v are fp8 of different kinds or not kv_dtype's: {k.dtype}, {v.dtype}, kv_dtype={kv_dtype!r}")
+    import torch
+
+    as_bytes = [x.view(torch.uint8) if str(x.dtype).removeprefix("torch.") in _TORCH_FP8 else x for x in (k, v)]
+    return as_bytes[0], as_bytes[1], kinds.pop()
+
+
 _contexts = weakref.WeakValueDictionary()  # handle -> Context, for the torch op
 _plans = weakref.WeakValueDictionary()     # handle -> Plan
 
@@ -135,18 +153,30 @@ class Context:
         stream, or a cudaStream_t number; None: torch's current stream)."""
         self._context._upload(plan, _stream_number(stream, self._device))
 
-    def attention(self, plan, q, k, v, out=None, lse=None):
-        """O [queries, heads_q, head_dim] and LSE [queries, heads_q] (float32, natural log).
+    def attention(self, plan, q, k, v, out=None, lse=None, *, sinks=None, logit_softcap=None, k_scale=1.0, v_scale=1.0,
+                  k_scales=None, v_scales=None, kv_dtype=None):
+        """O [queries, heads_q, head_dim_v] and LSE [queries, heads_q] (float32, natural log).
 
-        q [queries, heads_q, head_dim], k and v [slots, heads_kv, head_dim]: f16, bf16
-        or f32 (not on Vulkan). `out` (q's dtype or float32) and `lse` may be given.
+        q [queries, heads_q, head_dim], k [slots, heads_kv, head_dim] and v [slots,
+        heads_kv, head_dim_v] (head_dim_v: the tree's, else head_dim): f16, bf16 or f32
+        (not on Vulkan), or fp8 k and v with f16 or bf16 q: torch float8_e4m3fn /
+        float8_e5m2 tensors, or uint8 arrays of fp8 bytes with kv_dtype="fp8_e4m3" or
+        "fp8_e5m2". `out` (q's dtype or float32) and `lse` may be given.
+
+        The attention variants (off by default): sinks [heads_q] float32, a logit per
+        query head in the softmax's denominator and LSE (gpt-oss); logit_softcap, the
+        cap of s = cap * tanh(s / cap) (Gemma 2); fp8 k and v dequantized as k * k_scale
+        and v * v_scale, or per KV head by k_scales and v_scales [heads_kv] float32. A
+        backend without kernels for a variant raises ValueError naming it.
         """
         _namespace(q)  # a TypeError naming what was given, before its shape is read
+        k, v, kv_dtype = _fp8_bytes(k, v, kv_dtype)
         if out is None:
-            out = _empty_like(q, tuple(q.shape), "same")
+            out = _empty_like(q, (q.shape[0], q.shape[1], plan.head_dim_v), "same")
         if lse is None:
             lse = _empty_like(q, (q.shape[0], q.shape[1]), "float32")
-        self._context._attention(plan, q, k, v, out, lse, _current_stream(q))
+        self._context._attention(plan, q, k, v, out, lse, _current_stream(q), 0.0 if logit_softcap is None else float(logit_softcap),
+                                 float(k_scale), float(v_scale), sinks, k_scales, v_scales, kv_dtype)
         return out, lse
 
 

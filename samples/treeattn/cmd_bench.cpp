@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "attention_flags.hpp"
 #include "cli_support.hpp"
 #include "commands.hpp"
 #include "treeattn/tools.hpp"
@@ -37,6 +38,7 @@ struct BenchOptions {
   int layers = 1;
   std::string dtype = "f16";  // of the timed runs' Q, K, V and O: f16 or bf16
   BackendFlags backend_flags;
+  AttentionFlags attention;  // fp8 K and V (--kv-dtype), soft-cap, sinks
   bool verbose = false;
   double peak_gbps = 0.0;
   std::string json;
@@ -89,8 +91,11 @@ std::vector<Workload> make_workloads(const BenchOptions& o) {
   for (const std::string& m : o.models) shapes.push_back(find_model(m));
   for (const std::string& h : o.heads) {
     ModelShape shape{"heads " + h, {}, 1};
-    if (std::sscanf(h.c_str(), "%d/%d/%d", &shape.heads.heads_q, &shape.heads.heads_kv, &shape.heads.head_dim) != 3) {
-      throw Error(ErrorCategory::InvalidArgument, fmt::format("--heads '{}' is not HQ/HKV/D, e.g. 16/1/128", h));
+    const int fields = std::sscanf(h.c_str(), "%d/%d/%d/%d", &shape.heads.heads_q, &shape.heads.heads_kv,
+                                   &shape.heads.head_dim, &shape.heads.head_dim_v);
+    if (fields != 3 && fields != 4) {
+      throw Error(ErrorCategory::InvalidArgument,
+                  fmt::format("--heads '{}' is not HQ/HKV/D or HQ/HKV/D/DV, e.g. 16/1/128 or 128/128/192/128", h));
     }
     shapes.push_back(shape);
   }
@@ -117,21 +122,26 @@ void print_header() {
              "upload_us", "run_us", "GB/s", "roof");
 }
 
-// Synthetic Q, K and V (and room for O) for a workload's tree, shared by its strategies and backends.
+// Synthetic Q, K and V (and room for O) for a workload's tree, shared by its
+// strategies and backends, with the calls' attention variants.
 struct Inputs {
-  HostArray q, k, v, out;
+  HostArray q, k, v, out, sinks;
+  AttentionOptions options;
 };
 
-Inputs synthetic_inputs(const Tree& tree, const std::string& dtype_name) {
+Inputs synthetic_inputs(const Tree& tree, const std::string& dtype_name, const AttentionFlags& attention) {
   const HeadConfig& h = tree.heads;
   const DType dtype = dtype_name == "bf16" ? DType::bf16 : DType::f16;
+  const DType kv = attention.fp8().value_or(dtype);
   const std::int64_t slots = std::max<std::int64_t>(1, treeattn::plan(tree).min_kv_slots);
   const std::int64_t nq = std::int64_t(tree.query_count());
   Inputs in;
   in.q = random_array(dtype, {nq, h.heads_q, h.head_dim}, 1);
-  in.k = random_array(dtype, {slots, h.heads_kv, h.head_dim}, 2);
-  in.v = random_array(dtype, {slots, h.heads_kv, h.head_dim}, 3);
-  in.out = HostArray(dtype, {nq, h.heads_q, h.head_dim});
+  in.k = random_array(kv, {slots, h.heads_kv, h.head_dim}, 2);
+  in.v = random_array(kv, {slots, h.heads_kv, h.value_dim()}, 3);
+  in.out = HostArray(dtype, {nq, h.heads_q, h.value_dim()});
+  in.sinks = attention.read_sinks();
+  in.options = attention.options(in.sinks);
   return in;
 }
 
@@ -185,11 +195,12 @@ nlohmann::json plan_row(const BenchOptions& o, const BenchCase& c, const Plan& p
   const HeadConfig& h = tree.heads;
   const PlanStats st = compute_stats(plan);
   const CostEstimate est = estimate_cost(plan, c.cost);
-  const std::int64_t unique = st.kv_bytes(st.tokens, 2), sequence = st.kv_bytes(st.sequence_read_tokens, 2);
+  const std::size_t kv_element = o.attention.kv_element_bytes(DType::f16);  // bf16 has f16's size
+  const std::int64_t unique = st.kv_bytes(st.tokens, kv_element), sequence = st.kv_bytes(st.sequence_read_tokens, kv_element);
   return {{"workload", c.workload.named.name},  {"model", c.workload.model.name},
           {"strategy", c.strategy},             {"block_tokens_option", c.block_tokens},
           {"block_tokens", plan.block_tokens},  {"heads_q", h.heads_q},
-          {"heads_kv", h.heads_kv},             {"head_dim", h.head_dim},
+          {"heads_kv", h.heads_kv},             {"head_dim", h.head_dim}, {"head_dim_v", h.value_dim()},
           {"nodes", tree.node_count()},         {"queries", tree.query_count()},
           {"tokens", st.tokens},                {"items", st.items},
           {"passes", st.passes},                {"partials", st.partials},
@@ -200,7 +211,7 @@ nlohmann::json plan_row(const BenchOptions& o, const BenchCase& c, const Plan& p
           {"large_tiles", est.large_tiles},     {"small_tiles", est.small_tiles},
           {"partial_rows", est.partial_rows},   {"max_fanin", est.max_fanin},
           {"longest_pass_tiles", est.longest_pass_tiles}, {"longest_pass_large", est.longest_pass_large},
-          {"unique_kv_bytes", unique},          {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, 2)},
+          {"unique_kv_bytes", unique},          {"plan_read_kv_bytes", st.kv_bytes(st.plan_read_tokens, kv_element)},
           {"sequence_kv_bytes", sequence},      {"kv_io_reduction", double(sequence) / double(unique)},
           {"plan_min_us", plan_time.min_us},    {"plan_median_us", plan_time.median_us},
           {"plan_update_min_us", updates.time.min_us}, {"plan_update_median_us", updates.time.median_us},
@@ -237,13 +248,17 @@ RunCells time_on_backend(const BenchOptions& o, const BenchCase& c, const Plan& 
     row["upload_median_us"] = uploads[uploads.size() / 2];
     cells.upload = fmt::format("{:.1f}", uploads[uploads.size() / 2]);
   }
-  std::vector<double> us =
-      backend.time_layers(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), in.out.view(), {}}, o.layers, o.run_repeat);
+  AttentionArgs args{in.q.view(), in.k.view(), in.v.view(), in.out.view(), TensorRef{}};  // no LSE
+  args.options = in.options;
+  std::vector<double> us = backend.time_layers(plan, args, o.layers, o.run_repeat);
   const Timing run_time = sorted_timing(us);
   const double per_layer = run_time.median_us / o.layers;
   const double gbps = double(row["unique_kv_bytes"].get<std::int64_t>()) / (per_layer * 1e3);
   row["backend"] = backend.name();
   row["dtype"] = o.dtype;
+  row["kv_dtype"] = o.attention.kv_dtype.empty() ? o.dtype : o.attention.kv_dtype;
+  row["logit_softcap"] = o.attention.softcap;
+  row["sinks"] = !o.attention.sinks_path.empty();
   row["layers"] = o.layers;
   if (std::string(backend.name()) == "cuda") row["graph_headroom"] = o.backend_flags.options.cuda_graph_headroom;
   row["run_median_us"] = per_layer;
@@ -295,7 +310,7 @@ void run_bench(const BenchOptions& o) {
   std::size_t done = 0;
   nlohmann::json rows = nlohmann::json::array();
   for (Workload& w : workloads) {
-    Inputs in = backends.empty() ? Inputs{} : synthetic_inputs(w.named.tree, o.dtype);
+    Inputs in = backends.empty() ? Inputs{} : synthetic_inputs(w.named.tree, o.dtype, o.attention);
     for (const std::string& strategy : o.strategies) for (const std::string& block_tokens : o.block_tokens)
     for (const std::string& assignments : o.costs) for (TimedBackend* timed : planners) {
       const CostModel cost = cost_model_of(timed, assignments);
@@ -333,7 +348,8 @@ Command add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember(model_names()))
       ->capture_default_str();
-  sub->add_option("--heads", o->heads, "Further head shapes HQ/HKV/D beside the models (comma-separated), e.g. 16/1/128")
+  sub->add_option("--heads", o->heads, "Further head shapes HQ/HKV/D or HQ/HKV/D/DV (DV: head_dim_v) beside the models (comma-separated), "
+                  "e.g. 16/1/128 or 128/128/192/128")
       ->delimiter(',');
   sub->add_option("--strategy", o->strategies, "Strategies (comma-separated)")
       ->delimiter(',')
@@ -362,6 +378,7 @@ Command add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"f16", "bf16"}))
       ->capture_default_str();
   o->backend_flags.add_to(*sub);
+  o->attention.add_to(*sub, "K and V of the timed runs in this fp8 kind (scale 1; the KV bytes count 1 per element)");
   sub->add_option("--graph-headroom", o->backend_flags.options.cuda_graph_headroom,
                   "CUDA: time the graph-stable device path, a Workspace whose limits are each plan's times this "
                   "factor (e.g. 1.5: grids fixed for plans half again as large, as a serving engine's captured graph "

@@ -21,6 +21,7 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
+#include "attention_flags.hpp"
 #include "demo_runner.hpp"
 #include "demo_soak.hpp"
 #include "plan_svg.hpp"
@@ -40,6 +41,7 @@ struct DemoOptions {
   PlanFlags plan;
   std::string backend = "auto";
   BackendFlags backend_flags;
+  AttentionFlags attention;
   bool verbose = false;
   int page_size = 16;
   std::string svg;
@@ -189,8 +191,8 @@ void write_kv_rows(HostArray& k, HostArray& v, const HeadConfig& heads, const st
   for (const std::int64_t slot : slots) {
     const std::size_t row = std::size_t(slot) * row_elements;
     for (std::size_t e = 0; e < row_elements; ++e) {
-      store_from_float(k.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(slot), e, 1));
-      store_from_float(v.bytes.data(), DType::f16, row + e, synthetic(std::uint64_t(slot), e, 2));
+      store_from_float(k.bytes.data(), k.dtype, row + e, synthetic(std::uint64_t(slot), e, 1));
+      store_from_float(v.bytes.data(), v.dtype, row + e, synthetic(std::uint64_t(slot), e, 2));
     }
   }
 }
@@ -209,20 +211,24 @@ class DemoLoop {
         heads_(setup.model->heads),
         cache_(o.page_size, peak.pages),
         live_(cache_),
-        k_(DType::f16, {cache_.slots(), heads_.heads_kv, heads_.head_dim}),
-        v_(DType::f16, {cache_.slots(), heads_.heads_kv, heads_.head_dim}),
-        backend_(make_backend(parse_backend(o.backend), backend_options(o))),
-        runner_(make_step_runner(*backend_, backend_options(o), heads_, k_, v_, peak.queries)),
+        k_(o.attention.fp8().value_or(DType::f16), {cache_.slots(), heads_.heads_kv, heads_.head_dim}),
+        v_(k_.dtype, {cache_.slots(), heads_.heads_kv, heads_.head_dim}),
+        sinks_(o.attention.read_sinks()),
+        variants_(o.attention.options(sinks_)),
+        backend_(backend_for(o, heads_, variants_, k_.dtype)),
+        runner_(make_step_runner(*backend_, backend_options(o), heads_, k_, v_, peak.queries, variants_)),
         options_(o.plan.options(cache_.slots(), backend_->cost_model())),
         // The plan each step runs comes from an IncrementalPlanner fed the tree's
         // changes; a from-scratch Planner plans the same tree beside it, timed for comparison.
         incremental_(heads_, options_, incremental_options(o.bitwise_updates, o.plan.plan_threads)),
         planner_(o.plan.plan_threads),
         progress_(setup.steps),
-        soak_(o.check_every > 0 ? std::make_unique<SoakChecks>(o.check_every, o.check_tolerance, setup.steps) : nullptr) {
-    fmt::print(stderr, "demo: {} on {} ({} layers, heads {}/{}/{}), backend {} ({}), strategy {}, KV cache {} pages of {} tokens\n",
+        soak_(o.check_every > 0 ? std::make_unique<SoakChecks>(o.check_every, o.check_tolerance, setup.steps, variants_) : nullptr) {
+    const std::string variants = o.attention.describe();
+    fmt::print(stderr, "demo: {} on {} ({} layers, heads {}/{}/{}{}), backend {} ({}), strategy {}, KV cache {} pages of {} tokens\n",
                setup.named.name, setup.model->name, setup.layers, heads_.heads_q, heads_.heads_kv, heads_.head_dim,
-               backend_->name(), runner_->name(), o.plan.strategy, peak.pages, o.page_size);
+               variants.empty() ? "" : ", " + variants, backend_->name(), runner_->name(), o.plan.strategy, peak.pages,
+               o.page_size);
   }
 
   // A runner that captures its steps as a graph gets the run's largest plan
@@ -271,6 +277,17 @@ class DemoLoop {
     BackendOptions b = o.backend_flags.options;
     b.verbose = o.verbose;
     return b;
+  }
+
+  // --backend's, where "auto" is the first backend that runs the attention variants asked for.
+  static std::unique_ptr<Backend> backend_for(const DemoOptions& o, const HeadConfig& heads, const AttentionOptions& variants,
+                                              DType kv) {
+    const BackendKind kind = parse_backend(o.backend);
+    std::unique_ptr<Backend> backend = make_backend(kind, backend_options(o));
+    if (kind == BackendKind::automatic && !unsupported_variant(heads, variants, kv, backend->variants()).empty()) {
+      backend = make_backend(BackendKind::cpu, backend_options(o));
+    }
+    return backend;
   }
 
   // One decode step: the tree's changes handed over with the new tokens' K/V,
@@ -333,8 +350,8 @@ class DemoLoop {
     StepRecord& record = running_.back();
     record.plan_us = since(s0);
     const PlanStats st = compute_stats(plan);
-    totals_.unique_bytes += st.kv_bytes(st.tokens, 2) * setup_.layers;
-    totals_.sequence_bytes += st.kv_bytes(st.sequence_read_tokens, 2) * setup_.layers;
+    totals_.unique_bytes += st.kv_bytes(st.tokens, dtype_size(k_.dtype)) * setup_.layers;
+    totals_.sequence_bytes += st.kv_bytes(st.sequence_read_tokens, dtype_size(k_.dtype)) * setup_.layers;
     record.nodes = std::int64_t(tree.node_count());
     record.queries = plan.num_queries;
     record.tokens = live_.tokens();
@@ -377,7 +394,8 @@ class DemoLoop {
   const HeadConfig& heads_;
   PagedKvCache cache_;
   SequenceTree live_;
-  HostArray k_, v_;
+  HostArray k_, v_, sinks_;
+  const AttentionOptions variants_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<StepRunner> runner_;
   const PlanOptions options_;
@@ -544,6 +562,7 @@ Command add_demo_command(CLI::App& app) {
       ->check(CLI::IsMember(backend_names()))
       ->capture_default_str();
   o->backend_flags.add_to(*sub);
+  o->attention.add_to(*sub, "The KV cache in this fp8 kind (scale 1; the KV bytes count 1 per element)");
   sub->add_flag("--verbose", o->verbose,
                 "Say on stderr which device each backend runs, and its kernels: variant, registers, occupancy");
   sub->add_option("--page-size", o->page_size, "Tokens per KV cache page")->check(CLI::Range(1, 4096))->capture_default_str();

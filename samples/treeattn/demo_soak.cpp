@@ -34,21 +34,21 @@ Difference max_difference(const HostArray& got, const HostArray& expected) {
   return d;
 }
 
-SoakChecks::SoakChecks(std::int64_t every, double tolerance, std::int64_t steps)
-    : every_(every), warmup_(steps / 10), tolerance_(tolerance), cpu_(make_backend(BackendKind::cpu)) {}
+SoakChecks::SoakChecks(std::int64_t every, double tolerance, std::int64_t steps, const AttentionOptions& variants)
+    : every_(every), warmup_(steps / 10), tolerance_(tolerance), variants_(variants), cpu_(make_backend(BackendKind::cpu)) {}
 
 SoakChecks::~SoakChecks() = default;
 
 void SoakChecks::check(std::int64_t step, const Plan& plan, const HostArray& q, HostArray& k, HostArray& v,
                        StepRunner& runner) {
   runner.outputs(o_, lse_);
-  if (!reference_) reference_ = make_step_runner(*cpu_, BackendOptions{}, plan.heads, k, v, plan.num_queries);
+  if (!reference_) reference_ = make_step_runner(*cpu_, BackendOptions{}, plan.heads, k, v, plan.num_queries, variants_);
   reference_->run(plan, q, 1);
   reference_->outputs(o_cpu_, lse_cpu_);
   (void)reference_->finished(true);
   const HeadConfig& h = plan.heads;
   for (const auto& [name, got, expected, max, row] :
-       {std::tuple{"O", &o_, &o_cpu_, &max_o_, std::int64_t(h.heads_q) * h.head_dim},
+       {std::tuple{"O", &o_, &o_cpu_, &max_o_, std::int64_t(h.heads_q) * h.value_dim()},
         std::tuple{"LSE", &lse_, &lse_cpu_, &max_lse_, std::int64_t(h.heads_q)}}) {
     if (got->shape != expected->shape) {
       throw Error(ErrorCategory::Backend, fmt::format("demo: step {}: layer 0's {} has shape {} on the {}, {} on the CPU",

@@ -58,9 +58,9 @@ Difference max_difference(const HostArray& got, const HostArray& expected);
 class SoakChecks {
  public:
   // Checks every `every`th of `steps` steps against the CPU backend with
-  // `tolerance`; memory samples taken from step `steps` / 10 on are the ones
-  // after warm-up.
-  SoakChecks(std::int64_t every, double tolerance, std::int64_t steps);
+  // `tolerance`, running the run's attention variants; memory samples taken
+  // from step `steps` / 10 on are the ones after warm-up.
+  SoakChecks(std::int64_t every, double tolerance, std::int64_t steps, const AttentionOptions& variants);
   ~SoakChecks();
 
   bool due(std::int64_t step) const noexcept { return step % every_ == 0; }
@@ -87,6 +87,7 @@ class SoakChecks {
 
   std::int64_t every_, warmup_;
   double tolerance_;
+  AttentionOptions variants_;
   std::unique_ptr<Backend> cpu_;
   std::unique_ptr<StepRunner> reference_;
   HostArray o_, lse_, o_cpu_, lse_cpu_;

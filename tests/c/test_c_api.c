@@ -98,9 +98,75 @@ static treeattn_tensor tensor(void* data, treeattn_dtype dtype, int ndim, int64_
   return t;
 }
 
-static treeattn_tree* build_tree(void) {
-  treeattn_tree* tree = NULL;
-  CHECK(treeattn_tree_create(HQ, HKV, D, 0.0f, &tree) == TREEATTN_OK);
+/* An fp8 e4m3 (float8_e4m3fn) code's value. */
+static double e4m3_to_double(uint8_t b) {
+  const int exponent = (b >> 3) & 15, mantissa = b & 7;
+  const double magnitude = exponent == 0 ? ldexp(mantissa, -9) : ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  return (b & 0x80) ? -magnitude : magnitude;
+}
+
+/* Element i of K or V: f16, or (with per-KV-head scales) e4m3 times its head's scale. */
+static double kv_value(const void* data, const float* scales, int64_t i, int dim) {
+  if (scales == NULL) return f16_to_float(((const uint16_t*)data)[i]);
+  return e4m3_to_double(((const uint8_t*)data)[i]) * scales[(i / dim) % HKV];
+}
+
+/* The naive attention of the tree's queries, in double: each query's path,
+ * scores soft-capped at `cap` (0: not), a sink per query head in the softmax
+ * (sinks NULL: none). Q [3, HQ, d] f16; K [SLOTS, HKV, d] and V [SLOTS, HKV, dv]. */
+static void reference(int d, int dv, const uint16_t* q, const void* k, const void* v, const float* k_scales,
+                      const float* v_scales, const float* sinks, double cap, double* want_o, double* want_lse) {
+  const double scale = 1.0 / sqrt((double)d);
+  for (int query = 0; query < 3; ++query) {
+    for (int h = 0; h < HQ; ++h) {
+      const int kv = h / (HQ / HKV);
+      double scores[40], max = sinks ? sinks[h] : -INFINITY;
+      for (int t = 0; t < kQueryTokens[query]; ++t) {
+        const int64_t row = path_slot(t) * HKV + kv;
+        double s = 0.0;
+        for (int c = 0; c < d; ++c) s += f16_to_float(q[(query * HQ + h) * d + c]) * kv_value(k, k_scales, row * d + c, d);
+        scores[t] = cap != 0.0 ? cap * tanh(s * scale / cap) : s * scale;
+        if (scores[t] > max) max = scores[t];
+      }
+      double acc[256] = {0}, sum = sinks ? exp(sinks[h] - max) : 0.0;
+      for (int t = 0; t < kQueryTokens[query]; ++t) {
+        const double p = exp(scores[t] - max);
+        const int64_t row = path_slot(t) * HKV + kv;
+        sum += p;
+        for (int c = 0; c < dv; ++c) acc[c] += p * kv_value(v, v_scales, row * dv + c, dv);
+      }
+      for (int c = 0; c < dv; ++c) want_o[(query * HQ + h) * dv + c] = acc[c] / sum;
+      want_lse[query * HQ + h] = max + log(sum);
+    }
+  }
+}
+
+/* Max |got - want| over O (n values) and LSE (3 * HQ). */
+static double worst_error(const float* o, const double* want_o, int n, const float* lse, const double* want_lse) {
+  double worst = 0.0;
+  for (int i = 0; i < n; ++i) worst = fmax(worst, fabs(o[i] - want_o[i]));
+  for (int i = 0; i < 3 * HQ; ++i) worst = fmax(worst, fabs(lse[i] - want_lse[i]));
+  return worst;
+}
+
+static unsigned g_seed = 12345u;
+static unsigned next_random(void) { return (g_seed = g_seed * 1103515245u + 12345u) >> 16; }
+static uint16_t random_f16(void) { return float_to_f16((float)(next_random() & 2047) / 1024.0f - 1.0f); }
+
+static void fill_f16(uint16_t* a, size_t n) {
+  for (size_t i = 0; i < n; ++i) a[i] = random_f16();
+}
+
+/* Random f16 Q [3, HQ, d], K [SLOTS, HKV, d] and V [SLOTS, HKV, dv], and their plain attention. */
+static void random_inputs(int d, int dv, uint16_t* q, uint16_t* k, uint16_t* v, double* want_o, double* want_lse) {
+  fill_f16(q, (size_t)(3 * HQ * d));
+  fill_f16(k, (size_t)(SLOTS * HKV * d));
+  fill_f16(v, (size_t)(SLOTS * HKV * dv));
+  reference(d, dv, q, k, v, NULL, NULL, NULL, 0.0, want_o, want_lse);
+}
+
+/* The tree's nodes and queries, into a tree of any heads. */
+static void add_nodes_and_queries(treeattn_tree* tree) {
   const int64_t listed[] = {40, 35, 36};
   CHECK(treeattn_tree_add_node(tree, 7, 100, listed, 3) == TREEATTN_OK); /* before its parent: fine */
   CHECK(treeattn_tree_add_node_range(tree, 100, -1, 0, 30) == TREEATTN_OK);
@@ -109,7 +175,117 @@ static treeattn_tree* build_tree(void) {
   CHECK(treeattn_tree_add_query(tree, 7, -1) == TREEATTN_OK);
   CHECK(treeattn_tree_add_query(tree, 9, -1) == TREEATTN_OK);
   CHECK(treeattn_tree_add_query(tree, 9, 2) == TREEATTN_OK);
+}
+
+static treeattn_tree* build_tree(void) {
+  treeattn_tree* tree = NULL;
+  CHECK(treeattn_tree_create(HQ, HKV, D, 0.0f, &tree) == TREEATTN_OK);
+  add_nodes_and_queries(tree);
   return tree;
+}
+
+/* fp8 e4m3 K and V with per-KV-head scales, sinks and a soft-cap through
+ * treeattn_run_with on the tree's plan; then the options' failures. */
+static void test_variants(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* tq,
+                          const treeattn_tensor* to, const treeattn_tensor* tl) {
+  static uint8_t k8[SLOTS * HKV * D], v8[SLOTS * HKV * D];
+  for (size_t i = 0; i < sizeof k8; ++i) k8[i] = (uint8_t)(next_random() & 0xf7); /* 0xf7: never the NaN code 0x7f */
+  for (size_t i = 0; i < sizeof v8; ++i) v8[i] = (uint8_t)(next_random() & 0xf7);
+  float k_scales[HKV] = {0.004f, 0.003f}, v_scales[HKV] = {0.002f, 0.005f}, sinks[HQ] = {0.5f, -1.0f, 2.0f, 0.0f};
+  const uint16_t* q = (const uint16_t*)tq->data;
+  static double want_o[3 * HQ * D], want_lse[3 * HQ];
+  reference(D, D, q, k8, v8, k_scales, v_scales, sinks, 3.0, want_o, want_lse);
+
+  const treeattn_tensor tk = tensor(k8, TREEATTN_DTYPE_FP8_E4M3, 3, SLOTS, HKV, D);
+  const treeattn_tensor tv = tensor(v8, TREEATTN_DTYPE_FP8_E4M3, 3, SLOTS, HKV, D);
+  const treeattn_tensor tk_scales = tensor(k_scales, TREEATTN_DTYPE_F32, 1, HKV, 0, 0);
+  const treeattn_tensor tv_scales = tensor(v_scales, TREEATTN_DTYPE_F32, 1, HKV, 0, 0);
+  const treeattn_tensor tsinks = tensor(sinks, TREEATTN_DTYPE_F32, 1, HQ, 0, 0);
+  treeattn_attention_options options;
+  treeattn_attention_options_init(&options);
+  CHECK(options.k_scale == 1.0f && options.v_scale == 1.0f && options.logit_softcap == 0.0f && options.sinks == NULL);
+  options.logit_softcap = 3.0f;
+  options.sinks = &tsinks;
+  options.k_scales = &tk_scales;
+  options.v_scales = &tv_scales;
+  memset(to->data, 0, 3 * HQ * D * sizeof(float));
+  CHECK(treeattn_run_with(context, plan, tq, &tk, &tv, to, tl, &options) == TREEATTN_OK);
+  const double worst = worst_error((const float*)to->data, want_o, 3 * HQ * D, (const float*)tl->data, want_lse);
+  if (!(worst <= 2e-3)) fprintf(stderr, "variants: max abs error %g\n", worst);
+  CHECK(worst <= 2e-3);
+
+  const treeattn_tensor short_sinks = tensor(sinks, TREEATTN_DTYPE_F32, 1, HQ - 1, 0, 0);
+  options.sinks = &short_sinks;
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "sinks is [3] f32, expected [4] (heads_q)");
+  const treeattn_tensor no_data = tensor(NULL, TREEATTN_DTYPE_F32, 1, HKV, 0, 0);
+  options.sinks = NULL;
+  options.k_scales = &no_data;
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "k_scales has no data (pass NULL for none)");
+  options.k_scales = &tk_scales;
+  options.logit_softcap = -1.0f;
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "logit_softcap = -1 must be finite and not negative");
+  options.logit_softcap = 0.0f;
+  const treeattn_tensor f16_v = tensor(v8, TREEATTN_DTYPE_F16, 3, SLOTS / 2, HKV, D);
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &f16_v, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "V is [32, 2, 64] f16");
+  const treeattn_tensor e5m2_v = tensor(v8, TREEATTN_DTYPE_FP8_E5M2, 3, SLOTS, HKV, D);
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &e5m2_v, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "fp8 K needs V of the same fp8 kind, got K fp8_e4m3 and V fp8_e5m2");
+  options.struct_size = 5;
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "treeattn_attention_options.struct_size is 5");
+  CHECK_FAILS(treeattn_enqueue_with(context, plan, tq, &tk, &tv, to, NULL, NULL, NULL), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "this context runs the cpu backend: use treeattn_run");
+}
+
+/* A tree of 192-column Q and K and 128-column V and O (treeattn_tree_create_with). */
+static void test_head_dim_v(treeattn_context* context) {
+  enum { DQK = 192, DV = 128 };
+  static uint16_t q[3 * HQ * DQK], k[SLOTS * HKV * DQK], v[SLOTS * HKV * DV];
+  static double want_o[3 * HQ * DV], want_lse[3 * HQ];
+  random_inputs(DQK, DV, q, k, v, want_o, want_lse);
+
+  treeattn_tree_options tree_options;
+  treeattn_tree_options_init(&tree_options);
+  CHECK(tree_options.struct_size == sizeof tree_options && tree_options.head_dim_v == 0 && tree_options.scale == 0.0f);
+  tree_options.heads_q = HQ;
+  tree_options.heads_kv = HKV;
+  tree_options.head_dim = DQK;
+  tree_options.head_dim_v = DV;
+  treeattn_tree* tree = NULL;
+  CHECK(treeattn_tree_create_with(&tree_options, &tree) == TREEATTN_OK);
+  add_nodes_and_queries(tree);
+  treeattn_plan* plan = NULL;
+  CHECK(treeattn_plan_create(context, tree, NULL, &plan) == TREEATTN_OK);
+  static float o[3 * HQ * DV], lse[3 * HQ];
+  const treeattn_tensor tq = tensor(q, TREEATTN_DTYPE_F16, 3, 3, HQ, DQK);
+  const treeattn_tensor tk = tensor(k, TREEATTN_DTYPE_F16, 3, SLOTS, HKV, DQK);
+  const treeattn_tensor tv = tensor(v, TREEATTN_DTYPE_F16, 3, SLOTS, HKV, DV);
+  const treeattn_tensor to = tensor(o, TREEATTN_DTYPE_F32, 3, 3, HQ, DV);
+  const treeattn_tensor tl = tensor(lse, TREEATTN_DTYPE_F32, 2, 3, HQ, 0);
+  CHECK(treeattn_run_with(context, plan, &tq, &tk, &tv, &to, &tl, NULL) == TREEATTN_OK);
+  const double worst = worst_error(o, want_o, 3 * HQ * DV, lse, want_lse);
+  if (!(worst <= 2e-3)) fprintf(stderr, "head_dim_v: max abs error %g\n", worst);
+  CHECK(worst <= 2e-3);
+  CHECK_FAILS(treeattn_run(context, plan, &tq, &tk, &tk, &to, NULL), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "expected [64, 2, 128] (K's slots, heads_kv, head_dim_v)");
+  treeattn_plan_destroy(plan);
+  treeattn_tree_destroy(tree);
+
+  treeattn_tree* bad = NULL;
+  tree_options.head_dim_v = -2;
+  CHECK_FAILS(treeattn_tree_create_with(&tree_options, &bad), TREEATTN_ERROR_INVALID_TREE, "head_dim_v -2 must be positive");
+  tree_options.head_dim_v = 64;
+  CHECK(treeattn_tree_create_with(&tree_options, &bad) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_node_range(bad, 1, -1, 0, 10) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_query(bad, 1, -1) == TREEATTN_OK);
+  CHECK_FAILS(treeattn_plan_create(context, bad, NULL, &plan), TREEATTN_ERROR_INVALID_TREE,
+              "head_dim = 192 with head_dim_v = 64 is not supported");
+  treeattn_tree_destroy(bad);
+  CHECK_FAILS(treeattn_tree_create_with(NULL, &bad), TREEATTN_ERROR_INVALID_ARGUMENT, "options is NULL");
 }
 
 int main(void) {
@@ -118,35 +294,8 @@ int main(void) {
 
   /* Inputs: Q [3, HQ, D], K and V [SLOTS, HKV, D], f16. */
   static uint16_t q[3 * HQ * D], k[SLOTS * HKV * D], v[SLOTS * HKV * D];
-  unsigned seed = 12345u;
-  for (size_t i = 0; i < sizeof q / 2; ++i) q[i] = float_to_f16((float)((seed = seed * 1103515245u + 12345u) >> 16 & 2047) / 1024.0f - 1.0f);
-  for (size_t i = 0; i < sizeof k / 2; ++i) k[i] = float_to_f16((float)((seed = seed * 1103515245u + 12345u) >> 16 & 2047) / 1024.0f - 1.0f);
-  for (size_t i = 0; i < sizeof v / 2; ++i) v[i] = float_to_f16((float)((seed = seed * 1103515245u + 12345u) >> 16 & 2047) / 1024.0f - 1.0f);
-
-  /* The naive reference: each query's path, softmax in double. */
   static double want_o[3 * HQ * D], want_lse[3 * HQ];
-  const double scale = 1.0 / sqrt((double)D);
-  for (int query = 0; query < 3; ++query) {
-    for (int h = 0; h < HQ; ++h) {
-      const int kv = h / (HQ / HKV);
-      double scores[40], max = -INFINITY, sum = 0.0;
-      for (int t = 0; t < kQueryTokens[query]; ++t) {
-        const int64_t slot = path_slot(t);
-        double s = 0.0;
-        for (int c = 0; c < D; ++c) s += f16_to_float(q[(query * HQ + h) * D + c]) * f16_to_float(k[(slot * HKV + kv) * D + c]);
-        scores[t] = s * scale;
-        if (scores[t] > max) max = scores[t];
-      }
-      double acc[D] = {0};
-      for (int t = 0; t < kQueryTokens[query]; ++t) {
-        const double p = exp(scores[t] - max);
-        sum += p;
-        for (int c = 0; c < D; ++c) acc[c] += p * f16_to_float(v[(path_slot(t) * HKV + kv) * D + c]);
-      }
-      for (int c = 0; c < D; ++c) want_o[(query * HQ + h) * D + c] = acc[c] / sum;
-      want_lse[query * HQ + h] = max + log(sum);
-    }
-  }
+  random_inputs(D, D, q, k, v, want_o, want_lse);
 
   treeattn_tree* tree = build_tree();
   treeattn_context_options context_options;
@@ -176,9 +325,7 @@ int main(void) {
       CHECK(treeattn_plan_num_queries(plan) == 3);
       memset(o, 0, sizeof o);
       CHECK(treeattn_run(context, plan, &tq, &tk, &tv, &to, &tl) == TREEATTN_OK);
-      double worst = 0.0;
-      for (int i = 0; i < 3 * HQ * D; ++i) worst = fmax(worst, fabs(o[i] - want_o[i]));
-      for (int i = 0; i < 3 * HQ; ++i) worst = fmax(worst, fabs(lse[i] - want_lse[i]));
+      const double worst = worst_error(o, want_o, 3 * HQ * D, lse, want_lse);
       if (!(worst <= 2e-3)) fprintf(stderr, "strategy %d, block %d: max abs error %g\n", s, block, worst);
       CHECK(worst <= 2e-3);
       treeattn_plan_destroy(plan);
@@ -243,6 +390,9 @@ int main(void) {
   CHECK(treeattn_plan_create(context, tree, NULL, &bad_plan) == TREEATTN_OK);
   CHECK(strcmp(treeattn_last_error(), "") == 0); /* a success clears the message */
   treeattn_plan_destroy(bad_plan);
+
+  test_variants(context, plan, &tq, &to, &tl);
+  test_head_dim_v(context);
 
   treeattn_plan_destroy(plan);
   treeattn_context_destroy(context);

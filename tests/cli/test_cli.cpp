@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "support/oracle.hpp"
 #include "treeattn/tools.hpp"
 #include "treeattn/treeattn.hpp"
 
@@ -623,4 +624,60 @@ TEST_CASE("bf16 inputs travel as <u2 and run end to end") {
   REQUIRE_MESSAGE(r.status == 0, r.output);
   CHECK(read_npy(dir / "o.npy").shape == std::vector<std::int64_t>{5, 8, 128});
   CHECK(!exists(dir / "lse.npy"));
+}
+
+TEST_CASE("--kv-dtype, --softcap and --sinks: demo's step equals `run` with them, and both are the variants' attention") {
+  TempDir dir;
+  HostArray sinks(DType::f32, {32});  // llama3-8b's query heads
+  for (std::size_t h = 0; h < 32; ++h) store_from_float(sinks.bytes.data(), DType::f32, h, float(h % 5) - 1.0f);
+  write_npy(dir / "sinks.npy", sinks.view());
+  const std::string variants = " --kv-dtype fp8_e4m3 --softcap 2 --sinks " + (dir / "sinks.npy");
+  Result r = cli("demo --workload fewshot --branches 3 --prompt 100 --generated 6 --layers 1 --block-tokens 32 "
+                 "--bitwise-updates --dump-step 5 --dump-dir " + dir.path + variants);
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(r.output.find("fp8_e4m3 K/V, soft-cap 2, sinks") != std::string::npos);
+  CHECK(r.output.find("backend cpu") != std::string::npos);  // auto: the first backend that runs the variants
+  const std::string run = "run --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") +
+                          " --v " + (dir / "v.npy") + " --out " + (dir / "o_run.npy") + " --lse " + (dir / "lse_run.npy") +
+                          " --block-tokens 32";
+  r = cli(run + variants);
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(read_npy(dir / "o_run.npy").bytes == read_npy(dir / "o.npy").bytes);
+  CHECK(read_npy(dir / "lse_run.npy").bytes == read_npy(dir / "lse.npy").bytes);
+
+  // The snapshot's attention in double (the fp64 oracle), with the same variants.
+  const Tree tree = load_tree_json(dir / "tree.json");
+  HostArray q = read_npy(dir / "q.npy"), k = read_npy(dir / "k.npy", DType::fp8_e4m3),
+            v = read_npy(dir / "v.npy", DType::fp8_e4m3);
+  CHECK(k.dtype == DType::fp8_e4m3);
+  AttentionOptions options;
+  options.logit_softcap = 2.0f;
+  options.sinks = sinks.view();
+  const test::OracleResult want = test::oracle_attention(tree, q.view(), k.view(), v.view(), options);
+  CHECK(test::max_abs_error(read_npy(dir / "o_run.npy").view(), want.o) < 2e-3);
+  CHECK(test::max_abs_error(read_npy(dir / "lse_run.npy").view(), want.lse) < 2e-3);
+
+  // Without the flags the same files are refused (fp8 codes need their kind), and a short sinks file is named.
+  r = cli(run, true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("dtype '|u1' holds fp8 codes") != std::string::npos);
+  write_npy(dir / "short.npy", HostArray(DType::f32, {3}).view());
+  r = cli(run + " --kv-dtype fp8_e4m3 --sinks " + (dir / "short.npy"), true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("sinks is [3] f32, expected [32] (heads_q)") != std::string::npos);
+  CHECK(cli(run + " --softcap -1", true).status != 0);
+}
+
+TEST_CASE("bench --kv-dtype fp8: rows say so and count one byte per K and V element") {
+  const std::string args = "--workload random --nodes 200 --queries 30 --trees 2 --max-tokens 16 --strategy flatten "
+                           "--repeat 1 --backend cpu";
+  const nlohmann::json f16 = bench(args).rows;
+  const nlohmann::json fp8 = bench(args + " --kv-dtype fp8_e5m2 --softcap 30").rows;
+  REQUIRE(f16.size() == 1);
+  REQUIRE(fp8.size() == 1);
+  CHECK(fp8[0]["kv_dtype"] == "fp8_e5m2");
+  CHECK(fp8[0]["logit_softcap"] == 30.0);
+  CHECK(f16[0]["kv_dtype"] == "f16");
+  CHECK(2 * fp8[0]["unique_kv_bytes"].get<std::int64_t>() == f16[0]["unique_kv_bytes"].get<std::int64_t>());
+  CHECK(fp8[0]["run_median_us"].get<double>() > 0.0);
 }

@@ -844,3 +844,17 @@ TEST_CASE("changes refused at once: a node id of -1, appends past the limit of a
   planner.remove_node(4);
   CHECK(planner.update().num_tokens() == 3);
 }
+
+TEST_CASE("add_tree refuses a tree of other heads, head_dim_v among them, naming both") {
+  IncrementalPlanner planner(HeadConfig{8, 2, 192, 0.0f, 128});
+  Tree other({8, 2, 192});
+  other.add_node_range(0, kNoParent, 0, 4);
+  CHECK_THROWS_WITH_AS(planner.add_tree(other),
+                       doctest::Contains("the tree's heads 8/2/192 scale 0.07216878 are not the planner's 8/2/192 v 128"),
+                       Error);
+  Tree same({8, 2, 192, 0.0f, 128});
+  same.add_node_range(0, kNoParent, 0, 4);
+  same.add_query(0);
+  planner.add_tree(same);
+  CHECK(planner.update().heads.value_dim() == 128);
+}

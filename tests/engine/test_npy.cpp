@@ -55,6 +55,19 @@ TEST_CASE("round trips for every dtype and rank") {
   }
 }
 
+TEST_CASE("fp8 codes are '|u1', read back as the kind the reader names, refused without one") {
+  for (DType fp8 : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+    HostArray a = random_array(fp8, {5, 2, 64}, 9);
+    const std::string bytes = encode_npy(a.view());
+    CHECK(bytes.find("'descr': '|u1'") != std::string::npos);
+    const HostArray b = parse_npy(bytes, "mem", fp8);
+    CHECK(b.dtype == fp8);
+    CHECK(b.shape == a.shape);
+    CHECK(b.bytes == a.bytes);
+    expect_io_error(bytes, "dtype '|u1' holds fp8 codes, read only as fp8_e4m3 or fp8_e5m2 K and V (--kv-dtype)");
+  }
+}
+
 TEST_CASE("files on disk") {
   HostArray a = random_array(DType::f32, {4, 2, 64}, 3);
   const std::string path = "test_npy_roundtrip.npy";

@@ -95,6 +95,24 @@ TEST_CASE("paged nodes in tree files: pages, page_size, last_page_tokens, round-
                        doctest::Contains("last_page_tokens"), Error);
 }
 
+TEST_CASE("head_dim_v in tree files: read, written only where it differs from head_dim, checked") {
+  const Tree tree = parse_tree_json(R"({"heads_q": 8, "heads_kv": 2, "head_dim": 192, "head_dim_v": 128,
+    "nodes": [{"id": 0, "parent": -1, "slot_range": [0, 3]}], "queries": [{"node": 0}]})");
+  CHECK(tree.heads.head_dim_v == 128);
+  CHECK(tree.heads.value_dim() == 128);
+  const std::string written = tree_to_json(tree);
+  CHECK(written.find("\"head_dim_v\":128") != std::string::npos);
+  CHECK(parse_tree_json(written).heads.same_as(tree.heads));
+  const Tree plain = parse_tree_json(R"({"heads_q": 8, "heads_kv": 2, "head_dim": 64,
+    "nodes": [], "queries": []})");
+  CHECK(plain.heads.value_dim() == 64);
+  CHECK(tree_to_json(plain).find("head_dim_v") == std::string::npos);
+  CHECK_THROWS_WITH_AS(parse_tree_json(R"({"heads_q": 8, "heads_kv": 2, "head_dim": 64, "head_dim_v": 0,
+    "nodes": [], "queries": []})"), doctest::Contains("head_dim_v = 0 must be positive (omit it for head_dim)"), Error);
+  CHECK_THROWS_WITH_AS(parse_tree_json(R"({"heads_q": 8, "heads_kv": 2, "head_dim": 64, "head_dim_v": "x",
+    "nodes": [], "queries": []})"), doctest::Contains("head_dim_v must be an integer"), Error);
+}
+
 TEST_CASE("malformed tree files name the field at fault") {
   const std::string heads = R"("heads_q": 4, "heads_kv": 2, "head_dim": 64, )";
   expect_io_error("{\"heads_q\": 4,", "malformed JSON at byte");

@@ -40,10 +40,25 @@ TEST_CASE("the base tree is valid") { CHECK_NOTHROW(plan(base(), PlanOptions{Str
 TEST_CASE("head configuration") {
   for (auto [hq, hkv, d, fragment] : {std::tuple{0, 1, 64, "heads_q = 0"}, std::tuple{8, 0, 64, "heads_kv = 0"},
                                       std::tuple{8, 3, 64, "not a multiple of heads_kv = 3"},
-                                      std::tuple{8, 2, 96, "head_dim = 96 is not supported"}}) {
+                                      std::tuple{8, 2, 80, "head_dim = 80 is not supported (supported: 64, 96, 128, 256; "
+                                                            "or head_dim 192 with head_dim_v 128)"},
+                                      std::tuple{8, 2, 192, "head_dim = 192 is not supported"}}) {
     Tree tree = base();
     tree.heads = {hq, hkv, d, 0.0f};
     expect_rejected(tree, {fragment});
+  }
+  for (auto [d, dv, fragment] : {std::tuple{192, 64, "head_dim = 192 with head_dim_v = 64 is not supported (supported: "
+                                                     "head_dim 192 with head_dim_v 128)"},
+                                 std::tuple{128, 64, "head_dim = 128 with head_dim_v = 64 is not supported"},
+                                 std::tuple{128, -1, "head_dim_v = -1 must be positive (0: head_dim)"}}) {
+    Tree tree = base();
+    tree.heads = {8, 2, d, 0.0f, dv};
+    expect_rejected(tree, {fragment});
+  }
+  for (HeadConfig good : {HeadConfig{8, 2, 96, 0.0f}, HeadConfig{8, 2, 192, 0.0f, 128}, HeadConfig{8, 2, 128, 0.0f, 128}}) {
+    Tree tree = base();
+    tree.heads = good;
+    CHECK_NOTHROW(plan(tree, PlanOptions{Strategy::flatten, 256, kMaxQueryTile, 7}));
   }
   for (float scale : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     Tree tree = base();

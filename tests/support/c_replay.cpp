@@ -253,7 +253,7 @@ int check_c_planner_replay(treeattn_context* context, const CallPlan& call, cons
       CHECK(max_abs_error(incremental.lse.view(), doubles_of(reference.lse)) <= 1e-4);
     }
     const OracleResult expected =
-        oracle_attention(model.tree(queries), in.q.view(), in.k.view(), in.v.view(), options.window);
+        oracle_attention(model.tree(queries), in.q.view(), in.k.view(), in.v.view(), {}, options.window);
     CHECK(max_abs_error(incremental.o.view(), expected.o) <= tolerance(DType::f16));
     CHECK(max_abs_error(incremental.lse.view(), expected.lse) <= tolerance(DType::f16));
   }

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "support/oracle.hpp"
+#include "treeattn/error.hpp"
 #include "treeattn/workloads.hpp"
 
 namespace treeattn::test {
@@ -29,12 +32,104 @@ Tree determinism_forest() {
   return random_forest(o);
 }
 
+Tree bad_input_tree() {
+  Tree tree({4, 2, 64});
+  tree.add_node_range(0, kNoParent, 0, 10);
+  tree.add_query(0);
+  tree.add_query(0, 4);
+  return tree;
+}
+
+AttentionOptions Inputs::options() {
+  AttentionOptions o;
+  o.logit_softcap = logit_softcap;
+  o.k_scale = k_scale;
+  o.v_scale = v_scale;
+  auto view_or_none = [](HostArray& a) { return a.bytes.empty() ? TensorRef{} : a.view(); };
+  o.sinks = view_or_none(sinks);
+  o.k_scales = view_or_none(k_scales);
+  o.v_scales = view_or_none(v_scales);
+  return o;
+}
+
 Inputs make_inputs(const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude) {
   const HeadConfig& h = tree.heads;
   const std::int64_t slots = std::max<std::int64_t>(total_tokens(tree), 1);
   return {random_array(dtype, {std::int64_t(tree.query_count()), h.heads_q, h.head_dim}, seed, q_amplitude),
           random_array(dtype, {slots, h.heads_kv, h.head_dim}, seed + 1),
-          random_array(dtype, {slots, h.heads_kv, h.head_dim}, seed + 2)};
+          random_array(dtype, {slots, h.heads_kv, h.value_dim()}, seed + 2)};
+}
+
+std::vector<Variant> all_variants() {
+  std::vector<Variant> v;
+  for (DType fp8 : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+    for (bool per_head : {false, true}) {
+      v.push_back({per_head ? (fp8 == DType::fp8_e4m3 ? "fp8_e4m3 per-head scales" : "fp8_e5m2 per-head scales")
+                            : (fp8 == DType::fp8_e4m3 ? "fp8_e4m3 per-tensor scales" : "fp8_e5m2 per-tensor scales"),
+                   fp8, per_head});
+    }
+  }
+  v.push_back({"sinks", DType::f16, false, true});
+  v.push_back({"soft-cap 5", DType::f16, false, false, 5.0f});
+  v.push_back({"sinks + soft-cap 5", DType::f16, false, true, 5.0f});
+  v.push_back({"fp8_e4m3 + sinks + soft-cap 30", DType::fp8_e4m3, true, true, 30.0f});
+  return v;
+}
+
+Inputs make_variant_inputs(const Tree& tree, const Variant& variant, std::uint64_t seed) {
+  // Scores of a few units (q_amplitude 2) so that a soft-cap of 5 bends them.
+  Inputs in = make_inputs(tree, DType::f16, seed, 2.0f);
+  const HeadConfig& h = tree.heads;
+  in.logit_softcap = variant.logit_softcap;
+  if (variant.sinks) {
+    in.sinks = random_array(DType::f32, {h.heads_q}, seed + 3, 3.0f);
+    for (std::int64_t i = 0; i < h.heads_q; ++i) {
+      store_from_float(in.sinks.bytes.data(), DType::f32, std::size_t(i), load_as_float(in.sinks.bytes.data(), DType::f32, std::size_t(i)) + 1.0f);
+    }
+  }
+  if (!is_fp8(variant.kv)) return in;
+  // K and V stored as fp8 of (the f16 draw / its scale): the dequantized
+  // values are the draw to fp8's precision, and the scales matter.
+  std::vector<float> k_scale(std::size_t(h.heads_kv), 0.05f), v_scale(std::size_t(h.heads_kv), 0.02f);
+  if (variant.per_head_scales) {
+    for (std::size_t head = 0; head < k_scale.size(); ++head) {
+      k_scale[head] = 0.01f * float(head + 2);
+      v_scale[head] = 0.03f / float(head + 1);
+    }
+    in.k_scales = HostArray(DType::f32, {h.heads_kv});
+    in.v_scales = HostArray(DType::f32, {h.heads_kv});
+    std::memcpy(in.k_scales.bytes.data(), k_scale.data(), k_scale.size() * 4);
+    std::memcpy(in.v_scales.bytes.data(), v_scale.data(), v_scale.size() * 4);
+  } else {
+    in.k_scale = k_scale[0];
+    in.v_scale = v_scale[0];
+  }
+  auto quantize = [&](const HostArray& draw, const std::vector<float>& scale) {
+    HostArray out(variant.kv, draw.shape);
+    const std::size_t row = std::size_t(draw.shape[2]);
+    for (std::size_t i = 0; i < std::size_t(draw.numel()); ++i) {
+      const std::size_t head = i / row % scale.size();
+      store_from_float(out.bytes.data(), variant.kv, i, load_as_float(draw.bytes.data(), draw.dtype, i) / scale[head]);
+    }
+    return out;
+  };
+  in.k = quantize(in.k, k_scale);
+  in.v = quantize(in.v, v_scale);
+  return in;
+}
+
+bool runs_variant(Backend& backend, const Tree& tree, Inputs& in) {
+  const std::string variant = unsupported_variant(tree.heads, in.options(), in.k.dtype, backend.variants());
+  if (variant.empty()) return true;
+  const std::string skipped = "skipped on the " + std::string(backend.name()) + " backend, which does not run " + variant + " yet";
+  MESSAGE(skipped);
+  const std::int64_t nq = std::int64_t(tree.query_count());
+  HostArray o(DType::f32, {nq, tree.heads.heads_q, tree.heads.value_dim()});
+  const std::string refusal = fmt::format("{} is not supported by the {} backend", variant, backend.name());
+  CHECK_THROWS_WITH_AS(backend.run(treeattn::plan(tree), AttentionArgs{in.q.view(), in.k.view(), in.v.view(), o.view(),
+                                                                        {}, in.options()}),
+                       doctest::Contains(refusal.c_str()), Error);
+  return false;
 }
 
 Outputs run_backend(Backend& backend, const Tree& tree, Inputs& in, const PlanOptions& options, DType out_dtype) {
@@ -44,22 +139,28 @@ Outputs run_backend(Backend& backend, const Tree& tree, Inputs& in, const PlanOp
 Outputs run_plan(Backend& backend, const Tree& tree, Inputs& in, const Plan& plan, DType out_dtype) {
   const HeadConfig& h = tree.heads;
   const std::int64_t nq = std::int64_t(tree.query_count());
-  Outputs out{HostArray(out_dtype, {nq, h.heads_q, h.head_dim}), HostArray(DType::f32, {nq, h.heads_q})};
-  backend.run(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), out.o.view(), out.lse.view()});
+  Outputs out{HostArray(out_dtype, {nq, h.heads_q, h.value_dim()}), HostArray(DType::f32, {nq, h.heads_q})};
+  backend.run(plan, AttentionArgs{in.q.view(), in.k.view(), in.v.view(), out.o.view(), out.lse.view(), in.options()});
   return out;
 }
 
 void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude,
                           std::int32_t block_tokens, std::int32_t query_tile, std::int32_t window) {
   Inputs in = make_inputs(tree, dtype, seed, q_amplitude);
-  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view(), window);
+  check_inputs_against_oracle(backend, tree, in, tolerance(dtype), block_tokens, query_tile, window);
+}
+
+void check_inputs_against_oracle(Backend& backend, const Tree& tree, Inputs& in, double tolerance,
+                                 std::int32_t block_tokens, std::int32_t query_tile, std::int32_t window) {
+  if (!runs_variant(backend, tree, in)) return;
+  const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view(), in.options(), window);
   for (Strategy s : all_strategies()) {
     CAPTURE(to_string(s));
     PlanOptions options{s, block_tokens, query_tile, 0};
     options.window = window;
     Outputs out = run_backend(backend, tree, in, options);
-    CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(dtype));
-    CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(dtype));
+    CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance);
+    CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance);
   }
 }
 

@@ -25,10 +25,38 @@ double tolerance(DType inputs);
 // up to 64 queries) for the determinism checks.
 Tree determinism_forest();
 
+// One 10-token root and two queries on it (the second seeing 4 tokens), heads
+// 4/2/64: the tree of the bad-input cases.
+Tree bad_input_tree();
+
 struct Inputs {
   HostArray q, k, v;
+  // The call's attention variants (DESIGN.md §8); an empty array: none.
+  float logit_softcap = 0.0f, k_scale = 1.0f, v_scale = 1.0f;
+  HostArray sinks{}, k_scales{}, v_scales{};
+
+  AttentionOptions options();
 };
+// V has the tree's head_dim_v columns.
 Inputs make_inputs(const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude = 1.0f);
+
+// One call's attention variants, as the variant cases combine them.
+struct Variant {
+  const char* name = "plain";
+  DType kv = DType::f16;         // f16, or fp8 quantized from f16 draws divided by their scales
+  bool per_head_scales = false;  // fp8: k_scales / v_scales per KV head instead of k_scale / v_scale
+  bool sinks = false;            // one logit per query head, drawn from [-2, 4]
+  float logit_softcap = 0.0f;
+};
+// Every variant and the combinations the conformance suite runs.
+std::vector<Variant> all_variants();
+// f16 Q; K and V as the variant says; its options' tensors.
+Inputs make_variant_inputs(const Tree& tree, const Variant& variant, std::uint64_t seed);
+
+// Whether `backend` runs every variant the call uses (VariantSupport). Where
+// it does not, a doctest MESSAGE says which case is skipped, and the call is
+// checked to be refused with the backend's name in the message.
+bool runs_variant(Backend& backend, const Tree& tree, Inputs& in);
 
 struct Outputs {
   HostArray o, lse;
@@ -43,6 +71,10 @@ Outputs run_plan(Backend& backend, const Tree& tree, Inputs& in, const Plan& pla
 void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude = 1.0f,
                           std::int32_t block_tokens = 64, std::int32_t query_tile = kMaxQueryTile,
                           std::int32_t window = 0);
+// The same with `in`'s variants (none checked where runs_variant says the backend does not run them).
+void check_inputs_against_oracle(Backend& backend, const Tree& tree, Inputs& in, double tolerance,
+                                 std::int32_t block_tokens = 64, std::int32_t query_tile = kMaxQueryTile,
+                                 std::int32_t window = 0);
 
 // time_layers() on a 40-query forest with llama3-8b heads: `repeats` positive
 // timings and the same O as run(), bit for bit.

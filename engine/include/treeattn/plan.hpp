@@ -33,7 +33,7 @@
 //              either tile; the Vulkan scalar shader takes 16 rows a pass.
 //              Every backend's passes come from one lowering (engine/src/lowering.hpp).
 //   partial    where a tile query's result goes: tile_partial[k] is a slot of
-//              the fp32 partial buffers (O_part [num_partials, heads_q, head_dim],
+//              the fp32 partial buffers (O_part [num_partials, heads_q, head_dim_v],
 //              LSE_part [num_partials, heads_q]), or kDirect when that item is the
 //              query's only contributor and writes O and LSE itself.
 //   reduction  merge_begin/merge_partial: CSR from each query to its partial
@@ -179,9 +179,9 @@ struct PlanStats {
   // IO model, in KV tokens (K and V rows of all KV heads are read together).
   std::int64_t plan_read_tokens = 0;      // per block once (tiles of a block share it)
   std::int64_t sequence_read_tokens = 0;  // a Q-guided kernel: every query its whole path
-  // Bytes for a KV element size (2 for f16/bf16): tokens * heads_kv * head_dim * 2 (K and V).
+  // Bytes for a KV element size (2 for f16/bf16): tokens * heads_kv * (head_dim + head_dim_v) * elem_bytes (K and V).
   std::int64_t kv_bytes(std::int64_t token_count, std::size_t elem_bytes) const noexcept;
-  std::int32_t heads_kv = 0, head_dim = 0;
+  std::int32_t heads_kv = 0, head_dim = 0, head_dim_v = 0;
 };
 
 PlanStats compute_stats(const Plan& plan);

@@ -44,13 +44,32 @@ struct HostArray {
 // "[4, 32, 128] f16" (and " row stride 12288" when strided), for error messages.
 std::string describe(const TensorRef& t);
 
+// The attention variants of one call (DESIGN.md §8); the defaults are plain
+// softmax attention, so a call that sets none of them is unchanged.
+struct AttentionOptions {
+  // Gemma 2: s = cap * tanh(s / cap) on the scaled logits, before the softmax; 0: off.
+  float logit_softcap = 0.0f;
+  // fp8 K and V (vLLM's per-tensor scales): k = K * k_scale, v = V * v_scale.
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+  // gpt-oss: [heads_q] f32, one logit per query head that joins the softmax's
+  // denominator and the LSE and contributes no value (data null: none).
+  TensorRef sinks;
+  // fp8 K and V: [heads_kv] f32 scales per KV head, in place of k_scale and
+  // v_scale (data null: none). Host or device memory, as the other tensors.
+  TensorRef k_scales, v_scales;
+};
+
 // Arguments of one attention call. Layouts (docs/design.md):
 //   q   [num_queries, heads_q, head_dim]
-//   k,v [kv_slots, heads_kv, head_dim]          (the KV pool; the tree indexes its rows)
-//   o   [num_queries, heads_q, head_dim]          f16, bf16 or f32
+//   k   [kv_slots, heads_kv, head_dim]            (the KV pool; the tree indexes its rows)
+//   v   [kv_slots, heads_kv, head_dim_v]
+//   o   [num_queries, heads_q, head_dim_v]        f16, bf16 or f32
 //   lse [num_queries, heads_q] f32, natural log   (optional: leave data null)
+// Q, K and V share one dtype, or K and V are both fp8 of one kind (Q f16 or bf16).
 struct AttentionArgs {
   TensorRef q, k, v, o, lse;
+  AttentionOptions options{};
 };
 
 }  // namespace treeattn

@@ -16,22 +16,30 @@ namespace treeattn {
 
 class IncrementalPlanner;
 
-// Supported head dimensions (the kernels are specialised for each).
-inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
+// Supported head dimensions (the kernels are specialised for each): Q, K and
+// V rows of one of these, or the (QK, V) pairs of kSupportedSplitHeadDims.
+inline constexpr int kSupportedHeadDims[] = {64, 96, 128, 256};
+struct SplitHeadDims {
+  int head_dim, head_dim_v;
+};
+// DeepSeek-V2/V3 (and Kimi K2) without absorption: 192-dim queries and keys, 128-dim values.
+inline constexpr SplitHeadDims kSupportedSplitHeadDims[] = {{192, 128}};
 
 struct HeadConfig {
   int heads_q = 0;
   int heads_kv = 0;
-  int head_dim = 0;
+  int head_dim = 0;    // Q and K columns
   float scale = 0.0f;  // softmax scale; 0 means the default 1/sqrt(head_dim)
+  int head_dim_v = 0;  // V and O columns; 0 means head_dim
 
   int group_size() const noexcept { return heads_kv > 0 ? heads_q / heads_kv : 0; }
   float effective_scale() const noexcept;
-  // The same heads and the same effective scale (what a workspace's kernels are set up for).
+  int value_dim() const noexcept { return head_dim_v != 0 ? head_dim_v : head_dim; }
+  // The same heads, head dims and effective scale (what a workspace's kernels are set up for).
   bool same_as(const HeadConfig& other) const noexcept;
 };
 
-// "32/8/128 scale 0.0883883", for messages.
+// "32/8/128 scale 0.0883883" ("32/8/192 v 128 scale ..." with another V dim), for messages.
 std::string describe(const HeadConfig& heads);
 
 inline constexpr std::int64_t kNoParent = -1;

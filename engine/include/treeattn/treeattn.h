@@ -69,7 +69,15 @@ typedef enum treeattn_status {
   TREEATTN_ERROR_INTERNAL
 } treeattn_status;
 
-typedef enum treeattn_dtype { TREEATTN_DTYPE_F16 = 0, TREEATTN_DTYPE_BF16 = 1, TREEATTN_DTYPE_F32 = 2 } treeattn_dtype;
+/* FP8_E4M3 is float8_e4m3fn (no infinities), FP8_E5M2 IEEE-like: K and V
+ * only, both of one kind, with Q f16 or bf16 (treeattn_attention_options scales them). */
+typedef enum treeattn_dtype {
+  TREEATTN_DTYPE_F16 = 0,
+  TREEATTN_DTYPE_BF16 = 1,
+  TREEATTN_DTYPE_F32 = 2,
+  TREEATTN_DTYPE_FP8_E4M3 = 3,
+  TREEATTN_DTYPE_FP8_E5M2 = 4
+} treeattn_dtype;
 
 typedef enum treeattn_backend {
   TREEATTN_BACKEND_AUTO = 0, /* CUDA when a device is there, then a Vulkan GPU, else the CPU */
@@ -107,6 +115,18 @@ TREEATTN_C_API const char* treeattn_version_string(void);
  * is fine: several roots). Slots index rows of K and V. Checked when planned. */
 TREEATTN_C_API treeattn_status treeattn_tree_create(int32_t heads_q, int32_t heads_kv, int32_t head_dim,
                                                     float scale /* 0: 1/sqrt(head_dim) */, treeattn_tree** out);
+/* The heads of a tree, with what treeattn_tree_create cannot say: V (and O)
+ * rows of head_dim_v columns beside Q and K rows of head_dim (192 / 128). */
+typedef struct treeattn_tree_options {
+  size_t struct_size;
+  int32_t heads_q;
+  int32_t heads_kv;
+  int32_t head_dim;   /* Q and K columns: 64, 96, 128, 256, or 192 with head_dim_v 128 */
+  int32_t head_dim_v; /* V and O columns; 0: head_dim */
+  float scale;        /* 0: 1/sqrt(head_dim) */
+} treeattn_tree_options;
+TREEATTN_C_API void treeattn_tree_options_init(treeattn_tree_options* options);
+TREEATTN_C_API treeattn_status treeattn_tree_create_with(const treeattn_tree_options* options, treeattn_tree** out);
 TREEATTN_C_API treeattn_status treeattn_tree_add_node(treeattn_tree* tree, int64_t id, int64_t parent /* -1: root */,
                                                       const int64_t* slots, int64_t count);
 TREEATTN_C_API treeattn_status treeattn_tree_add_node_range(treeattn_tree* tree, int64_t id, int64_t parent,
@@ -219,8 +239,9 @@ TREEATTN_C_API int32_t treeattn_planner_held_layout(const treeattn_planner* plan
 TREEATTN_C_API void treeattn_planner_destroy(treeattn_planner* planner);
 
 /* --- tensors ----------------------------------------------------------------
- * Layouts: Q [queries, heads_q, head_dim], K and V [slots, heads_kv, head_dim],
- * O [queries, heads_q, head_dim], LSE [queries, heads_q] (f32, natural log).
+ * Layouts: Q [queries, heads_q, head_dim], K [slots, heads_kv, head_dim],
+ * V [slots, heads_kv, head_dim_v], O [queries, heads_q, head_dim_v], LSE
+ * [queries, heads_q] (f32, natural log); head_dim_v is head_dim unless the tree says.
  * strides are in elements, all 0 for a dense tensor; only the first stride of
  * Q, K, V and O may differ from dense (rows of a wider buffer: a fused QKV
  * projection, some heads of a KV pool). A zero-initialised
@@ -237,6 +258,32 @@ typedef struct treeattn_tensor {
 TREEATTN_C_API treeattn_status treeattn_run(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
                                             const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,
                                             const treeattn_tensor* lse /* NULL: no LSE */);
+/* The attention variants of a call (the defaults: plain softmax attention).
+ * Tensors are in the memory the call's others are in (host for treeattn_run). */
+typedef struct treeattn_attention_options {
+  size_t struct_size;
+  float logit_softcap;             /* s = cap * tanh(s / cap) on the scaled logits (Gemma 2); 0: off */
+  float k_scale;                   /* fp8 K: k = K * k_scale (1) */
+  float v_scale;                   /* fp8 V: v = V * v_scale (1) */
+  const treeattn_tensor* sinks;    /* [heads_q] f32: a logit per query head in the softmax's denominator and
+                                      the LSE, with no value (gpt-oss); NULL: none */
+  const treeattn_tensor* k_scales; /* [heads_kv] f32: fp8 K scales per KV head instead of k_scale; NULL: none */
+  const treeattn_tensor* v_scales; /* [heads_kv] f32: fp8 V scales per KV head instead of v_scale; NULL: none */
+} treeattn_attention_options;
+/* Scales 1, the rest off. */
+TREEATTN_C_API void treeattn_attention_options_init(treeattn_attention_options* options);
+/* treeattn_run and treeattn_enqueue with attention variants (NULL options: none).
+ * A backend without kernels for a variant refuses it, naming both. */
+TREEATTN_C_API treeattn_status treeattn_run_with(treeattn_context* context, const treeattn_plan* plan,
+                                                 const treeattn_tensor* q, const treeattn_tensor* k,
+                                                 const treeattn_tensor* v, const treeattn_tensor* o,
+                                                 const treeattn_tensor* lse, const treeattn_attention_options* options);
+TREEATTN_C_API treeattn_status treeattn_enqueue_with(treeattn_context* context, const treeattn_plan* plan,
+                                                     const treeattn_tensor* q, const treeattn_tensor* k,
+                                                     const treeattn_tensor* v, const treeattn_tensor* o,
+                                                     const treeattn_tensor* lse, const treeattn_attention_options* options,
+                                                     void* stream);
+
 /* CUDA: uploads `plan` to the context's workspace on `stream` (a cudaStream_t),
  * without waiting: before capturing or replaying a graph of its layers. */
 TREEATTN_C_API treeattn_status treeattn_upload(treeattn_context* context, const treeattn_plan* plan, void* stream);

@@ -1,0 +1,42 @@
+#include "attention_flags.hpp"
+
+#include <fmt/format.h>
+
+#include "treeattn/error.hpp"
+#include "treeattn/npy.hpp"
+
+namespace treeattn::cli {
+
+void AttentionFlags::add_to(CLI::App& sub, const char* kv_dtype_help) {
+  sub.add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(CLI::IsMember({"fp8_e4m3", "fp8_e5m2"}));
+  sub.add_option("--softcap", softcap, "Logit soft-cap: s = cap * tanh(s / cap) on the scaled scores (Gemma 2; 0: off)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--sinks", sinks_path,
+                 "A .npy of one sink logit per query head ([heads_q] <f4): it joins each softmax's denominator and "
+                 "the LSE, with no value (gpt-oss)")
+      ->check(CLI::ExistingFile);
+}
+
+std::optional<DType> AttentionFlags::fp8() const {
+  if (kv_dtype.empty()) return std::nullopt;
+  return kv_dtype == "fp8_e4m3" ? DType::fp8_e4m3 : DType::fp8_e5m2;
+}
+
+HostArray AttentionFlags::read_sinks() const { return sinks_path.empty() ? HostArray{} : read_npy(sinks_path); }
+
+AttentionOptions AttentionFlags::options(HostArray& sinks) const {
+  AttentionOptions o;
+  o.logit_softcap = softcap;
+  if (!sinks.bytes.empty()) o.sinks = sinks.view();
+  return o;
+}
+
+std::string AttentionFlags::describe() const {
+  std::string text = kv_dtype.empty() ? "" : kv_dtype + " K/V";
+  const auto add = [&](const std::string& part) { text += (text.empty() ? "" : ", ") + part; };
+  if (softcap != 0.0f) add(fmt::format("soft-cap {}", softcap));
+  if (!sinks_path.empty()) add("sinks");
+  return text;
+}
+
+}  // namespace treeattn::cli

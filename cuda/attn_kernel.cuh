@@ -19,6 +19,7 @@
 
 #include "attn_params.hpp"
 #include "attn_traits.cuh"
+#include "fp8_widen.cuh"
 #include "instructions.cuh"
 #include "wgmma.cuh"
 
@@ -36,6 +37,9 @@ struct SharedTiles {
   using Element = typename Traits::Element;
   __device__ __forceinline__ static Element* k() { return reinterpret_cast<Element*>(smem + Traits::kKOffset); }
   __device__ __forceinline__ static Element* v() { return reinterpret_cast<Element*>(smem + Traits::kVOffset); }
+  // Where the gather lands K and V rows: the tiles, or fp8 bytes to widen.
+  __device__ __forceinline__ static unsigned char* k_gather() { return smem + Traits::kKGatherOffset; }
+  __device__ __forceinline__ static unsigned char* v_gather() { return smem + Traits::kVGatherOffset; }
   // The ring of kMapStages tile maps: tile m's in entry m % kMapStages.
   __device__ __forceinline__ static TileMap* map(int m) {
     return reinterpret_cast<TileMap*>(smem + Traits::kMapOffset) + m % Traits::kMapStages;
@@ -73,10 +77,9 @@ struct PassLane {
 // more instructions).
 template <typename Traits>
 struct KvGather {
-  using Element = typename Traits::Element;
+  using KvStore = typename Traits::KvStore;
   using Smem = SharedTiles<Traits>;
   static constexpr int D = Traits::kHeadDim;
-  static constexpr int kTile = Traits::kTileTokens;
   static constexpr int kStep = Traits::kGatherRowStep;
   const PassContext& c;
   int tid, chunk, row0;
@@ -86,14 +89,15 @@ struct KvGather {
   std::uint32_t column_bytes;  // the thread's first row's chunk in a stage
 
   __device__ __forceinline__ KvGather(const PassContext& ctx, int thread) : c(ctx), tid(thread) {
-    const Element* k_head = static_cast<const Element*>(c.p.k) + std::int64_t(c.kv_head) * D;
-    const Element* v_head = static_cast<const Element*>(c.p.v) + std::int64_t(c.kv_head) * D;
-    chunk = tid % Traits::kChunksPerRow;
-    row0 = tid / Traits::kChunksPerRow;
-    k_column = reinterpret_cast<const char*>(k_head + chunk * 8);
-    v_column = reinterpret_cast<const char*>(v_head + chunk * 8);
-    slot_bytes = std::uint32_t(c.p.kv_row_stride) * 2;
-    column_bytes = 2 * Traits::swizzle(row0, chunk);
+    constexpr int kChunkElements = 16 / int(sizeof(KvStore));
+    const KvStore* k_head = static_cast<const KvStore*>(c.p.k) + std::int64_t(c.kv_head) * D;
+    const KvStore* v_head = static_cast<const KvStore*>(c.p.v) + std::int64_t(c.kv_head) * D;
+    chunk = tid % Traits::kGatherChunksPerRow;
+    row0 = tid / Traits::kGatherChunksPerRow;
+    k_column = reinterpret_cast<const char*>(k_head + chunk * kChunkElements);
+    v_column = reinterpret_cast<const char*>(v_head + chunk * kChunkElements);
+    slot_bytes = std::uint32_t(c.p.kv_row_stride) * std::uint32_t(sizeof(KvStore));
+    column_bytes = Traits::gather_offset(row0, chunk);
   }
   // Tile m's token map into its ring entry, a 16-byte piece per thread.
   __device__ __forceinline__ void load_map(int m) const {
@@ -103,10 +107,10 @@ struct KvGather {
   }
   // The thread's i-th row of a tile (row0 + i * kStep) from KV-pool slot `slot` into `stage`.
   __device__ __forceinline__ void copy_row(int stage, int i, int slot) const {
-    const std::uint32_t k_tile = smem_address(Smem::k() + stage * kTile * D);
-    const std::uint32_t v_tile = smem_address(Smem::v() + stage * kTile * D);
-    const std::uint32_t at = kStep % 8 == 0 ? column_bytes + i * kStep * Traits::kPanel * 2
-                                            : 2 * Traits::swizzle(row0 + i * kStep, chunk);
+    const std::uint32_t k_tile = smem_address(Smem::k_gather() + stage * Traits::kGatherTileBytes);
+    const std::uint32_t v_tile = smem_address(Smem::v_gather() + stage * Traits::kGatherTileBytes);
+    const std::uint32_t at = kStep % Traits::kGatherSwizzleRows == 0 ? column_bytes + i * kStep * Traits::kGatherRowBytes
+                                                                     : Traits::gather_offset(row0 + i * kStep, chunk);
     const std::uint64_t from = std::uint64_t(std::uint32_t(slot)) * slot_bytes;
     cp_async_16(k_tile + at, k_column + from);
     cp_async_16(v_tile + at, v_column + from);
@@ -217,6 +221,71 @@ __device__ __forceinline__ void wait_for_tile() {
   __syncthreads();
 }
 
+// fp8 K and V: gather stage `stage`'s bytes widened into the tiles the math
+// reads (kTileStages: one), each thread 16 bytes at a time, then the CTA's
+// barrier. The previous tile's math is done with them (the loop's barrier).
+// Consecutive threads take one piece of consecutive rows: both swizzles put
+// those in distinct banks.
+template <typename Traits>
+__device__ __forceinline__ void widen_tile(int stage, int tid) {
+  using Smem = SharedTiles<Traits>;
+  using Element = typename Traits::Element;
+  constexpr int kRowPieces = Traits::kGatherChunksPerRow;  // 16-byte pieces of a row of fp8 bytes
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv) {
+    const unsigned char* from = (kv == 0 ? Smem::k_gather() : Smem::v_gather()) + stage * Traits::kGatherTileBytes;
+    Element* to = kv == 0 ? Smem::k() : Smem::v();
+#pragma unroll
+    for (int i = tid; i < Traits::kTileTokens * kRowPieces; i += Traits::kThreads) {
+      const int row = i % Traits::kTileTokens, piece = i / Traits::kTileTokens;
+      uint4 lo, hi;
+      widen_fp8x16<typename Traits::KvStore, Element>(*reinterpret_cast<const uint4*>(from + Traits::gather_offset(row, piece)), lo, hi);
+      *reinterpret_cast<uint4*>(to + Traits::swizzle(row, 2 * piece)) = lo;
+      *reinterpret_cast<uint4*>(to + Traits::swizzle(row, 2 * piece + 1)) = hi;
+    }
+  }
+#if defined(TREEATTN_WGMMA)
+  if constexpr (!Traits::kSplitKV) fence_shared_for_wgmma();  // the widened tile, for wgmma's async proxy
+#endif
+  __syncthreads();
+}
+
+// What the call's options make of a pass's scores and rows (the plain
+// kernel's: the softmax scale alone). Scores stay raw Q K^T until the
+// exponent, whose FFMA applies exp_scale; a soft-cap replaces them by base-2
+// capped logits first (exp_scale 1).
+struct PassScales {
+  float exp_scale;  // base-2 logit of a raw score: softmax scale * log2(e) * the KV head's k scale
+  float cap_in;     // soft-cap: raw score -> the base-2 logit over the base-2 cap, the tanh's argument
+  float out_scale;  // the KV head's v scale, on every row of O and of the partials
+};
+template <typename Traits>
+__device__ __forceinline__ PassScales pass_scales(const KernelParams& p, int kv_head) {
+  if constexpr (!Traits::kOptions) {
+    return {p.scale_log2, 0.0f, 1.0f};
+  } else {
+    const float k = p.k_scales != nullptr ? p.k_scales[kv_head] : p.k_scale;
+    const float v = p.v_scales != nullptr ? p.v_scales[kv_head] : p.v_scale;
+    const float logit = p.scale_log2 * k;
+    if (p.softcap_log2 > 0.0f) return {1.0f, logit / p.softcap_log2, v};
+    return {logit, 0.0f, v};
+  }
+}
+
+// Soft-capping: s = cap * tanh(s / cap) on base-2 logits (the same curve as
+// on natural ones, with the cap in base 2), before the mask and the maximum.
+template <typename Traits>
+__device__ __forceinline__ void cap_scores(const KernelParams& p, const PassScales& scales, float (&s)[Traits::kNTiles][4]) {
+  if constexpr (Traits::kOptions) {
+    if (scales.cap_in == 0.0f) return;
+#pragma unroll
+    for (int n = 0; n < Traits::kNTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = p.softcap_log2 * tanhf(s[n][e] * scales.cap_in);
+    }
+  }
+}
+
 // S = Q K^T for the warp's 16 rows and its n-tiles of 8 tokens. `kv_row` is
 // the lane's ldmatrix row of K (and V): matrices (tokens 0-7, chunk c),
 // (tokens 8-15, c), (0-7, c + 1), (8-15, c + 1) of the warp's 16-token steps.
@@ -288,7 +357,7 @@ __device__ __forceinline__ void mask_invisible(const TileMap& map, const int (&t
 // O to the new maxima and turns the scores into P.
 template <int kNTiles, int kAccTiles>
 __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_sum)[2], float (&s)[kNTiles][4],
-                                               float (&acc)[kAccTiles][4], const KernelParams& p) {
+                                               float (&acc)[kAccTiles][4], float exp_scale) {
   // The row maxima as trees: S -> max -> exponents -> P V is the tile's
   // critical path, and a chain of 2 * kNTiles dependent FMNMX would be its
   // longest link.
@@ -302,10 +371,10 @@ __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_
     tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
     const float new_max = fmaxf(row_max[h], tile_max[h]);
     // A row that has seen nothing yet keeps -inf: shift by 0 instead (no NaN).
-    neg_reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : -new_max * p.scale_log2;
+    neg_reference[h] = new_max == TREEATTN_NEG_INF ? 0.0f : -new_max * exp_scale;
     // Exactly 1 while the maximum holds: the FFMA would leave the product's
     // rounding error, and compounding it over a long block drifts the weights.
-    correction[h] = new_max == row_max[h] ? 1.0f : exp2_ftz(fmaf(row_max[h], p.scale_log2, neg_reference[h]));
+    correction[h] = new_max == row_max[h] ? 1.0f : exp2_ftz(fmaf(row_max[h], exp_scale, neg_reference[h]));
     row_max[h] = new_max;
     row_sum[h] *= correction[h];
   }
@@ -319,19 +388,19 @@ __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], p.scale_log2, neg_reference[e / 2]));
+    for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], exp_scale, neg_reference[e / 2]));
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) row_sum[h] += tree_reduce<kNTiles>([&](int n) { return s[n][2 * h] + s[n][2 * h + 1]; }, [](float a, float b) { return a + b; });
 }
 
 // After the last tile: the rows' sums over their quads, maxima in base-2 units.
-__device__ __forceinline__ void softmax_finish(float (&row_max)[2], float (&row_sum)[2], const KernelParams& p) {
+__device__ __forceinline__ void softmax_finish(float (&row_max)[2], float (&row_sum)[2], float exp_scale) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    row_max[h] *= p.scale_log2;  // -inf stays -inf
+    row_max[h] *= exp_scale;  // -inf stays -inf
   }
 }
 
@@ -415,13 +484,37 @@ __device__ __forceinline__ void write_lse(const KernelParams& p, const RowDest& 
   else if (p.lse != nullptr) p.lse[d.index] = lse;
 }
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// A finished row's softmax, base 2: O = acc * rescale / denom, LSE = (max2 +
+// log2 denom) ln 2, from the row's maximum max2 and its sum of 2^(logit -
+// max2). With options, a row written directly (the query's only item) takes
+// its head's sink into the denominator and the LSE; a partial's sink joins in
+// the merge instead.
+struct RowEnd {
+  float rescale, max2, denom;
+  __device__ __forceinline__ float lse() const { return (max2 + __log2f(denom)) * kLn2; }
+};
+template <bool kOptions>
+__device__ __forceinline__ RowEnd end_row(const KernelParams& p, bool direct, int head, float max2, float sum) {
+  RowEnd e{1.0f, max2, sum};
+  if constexpr (kOptions) {
+    if (direct && p.sinks != nullptr) {
+      const float sink2 = p.sinks[head] * kLog2e;
+      e.max2 = fmaxf(max2, sink2);
+      e.rescale = exp2f(max2 - e.max2);
+      e.denom = sum * e.rescale + exp2f(sink2 - e.max2);
+    }
+  }
+  return e;
+}
 
 // The epilogue of a 64-row pass: each of the thread's rows normalised into
 // its partial (kept in L2 for the merge) or straight into O, and its LSE.
 template <typename Traits>
 __device__ __forceinline__ void write_thread_rows(const PassContext& c, const PassLane<Traits>& lane, const ThreadRows& rows,
-                                                  const float (&row_max)[2], const float (&row_sum)[2],
-                                                  const float (&acc)[Traits::kHeadDim / 8][4]) {
+                                                  const PassScales& scales, const float (&row_max)[2],
+                                                  const float (&row_sum)[2], const float (&acc)[Traits::kHeadDim / 8][4]) {
   constexpr int D = Traits::kHeadDim;
   const KernelParams& p = c.p;
 #pragma unroll
@@ -430,7 +523,8 @@ __device__ __forceinline__ void write_thread_rows(const PassContext& c, const Pa
     const int head = row_head(c, lane.row(c, h));
     const bool direct = rows.target[h] < 0;
     const RowDest d = make_dest<Traits>(p, direct ? -2 - rows.target[h] : rows.target[h], head, direct);
-    const float inv = 1.0f / row_sum[h];
+    const RowEnd e = end_row<Traits::kOptions>(p, direct, head, row_max[h], row_sum[h]);
+    const float inv = e.rescale / e.denom * scales.out_scale;
     if (d.direct) {
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
@@ -442,7 +536,7 @@ __device__ __forceinline__ void write_thread_rows(const PassContext& c, const Pa
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) store_partial2(out + n * 8 + lane.t4 * 2, acc[n][2 * h] * inv, acc[n][2 * h + 1] * inv, keep);
     }
-    if (lane.t4 == 0) write_lse(p, d, (row_max[h] + __log2f(row_sum[h])) * kLn2);
+    if (lane.t4 == 0) write_lse(p, d, e.lse());
   }
 }
 
@@ -452,7 +546,7 @@ __device__ __forceinline__ void write_thread_rows(const PassContext& c, const Pa
 // writes them.
 template <typename Traits>
 __device__ __forceinline__ void merge_warps_and_write(const PassContext& c, const PassLane<Traits>& lane,
-                                                      const float (&row_max)[2], const float (&row_sum)[2],
+                                                      const PassScales& scales, const float (&row_max)[2], const float (&row_sum)[2],
                                                       const float (&acc)[Traits::kHeadDim / 8][4]) {
   constexpr int D = Traits::kHeadDim;
   constexpr int kAccStride = Traits::kMergeAccStride;
@@ -493,10 +587,13 @@ __device__ __forceinline__ void merge_warps_and_write(const PassContext& c, cons
       f[w] = exp2_ftz(red_max[w * 16 + tid] - ref);
       sum += red_sum[w * 16 + tid] * f[w];
     }
+    const RowEnd e = end_row<Traits::kOptions>(p, my_dest.direct, row_head(c, c.row0 + tid), m, sum);
 #pragma unroll
-    for (int w = 0; w < Traits::kWarps; ++w) red_sum[w * 16 + tid] = f[w] / sum;
+    for (int w = 0; w < Traits::kWarps; ++w) {
+      red_sum[w * 16 + tid] = Traits::kOptions ? f[w] * e.rescale / e.denom * scales.out_scale : f[w] / sum;
+    }
     dests[tid] = my_dest;
-    write_lse(p, my_dest, (m + __log2f(sum)) * kLn2);
+    write_lse(p, my_dest, e.lse());
   }
   __syncthreads();
   // Four adjacent channels per thread and step.
@@ -541,6 +638,13 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   const int n_base = Traits::kSplitKV ? warp * Traits::kNTiles : 0;  // the warp's first 8-token n-tile of a tile
   const PassLane<Traits> lane{tid, warp, g, t4, warp_row};
   const KvGather<Traits> gather(c, lane.tid);
+  const PassScales scales = pass_scales<Traits>(c.p, c.kv_head);
+  // The plain kernel reads the scale where it uses it, as a constant operand:
+  // kept in a register across the loop, its code would differ.
+  const auto exp_scale = [&] {
+    if constexpr (Traits::kOptions) return scales.exp_scale;
+    else return c.p.scale_log2;
+  };
 
   // The prologue in two round trips: the first kStages maps, tile 0's slots
   // and the tile queries of the thread's two Q rows; then tile 0's K/V rows
@@ -586,17 +690,20 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     const int stage = t % kStages;
     gather.prefetch_for(t);
     wait_for_tile<Traits>();
+    if constexpr (Traits::kWidened) widen_tile<Traits>(stage, tid);
+    const int tile = Traits::tile_stage(stage) * Traits::kTileTokens * D;
     float s[Traits::kNTiles][4];
-    compute_scores<Traits>(qf, Smem::k() + stage * Traits::kTileTokens * D, kv_row, s);
+    compute_scores<Traits>(qf, Smem::k() + tile, kv_row, s);
+    cap_scores<Traits>(c.p, scales, s);
     mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
-    softmax_update(row_max, row_sum, s, acc, c.p);
-    accumulate_pv<Traits>(s, Smem::v() + stage * Traits::kTileTokens * D, kv_row, acc);
+    softmax_update(row_max, row_sum, s, acc, exp_scale());
+    accumulate_pv<Traits>(s, Smem::v() + tile, kv_row, acc);
     __syncthreads();  // the stage and this tile's map are refilled next
   }
 
-  softmax_finish(row_max, row_sum, c.p);
-  if constexpr (!Traits::kSplitKV) write_thread_rows(c, lane, rows, row_max, row_sum, acc);
-  else merge_warps_and_write(c, lane, row_max, row_sum, acc);
+  softmax_finish(row_max, row_sum, exp_scale());
+  if constexpr (!Traits::kSplitKV) write_thread_rows(c, lane, rows, scales, row_max, row_sum, acc);
+  else merge_warps_and_write(c, lane, scales, row_max, row_sum, acc);
 }
 
 template <typename Traits>
@@ -637,7 +744,9 @@ constexpr int merge_min_blocks() {
   return kBatch <= kMergeLeanBatch ? 10 : 8;
 }
 
-template <int HeadDim, int kBatch>
+// kSinks: the call's sinks (KernelParams::sinks) join each query's
+// denominator and LSE once, after its partials.
+template <int HeadDim, int kBatch, bool kSinks>
 __global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kBatch>()) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
   constexpr int kChannels = HeadDim / 32;  // per lane: 2, 4 or 8
   const int lane = threadIdx.x % 32;
@@ -697,6 +806,15 @@ __global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kB
         for (int c = 0; c < kChannels; ++c) acc[c] += w * v[j][c];
       }
     }
+  }
+  if constexpr (kSinks) {
+    const float sink = p.sinks[head];
+    const float m = fmaxf(max_lse, sink);
+    const float rescale = __expf(max_lse - m);
+    sum = sum * rescale + __expf(sink - m);
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c) acc[c] *= rescale;
+    max_lse = m;
   }
   const std::int64_t out = std::int64_t(query) * p.o_row_stride + head * HeadDim + lane * kChannels;
 #pragma unroll

@@ -12,7 +12,9 @@
 // F32Layout::kStepTokens tokens: it gathers their K and V rows into shared
 // memory, then each lane scores tokens lane, lane + 32, ... for each of its
 // warp's rows (online softmax in base 2, as stage 1 and the merge use) and
-// accumulates head_dim / 32 adjacent channels of each row's O.
+// accumulates head_dim / 32 adjacent channels of each row's O. The call's
+// soft-cap and sinks (fp8 K and V take f16 or bf16 Q: not here) are read at
+// run time: this kernel is not the tuned path.
 
 #include "attn_kernel.cuh"
 
@@ -99,7 +101,9 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
           float dot = 0.0f;
 #pragma unroll 16
           for (int d = 0; d < D; ++d) dot = fmaf(q_rows[r * D + d], k_rows[token * Layout::kKStride + d], dot);
-          s[u] = (seen >> token) & 1u ? dot * p.scale_log2 : TREEATTN_NEG_INF;
+          float logit = dot * p.scale_log2;
+          if (p.softcap_log2 > 0.0f) logit = p.softcap_log2 * tanhf(logit / p.softcap_log2);
+          s[u] = (seen >> token) & 1u ? logit : TREEATTN_NEG_INF;
           step_max = fmaxf(step_max, s[u]);
         }
 #pragma unroll
@@ -134,8 +138,7 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
   }
 
   // The rows' partials (normalised, with their log-sum-exp), or O and LSE
-  // directly where this item is the query's only one.
-  constexpr float kLn2 = 0.6931471805599453f;
+  // directly where this item is the query's only one (then with its sink).
 #pragma unroll
   for (int j = 0; j < kF32RowsPerWarp; ++j) {
     const int r = warp + j * kF32Warps;
@@ -144,7 +147,8 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
     const int partial = p.tile_partial[entry];
     const bool direct = partial == kDirectWrite;
     const std::int32_t index = (direct ? p.tile_query[entry] : partial) * p.heads_q + head;
-    const float inv = 1.0f / row_sum[j];
+    const RowEnd e = end_row<true>(p, direct, head, row_max[j], row_sum[j]);
+    const float inv = e.rescale / e.denom;
     if (direct) {
       const std::int64_t out = std::int64_t(p.tile_query[entry]) * p.o_row_stride + head * D + lane * kChannels;
 #pragma unroll
@@ -155,7 +159,7 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
       for (int c = 0; c < kChannels; ++c) out[c] = acc[j][c] * inv;
     }
     if (lane == 0) {
-      const float lse = (row_max[j] + log2f(row_sum[j])) * kLn2;
+      const float lse = (e.max2 + log2f(e.denom)) * kLn2;
       if (!direct) p.partial_lse[index] = lse;
       else if (p.lse != nullptr) p.lse[index] = lse;
     }

@@ -40,10 +40,11 @@ struct LaunchGeometry {
 };
 
 // Stage 1 over every work item and KV head, then the stage-2 merge.
-// head_dim is 64, 128 or 256; `inputs` is the element type of Q, K and V
-// (f16 and bf16 on the tensor cores, f32 on the CUDA cores).
+// head_dim is 64, 128 or 256; `q` is the element type of Q (f16 and bf16 on
+// the tensor cores, f32 on the CUDA cores), `kv` that of K and V: Q's, or fp8
+// beside f16 or bf16 Q. The params' options pick the kernels (attn_launch.cu).
 cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim,
-                                  ElementType inputs, cudaStream_t stream);
+                                  ElementType q, ElementType kv, cudaStream_t stream);
 
 // An upload's device work (PlanUpload: the copies, then a CTA of 64 threads
 // per tile map); ordered on `stream` before the layers that read them. At

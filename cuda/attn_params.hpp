@@ -12,8 +12,9 @@ namespace treeattn::cuda {
 // merge at most that many (attn_kernel.cuh, tree_attn_merge_kernel).
 inline constexpr int kMergeLeanBatch = 4;
 
-// The elements of Q, K and V (one type for the three) and, separately, of O.
-enum class ElementType : std::int32_t { f16 = 0, bf16 = 1, f32 = 2 };
+// The elements of Q, K and V and, separately, of O. K and V are Q's type, or
+// fp8 beside f16 or bf16 Q (DESIGN.md §8).
+enum class ElementType : std::int32_t { f16 = 0, bf16 = 1, f32 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4 };
 
 // The token map of one 64-token KV tile of a work item: each token's KV-pool
 // slot, and for each of the item's tile queries the tokens it sees (bit k of
@@ -121,6 +122,14 @@ struct KernelParams {
   std::int32_t group;       // heads_q / heads_kv
   ElementType out_type;
   float scale_log2;         // softmax scale * log2(e): logits in base 2
+
+  // The call's attention variants (AttentionOptions), read only by the
+  // kernels instantiated for them (attn_launch.cu, uses_options).
+  float softcap_log2;        // logit_softcap * log2(e): the cap on base-2 logits; 0: off
+  float k_scale, v_scale;    // fp8 dequantization, per tensor (1 otherwise)
+  const float* k_scales;     // [heads_kv] per KV head in place of k_scale, or null
+  const float* v_scales;     // [heads_kv] per KV head in place of v_scale, or null
+  const float* sinks;        // [heads_q] natural-log sink logits, or null
 };
 
 }  // namespace treeattn::cuda

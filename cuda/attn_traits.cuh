@@ -4,15 +4,25 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "attn_launch.hpp"
 #include "wgmma.cuh"  // TREEATTN_WGMMA: this compilation has wgmma
 
 namespace treeattn::cuda {
 
-template <int HeadDim_, typename Element_>
+// KvStore_ is how the KV pool holds K and V: Element_, or fp8
+// (__nv_fp8_e4m3, __nv_fp8_e5m2) gathered as bytes and widened to Element_ in
+// shared memory before the math. Options_ compiles in the call's attention
+// variants (soft-cap, sinks, fp8 scales; KernelParams): the plain kernel has
+// none of their code.
+template <int HeadDim_, typename Element_, typename KvStore_ = Element_, bool Options_ = false>
 struct AttnTraits {
   using Element = Element_;                  // __half or __nv_bfloat16
+  using KvStore = KvStore_;
+  static constexpr bool kWidened = !std::is_same_v<KvStore, Element>;
+  static constexpr bool kOptions = Options_;
+  static_assert(kOptions || !kWidened, "fp8 K and V take their scales from the options");
   static constexpr int kHeadDim = HeadDim_;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
@@ -24,8 +34,9 @@ struct AttnTraits {
   // At head_dim 256 one stage keeps the kernel inside the A100's 164 KB of
   // shared memory.
   static constexpr int kStages = HeadDim_ <= 128 ? 2 : 1;
-  static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte cp.async chunks
+  static constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte chunks of a tile's row
   static_assert(kChunksPerRow >= 8, "the swizzle permutes eight chunks of a row");
+  static constexpr int kGatherChunksPerRow = kHeadDim * int(sizeof(KvStore)) / 16;  // cp.async chunks of a pool row
 
   // Element offset of 16-byte chunk `chunk` of row `row` in a 64-row K or V
   // tile: panels of [64 rows][64 elements] (chunk / 8 picks the panel), rows of
@@ -56,12 +67,24 @@ struct AttnTraits {
     return r;
   }
 
+  // Byte offset of gathered chunk `chunk` of row `row` in a gather stage: the
+  // tile itself, or fp8 rows of bytes in their own stage, their chunks
+  // XOR-swizzled by the row's low bits so that widen_tile's reads of one
+  // chunk of consecutive rows fall in distinct banks.
+  __device__ __forceinline__ static int gather_offset(int row, int chunk) {
+    if constexpr (kWidened) return row * kHeadDim + ((chunk ^ (row & (kGatherChunksPerRow - 1))) << 4);
+    else return 2 * swizzle(row, chunk);
+  }
+  // Rows this many apart share their swizzle, and are kGatherRowBytes apart per row.
+  static constexpr int kGatherSwizzleRows = kWidened ? kGatherChunksPerRow : 8;
+  static constexpr int kGatherRowBytes = kWidened ? kHeadDim : kPanel * 2;
+
   // The cp.async gather: each thread copies one 16-byte chunk column of a
-  // tile (chunk tid % kChunksPerRow) from rows kGatherRowStep apart, in
+  // tile (chunk tid % kGatherChunksPerRow) from rows kGatherRowStep apart, in
   // batches of kGatherBatch rows whose slots are all read before their copies.
   // Eight rows a batch is a whole tile at head_dim 128 (sixteen at 256 would
   // spill); two run 0.97x in the mma.sync build (benchmarks/h100/mma_sync_build.json).
-  static constexpr int kGatherRowStep = kThreads / kChunksPerRow;
+  static constexpr int kGatherRowStep = kThreads / kGatherChunksPerRow;
   static constexpr int kGatherRows = kTileTokens / kGatherRowStep;  // rows a thread copies per tile
   static constexpr int kGatherBatch = std::min(8, kGatherRows);
   static_assert(kGatherRows % kGatherBatch == 0, "whole batches of rows");
@@ -71,14 +94,23 @@ struct AttnTraits {
   // Shared memory: K and V tiles first (each a multiple of 8 KB from the
   // 1024-byte aligned start, as the swizzle needs), then a ring of token maps.
   // Q has none: each thread loads its A fragments straight into registers.
+  // fp8 K and V land in kStages gather stages of bytes after the tiles, and
+  // are widened into one tile of each before a tile's math (widen_tile): the
+  // same shared memory as two stages of f16 tiles.
   static constexpr int kTileBytes = kTileTokens * kHeadDim * 2;
+  static constexpr int kTileStages = kWidened ? 1 : kStages;
+  static constexpr int kGatherTileBytes = kTileTokens * kHeadDim * int(sizeof(KvStore));
   static constexpr int kKOffset = 0;
-  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr int kVOffset = kKOffset + kTileStages * kTileBytes;
+  static constexpr int kKGatherOffset = kWidened ? kVOffset + kTileBytes : kKOffset;
+  static constexpr int kVGatherOffset = kWidened ? kKGatherOffset + kStages * kGatherTileBytes : kVOffset;
+  // The tile of gather stage `stage` the math reads.
+  __device__ __forceinline__ static int tile_stage(int stage) { return kWidened ? 0 : stage; }
   // Each tile's token map (slot and mask per token) arrives kStages tiles ahead
   // of its K/V gather, which needs the slots: 2 * kStages maps are live at once
   // (the one being masked, kStages - 1 whose gathers are queued, kStages arriving).
   static constexpr int kMapStages = 2 * kStages;
-  static constexpr int kMapOffset = kVOffset + kStages * kTileBytes;  // TileMap ring
+  static constexpr int kMapOffset = kVGatherOffset + kStages * kGatherTileBytes;  // TileMap ring
   // The split-KV merge reuses the tiles and maps for every warp's 16 x
   // head_dim accumulators (rows padded by 8 floats, so a half-warp's float2
   // stores of 4 rows x 4 lanes fall in distinct banks), their row maxima and

@@ -26,6 +26,17 @@ std::size_t pitch_bytes(const TensorRef& t) { return std::size_t(t.row_pitch()) 
 std::size_t row_bytes(const TensorRef& t) { return std::size_t(t.row_elements()) * dtype_size(t.dtype); }
 std::size_t rows(const TensorRef& t) { return t.shape.empty() ? 0 : std::size_t(t.shape[0]); }
 
+// A host option tensor (sinks, scales: dense, check_args says) copied into
+// `to`; the device tensor, or none where the call gives none.
+TensorRef stage_option(DeviceBuffer& to, const TensorRef& t, cudaStream_t stream) {
+  if (t.data == nullptr) return t;
+  to.reserve(std::max<std::size_t>(t.bytes(), 16));
+  TREEATTN_CUDA_CHECK(cudaMemcpyAsync(to.data(), t.data, t.bytes(), cudaMemcpyHostToDevice, stream));
+  TensorRef device = t;
+  device.data = to.data();
+  return device;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(const BackendOptions& options)
@@ -123,6 +134,9 @@ AttentionArgs CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a
   device.o.data = o_.data();
   device.o.row_stride = 0;
   device.lse.data = a.lse.data ? lse_.data() : nullptr;
+  device.options.sinks = stage_option(sinks_, a.options.sinks, stream_);
+  device.options.k_scales = stage_option(k_scales_, a.options.k_scales, stream_);
+  device.options.v_scales = stage_option(v_scales_, a.options.v_scales, stream_);
   return device;
 }
 

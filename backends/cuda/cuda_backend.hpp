@@ -40,7 +40,8 @@ class CudaBackend final : public Backend {
   // Waits for the device calls on the caller's streams (the host-array path
   // then takes the workspace over on its own stream).
   void settle_device_calls();
-  // Uploads the plan and copies Q, K and V to the device; returns the device tensors.
+  // Uploads the plan and copies Q, K, V and the options' tensors to the
+  // device; returns the device tensors.
   AttentionArgs stage_inputs(const Plan& plan, const AttentionArgs& args);
 
   BackendOptions options_;
@@ -49,7 +50,7 @@ class CudaBackend final : public Backend {
   Workspace workspace_;
   std::uint64_t uploaded_ = 0;     // Plan::id of the plan in workspace_ (0: none, or one to upload again)
   bool device_calls_ = false;      // calls on the caller's streams since the last host-array call
-  DeviceBuffer q_, k_, v_, o_, lse_;
+  DeviceBuffer q_, k_, v_, o_, lse_, sinks_, k_scales_, v_scales_;
 };
 
 }  // namespace treeattn::cuda

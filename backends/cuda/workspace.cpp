@@ -86,11 +86,22 @@ ElementType element_type(DType dtype) {
     case DType::f16: return ElementType::f16;
     case DType::bf16: return ElementType::bf16;
     case DType::f32: return ElementType::f32;
-    case DType::fp8_e4m3:
-    case DType::fp8_e5m2: break;  // check_args refuses fp8 before: no kernel reads it
+    case DType::fp8_e4m3: return ElementType::fp8_e4m3;
+    case DType::fp8_e5m2: return ElementType::fp8_e5m2;
   }
   throw Error(ErrorCategory::InvalidArgument,
-              fmt::format("CUDA backend: the kernels take f16, bf16 or f32 elements, not {}", to_string(dtype)));
+              fmt::format("CUDA backend: the kernels take f16, bf16, f32 or fp8 elements, not {}", to_string(dtype)));
+}
+
+// The call's attention variants into the kernels' parameters (check_args has
+// checked them: dense f32 tensors of the right lengths, in device memory here).
+void set_options(KernelParams& p, const AttentionOptions& o) {
+  p.softcap_log2 = o.logit_softcap * 1.4426950408889634f;
+  p.k_scale = o.k_scale;
+  p.v_scale = o.v_scale;
+  p.k_scales = static_cast<const float*>(o.k_scales.data);
+  p.v_scales = static_cast<const float*>(o.v_scales.data);
+  p.sinks = static_cast<const float*>(o.sinks.data);
 }
 
 }  // namespace
@@ -369,7 +380,9 @@ void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
   }
   p.kv_row_stride = a.k.row_pitch();
   p.out_type = element_type(a.o.dtype);
-  TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, s.limits.heads.head_dim, element_type(a.q.dtype), stream));
+  set_options(p, a.options);
+  TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, s.limits.heads.head_dim, element_type(a.q.dtype),
+                                            element_type(a.k.dtype), stream));
 }
 
 }  // namespace treeattn::cuda

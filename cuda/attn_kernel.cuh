@@ -235,8 +235,11 @@ __device__ __forceinline__ void widen_tile(int stage, int tid) {
   for (int kv = 0; kv < 2; ++kv) {
     const unsigned char* from = (kv == 0 ? Smem::k_gather() : Smem::v_gather()) + stage * Traits::kGatherTileBytes;
     Element* to = kv == 0 ? Smem::k() : Smem::v();
+    constexpr int kSteps = Traits::kTileTokens * kRowPieces / Traits::kThreads;
+    static_assert(kSteps * Traits::kThreads == Traits::kTileTokens * kRowPieces, "whole steps of the CTA's threads");
 #pragma unroll
-    for (int i = tid; i < Traits::kTileTokens * kRowPieces; i += Traits::kThreads) {
+    for (int j = 0; j < kSteps; ++j) {
+      const int i = tid + j * Traits::kThreads;
       const int row = i % Traits::kTileTokens, piece = i / Traits::kTileTokens;
       uint4 lo, hi;
       widen_fp8x16<typename Traits::KvStore, Element>(*reinterpret_cast<const uint4*>(from + Traits::gather_offset(row, piece)), lo, hi);
@@ -486,23 +489,33 @@ __device__ __forceinline__ void write_lse(const KernelParams& p, const RowDest& 
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// A finished row's softmax, base 2: O = acc * rescale / denom, LSE = (max2 +
-// log2 denom) ln 2, from the row's maximum max2 and its sum of 2^(logit -
-// max2). With options, a row written directly (the query's only item) takes
-// its head's sink into the denominator and the LSE; a partial's sink joins in
-// the merge instead.
+// A finished row's softmax, base 2: O = acc * rescale / denom, LSE = (max2 *
+// max_scale + log2 denom) ln 2, from the row's maximum and its sum of
+// 2^(logit - maximum). max_scale 0: max2 is a base-2 logit already. With
+// options, a row written directly (the query's only item) takes its head's
+// sink into the denominator and the LSE; a partial's sink joins in the merge.
+//
+// A 64-row pass's rows keep the raw maximum of their scores (max_scale: the
+// softmax scale): the plain kernel scales it and adds the log, which ptxas
+// fuses into one FMA, and the LSE of a call without sinks is then the plain
+// kernel's bit for bit (a row with a sink uses the scaled maximum twice).
 struct RowEnd {
-  float rescale, max2, denom;
-  __device__ __forceinline__ float lse() const { return (max2 + __log2f(denom)) * kLn2; }
+  float rescale, max2, max_scale, denom;
+  __device__ __forceinline__ float lse() const {
+    return (max_scale == 0.0f ? max2 + __log2f(denom) : fmaf(max2, max_scale, __log2f(denom))) * kLn2;
+  }
 };
 template <bool kOptions>
-__device__ __forceinline__ RowEnd end_row(const KernelParams& p, bool direct, int head, float max2, float sum) {
-  RowEnd e{1.0f, max2, sum};
+__device__ __forceinline__ RowEnd end_row(const KernelParams& p, bool direct, int head, float max2, float max_scale,
+                                          float sum) {
+  RowEnd e{1.0f, max2, max_scale, sum};
   if constexpr (kOptions) {
     if (direct && p.sinks != nullptr) {
+      const float scaled = max_scale == 0.0f ? max2 : max2 * max_scale;
       const float sink2 = p.sinks[head] * kLog2e;
-      e.max2 = fmaxf(max2, sink2);
-      e.rescale = exp2f(max2 - e.max2);
+      e.max2 = fmaxf(scaled, sink2);
+      e.max_scale = 0.0f;
+      e.rescale = exp2f(scaled - e.max2);
       e.denom = sum * e.rescale + exp2f(sink2 - e.max2);
     }
   }
@@ -523,7 +536,7 @@ __device__ __forceinline__ void write_thread_rows(const PassContext& c, const Pa
     const int head = row_head(c, lane.row(c, h));
     const bool direct = rows.target[h] < 0;
     const RowDest d = make_dest<Traits>(p, direct ? -2 - rows.target[h] : rows.target[h], head, direct);
-    const RowEnd e = end_row<Traits::kOptions>(p, direct, head, row_max[h], row_sum[h]);
+    const RowEnd e = end_row<Traits::kOptions>(p, direct, head, row_max[h], Traits::kOptions ? scales.exp_scale : 0.0f, row_sum[h]);
     const float inv = e.rescale / e.denom * scales.out_scale;
     if (d.direct) {
 #pragma unroll
@@ -587,7 +600,7 @@ __device__ __forceinline__ void merge_warps_and_write(const PassContext& c, cons
       f[w] = exp2_ftz(red_max[w * 16 + tid] - ref);
       sum += red_sum[w * 16 + tid] * f[w];
     }
-    const RowEnd e = end_row<Traits::kOptions>(p, my_dest.direct, row_head(c, c.row0 + tid), m, sum);
+    const RowEnd e = end_row<Traits::kOptions>(p, my_dest.direct, row_head(c, c.row0 + tid), m, 0.0f, sum);
 #pragma unroll
     for (int w = 0; w < Traits::kWarps; ++w) {
       red_sum[w * 16 + tid] = Traits::kOptions ? f[w] * e.rescale / e.denom * scales.out_scale : f[w] / sum;
@@ -701,7 +714,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     __syncthreads();  // the stage and this tile's map are refilled next
   }
 
-  softmax_finish(row_max, row_sum, exp_scale());
+  // A 64-row pass with options keeps its raw maxima (RowEnd).
+  softmax_finish(row_max, row_sum, Traits::kOptions && !Traits::kSplitKV ? 1.0f : exp_scale());
   if constexpr (!Traits::kSplitKV) write_thread_rows(c, lane, rows, scales, row_max, row_sum, acc);
   else merge_warps_and_write(c, lane, scales, row_max, row_sum, acc);
 }

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
     const int partial = p.tile_partial[entry];
     const bool direct = partial == kDirectWrite;
     const std::int32_t index = (direct ? p.tile_query[entry] : partial) * p.heads_q + head;
-    const RowEnd e = end_row<true>(p, direct, head, row_max[j], row_sum[j]);
+    const RowEnd e = end_row<true>(p, direct, head, row_max[j], 0.0f, row_sum[j]);
     const float inv = e.rescale / e.denom;
     if (direct) {
       const std::int64_t out = std::int64_t(p.tile_query[entry]) * p.o_row_stride + head * D + lane * kChannels;

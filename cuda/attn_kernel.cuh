@@ -221,34 +221,33 @@ __device__ __forceinline__ void wait_for_tile() {
   __syncthreads();
 }
 
-// fp8 K and V: gather stage `stage`'s bytes widened into the tiles the math
-// reads (kTileStages: one), each thread 16 bytes at a time, then the CTA's
-// barrier. The previous tile's math is done with them (the loop's barrier).
+// fp8 K or V: gather stage `stage`'s bytes of one of them widened into the
+// tile the math reads (kTileStages: one), each thread 16 bytes at a time.
 // Consecutive threads take one piece of consecutive rows: both swizzles put
-// those in distinct banks.
+// those in distinct banks. The caller's barrier (widened) publishes the tile.
 template <typename Traits>
-__device__ __forceinline__ void widen_tile(int stage, int tid) {
-  using Smem = SharedTiles<Traits>;
-  using Element = typename Traits::Element;
+__device__ __forceinline__ void widen(const unsigned char* gathered, typename Traits::Element* tile, int stage, int tid) {
   constexpr int kRowPieces = Traits::kGatherChunksPerRow;  // 16-byte pieces of a row of fp8 bytes
-#pragma unroll
-  for (int kv = 0; kv < 2; ++kv) {
-    const unsigned char* from = (kv == 0 ? Smem::k_gather() : Smem::v_gather()) + stage * Traits::kGatherTileBytes;
-    Element* to = kv == 0 ? Smem::k() : Smem::v();
-    constexpr int kSteps = Traits::kTileTokens * kRowPieces / Traits::kThreads;
-    static_assert(kSteps * Traits::kThreads == Traits::kTileTokens * kRowPieces, "whole steps of the CTA's threads");
-#pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      const int i = tid + j * Traits::kThreads;
-      const int row = i % Traits::kTileTokens, piece = i / Traits::kTileTokens;
-      uint4 lo, hi;
-      widen_fp8x16<typename Traits::KvStore, Element>(*reinterpret_cast<const uint4*>(from + Traits::gather_offset(row, piece)), lo, hi);
-      *reinterpret_cast<uint4*>(to + Traits::swizzle(row, 2 * piece)) = lo;
-      *reinterpret_cast<uint4*>(to + Traits::swizzle(row, 2 * piece + 1)) = hi;
-    }
+  constexpr int kSteps = Traits::kTileTokens * kRowPieces / Traits::kThreads;
+  static_assert(kSteps * Traits::kThreads == Traits::kTileTokens * kRowPieces, "whole steps of the CTA's threads");
+  const unsigned char* from = gathered + stage * Traits::kGatherTileBytes;
+  // Two pieces in flight: V is widened beside S's live accumulators.
+#pragma unroll 2
+  for (int j = 0; j < kSteps; ++j) {
+    const int i = tid + j * Traits::kThreads;
+    const int row = i % Traits::kTileTokens, piece = i / Traits::kTileTokens;
+    uint4 lo, hi;
+    widen_fp8x16<typename Traits::KvStore, typename Traits::Element>(
+        *reinterpret_cast<const uint4*>(from + Traits::gather_offset(row, piece)), lo, hi);
+    *reinterpret_cast<uint4*>(tile + Traits::swizzle(row, 2 * piece)) = lo;
+    *reinterpret_cast<uint4*>(tile + Traits::swizzle(row, 2 * piece + 1)) = hi;
   }
+}
+// The widened tile for every thread of the CTA (and wgmma's async proxy).
+template <typename Traits>
+__device__ __forceinline__ void widened() {
 #if defined(TREEATTN_WGMMA)
-  if constexpr (!Traits::kSplitKV) fence_shared_for_wgmma();  // the widened tile, for wgmma's async proxy
+  if constexpr (!Traits::kSplitKV) fence_shared_for_wgmma();
 #endif
   __syncthreads();
 }
@@ -292,10 +291,11 @@ __device__ __forceinline__ void cap_scores(const KernelParams& p, const PassScal
 // S = Q K^T for the warp's 16 rows and its n-tiles of 8 tokens. `kv_row` is
 // the lane's ldmatrix row of K (and V): matrices (tokens 0-7, chunk c),
 // (tokens 8-15, c), (0-7, c + 1), (8-15, c + 1) of the warp's 16-token steps.
-template <typename Traits>
+// `in_flight` runs while wgmma computes S (after the MMAs on mma.sync).
+template <typename Traits, typename InFlight>
 __device__ __forceinline__ void compute_scores(const std::uint32_t (&qf)[Traits::kHeadDim / 16][4],
                                                const typename Traits::Element* ks, const typename Traits::LaneRow& kv_row,
-                                               float (&s)[Traits::kNTiles][4]) {
+                                               float (&s)[Traits::kNTiles][4], const InFlight& in_flight) {
   using Element = typename Traits::Element;
   constexpr int D = Traits::kHeadDim;
 #pragma unroll
@@ -312,6 +312,7 @@ __device__ __forceinline__ void compute_scores(const std::uint32_t (&qf)[Traits:
       Wgmma<Element>::template m64n64k16<0>(s, qf[kk], wgmma_descriptor(start, 16, 1024), kk > 0);
     }
     wgmma_commit();
+    in_flight();
     wgmma_wait_all();
     wgmma_fence_operands(s);
   } else
@@ -327,6 +328,7 @@ __device__ __forceinline__ void compute_scores(const std::uint32_t (&qf)[Traits:
         Mma<Element>::run(s[n + 1], qf[kk], b[1], b[3]);
       }
     }
+    in_flight();
   }
 }
 
@@ -703,13 +705,21 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     const int stage = t % kStages;
     gather.prefetch_for(t);
     wait_for_tile<Traits>();
-    if constexpr (Traits::kWidened) widen_tile<Traits>(stage, tid);
     const int tile = Traits::tile_stage(stage) * Traits::kTileTokens * D;
+    // fp8: K widened before S, V while S is computed and published after the
+    // softmax (the previous tile's P V is done with both: the loop's barrier).
+    if constexpr (Traits::kWidened) {
+      widen<Traits>(Smem::k_gather(), Smem::k(), stage, tid);
+      widened<Traits>();
+    }
     float s[Traits::kNTiles][4];
-    compute_scores<Traits>(qf, Smem::k() + tile, kv_row, s);
+    compute_scores<Traits>(qf, Smem::k() + tile, kv_row, s, [&] {
+      if constexpr (Traits::kWidened) widen<Traits>(Smem::v_gather(), Smem::v(), stage, tid);
+    });
     cap_scores<Traits>(c.p, scales, s);
     mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
     softmax_update(row_max, row_sum, s, acc, exp_scale());
+    if constexpr (Traits::kWidened) widened<Traits>();
     accumulate_pv<Traits>(s, Smem::v() + tile, kv_row, acc);
     __syncthreads();  // the stage and this tile's map are refilled next
   }

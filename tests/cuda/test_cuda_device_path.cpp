@@ -1,7 +1,7 @@
 // The public CUDA device path (treeattn/cuda.hpp): one CUDA graph captured once
 // and replayed over whole decode replays with a new plan uploaded each step,
-// strided Q and O, the workspace's limits and its errors; and the C API's
-// treeattn_enqueue over it.
+// strided Q and O, the attention variants' tensors in device memory, the
+// workspace's limits and its errors; and the C API's treeattn_enqueue over it.
 
 #include <doctest/doctest.h>
 
@@ -206,6 +206,60 @@ TEST_CASE("strided Q and O: a slice of a fused QKV projection in, rows of a wide
     // The gap after each row is left as it was.
     CHECK(wide[std::size_t(i * o_row + row)] == 0xffff);
   }
+}
+
+TEST_CASE("variants on the device path: fp8 K and V, per-head scales, sinks and a soft-cap in device memory, captured, bitwise the host call") {
+  // 9 queries x 4 query heads: 64-row (wgmma) passes over the prompt; the
+  // branches' queries merge partials, so their sinks join in the merge kernel.
+  Tree tree(kHeads);
+  tree.add_node_range(0, kNoParent, 0, 700);
+  for (int b = 0; b < 9; ++b) {
+    tree.add_node_range(1 + b, 0, 700 + 20 * b, 20);
+    tree.add_query(1 + b);
+  }
+  const cuda::Context context(0);
+  PlanOptions options;
+  options.cost = context.cost_model();
+  const Plan plan = treeattn::plan(tree, options);
+  REQUIRE(plan.merge_begin[1] > plan.merge_begin[0]);
+  Variant variant;
+  for (const Variant& v : all_variants()) {
+    if (std::string(v.name) == "fp8_e4m3 + sinks + soft-cap 30") variant = v;
+  }
+  REQUIRE((variant.sinks && variant.per_head_scales));
+  Inputs in = make_variant_inputs(tree, variant, 21);
+  const Outputs host = run_plan(*make_test_backend(), tree, in, plan);
+
+  cuda::DeviceBuffer dq = to_device(in.q), dk = to_device(in.k), dv = to_device(in.v), sinks = to_device(in.sinks),
+                     k_scales = to_device(in.k_scales), v_scales = to_device(in.v_scales);
+  cuda::DeviceBuffer o(host.o.bytes.size()), lse(host.lse.bytes.size());
+  AttentionOptions device_options = in.options();
+  device_options.sinks.data = sinks.data();
+  device_options.k_scales.data = k_scales.data();
+  device_options.v_scales.data = v_scales.data();
+  const AttentionArgs args{TensorRef{dq.data(), in.q.dtype, in.q.shape}, TensorRef{dk.data(), in.k.dtype, in.k.shape},
+                           TensorRef{dv.data(), in.v.dtype, in.v.shape}, TensorRef{o.data(), host.o.dtype, host.o.shape},
+                           TensorRef{lse.data(), DType::f32, host.lse.shape}, device_options};
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream));
+  cuda::Workspace workspace(context);
+  workspace.upload(plan, stream);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  workspace.enqueue(args, stream);
+  check(cudaStreamEndCapture(stream, &graph));
+  check(cudaGraphInstantiate(&exec, graph, 0));
+  check(cudaGraphLaunch(exec, stream));
+  std::vector<unsigned char> got_o(host.o.bytes.size()), got_lse(host.lse.bytes.size());
+  check(cudaMemcpyAsync(got_o.data(), o.data(), got_o.size(), cudaMemcpyDeviceToHost, stream));
+  check(cudaMemcpyAsync(got_lse.data(), lse.data(), got_lse.size(), cudaMemcpyDeviceToHost, stream));
+  check(cudaStreamSynchronize(stream));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  CHECK(got_o == host.o.bytes);
+  CHECK(got_lse == host.lse.bytes);
 }
 
 TEST_CASE("a head split on the device: each rank's heads as strided rows of the whole Q, K, V and O, bitwise the whole run") {

@@ -161,17 +161,32 @@ TEST_CASE("graph-stable: a tree-of-thought replay, queries and nodes coming and 
   check_graph_replay(replay_trees(*scenario, 80), {0, 20, 40, 79});
 }
 
-TEST_CASE("strided Q and O: a slice of a fused QKV projection in, rows of a wider output out, bitwise the dense result") {
+namespace {
+
+// A 700-token prompt and nine 20-token branches, a query at each branch's end.
+Tree prompt_and_branches() {
   Tree tree(kHeads);
   tree.add_node_range(0, kNoParent, 0, 700);
   for (int b = 0; b < 9; ++b) {
     tree.add_node_range(1 + b, 0, 700 + 20 * b, 20);
     tree.add_query(1 + b);
   }
-  const cuda::Context context(0);
+  return tree;
+}
+
+// `tree` planned with the device's cost model.
+Plan plan_for(const cuda::Context& context, const Tree& tree) {
   PlanOptions options;
   options.cost = context.cost_model();
-  const Plan plan = treeattn::plan(tree, options);
+  return treeattn::plan(tree, options);
+}
+
+}  // namespace
+
+TEST_CASE("strided Q and O: a slice of a fused QKV projection in, rows of a wider output out, bitwise the dense result") {
+  const Tree tree = prompt_and_branches();
+  const cuda::Context context(0);
+  const Plan plan = plan_for(context, tree);
   const std::int64_t nq = plan.num_queries, row = kHeads.heads_q * kHeads.head_dim;
   const std::int64_t qkv_row = (kHeads.heads_q + 2 * kHeads.heads_kv) * kHeads.head_dim, o_row = row + 64;
   const HostArray qkv = random_array(DType::f16, {nq, qkv_row}, 3);
@@ -211,16 +226,9 @@ TEST_CASE("strided Q and O: a slice of a fused QKV projection in, rows of a wide
 TEST_CASE("variants on the device path: fp8 K and V, per-head scales, sinks and a soft-cap in device memory, captured, bitwise the host call") {
   // 9 queries x 4 query heads: 64-row (wgmma) passes over the prompt; the
   // branches' queries merge partials, so their sinks join in the merge kernel.
-  Tree tree(kHeads);
-  tree.add_node_range(0, kNoParent, 0, 700);
-  for (int b = 0; b < 9; ++b) {
-    tree.add_node_range(1 + b, 0, 700 + 20 * b, 20);
-    tree.add_query(1 + b);
-  }
+  const Tree tree = prompt_and_branches();
   const cuda::Context context(0);
-  PlanOptions options;
-  options.cost = context.cost_model();
-  const Plan plan = treeattn::plan(tree, options);
+  const Plan plan = plan_for(context, tree);
   REQUIRE(plan.merge_begin[1] > plan.merge_begin[0]);
   Variant variant;
   for (const Variant& v : all_variants()) {

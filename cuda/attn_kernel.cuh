@@ -14,6 +14,9 @@
 // online softmax, accumulates O = P V, and writes the normalised partial and
 // its log-sum-exp, or O and LSE directly when the item is the query's only one.
 // Stage 2 merges each query's partials in the plan's order (deterministic).
+// The attention variants (fp8 K and V, soft-cap, sinks: DESIGN.md §8) are
+// instantiations of their own (AttnTraits' KvStore and Options, the merge's
+// kSinks); the plain kernel compiles none of their code.
 
 #include <cstdint>
 

@@ -69,7 +69,7 @@ struct AttnTraits {
 
   // Byte offset of gathered chunk `chunk` of row `row` in a gather stage: the
   // tile itself, or fp8 rows of bytes in their own stage, their chunks
-  // XOR-swizzled by the row's low bits so that widen_tile's reads of one
+  // XOR-swizzled by the row's low bits so that widen's reads of one
   // chunk of consecutive rows fall in distinct banks.
   __device__ __forceinline__ static int gather_offset(int row, int chunk) {
     if constexpr (kWidened) return row * kHeadDim + ((chunk ^ (row & (kGatherChunksPerRow - 1))) << 4);
@@ -95,7 +95,7 @@ struct AttnTraits {
   // 1024-byte aligned start, as the swizzle needs), then a ring of token maps.
   // Q has none: each thread loads its A fragments straight into registers.
   // fp8 K and V land in kStages gather stages of bytes after the tiles, and
-  // are widened into one tile of each before a tile's math (widen_tile): the
+  // are widened into one tile of each for a tile's math (widen): the
   // same shared memory as two stages of f16 tiles.
   static constexpr int kTileBytes = kTileTokens * kHeadDim * 2;
   static constexpr int kTileStages = kWidened ? 1 : kStages;

@@ -26,21 +26,20 @@ PeakSizes peak_sizes(const DemoOptions& o, std::int64_t steps) {
   return peak;
 }
 
-cuda::WorkspaceLimits largest_plan(const DemoOptions& o, std::int64_t steps, const HeadConfig& heads,
-                                   const PlanOptions& options, std::int64_t pool_pages) {
+void reserve_ahead(const DemoOptions& o, std::int64_t steps, const HeadConfig& heads, const PlanOptions& options,
+                   std::int64_t pool_pages, StepRunner& runner) {
   NamedScenario dry = fresh_scenario(o);
   PagedKvCache cache(o.page_size, pool_pages);
   SequenceTree tree(cache);
   IncrementalPlanner planner(heads, options, incremental_options(o.bitwise_updates, o.plan.plan_threads));
   std::vector<TreeQuery> queries;
-  cuda::WorkspaceLimits largest;
+  std::vector<std::int64_t> written;
   for (std::int64_t step = 1; step <= steps; ++step) {
     dry.scenario->advance(tree, queries);
-    tree.sync(planner, queries);
-    const cuda::WorkspaceLimits need = cuda::WorkspaceLimits::of(planner.update());
-    largest = step == 1 ? need : largest.include(need);
+    written.clear();
+    tree.sync(planner, queries, &written);
+    runner.reserve(planner.update(), written.size());
   }
-  return largest;
 }
 
 }  // namespace treeattn::cli

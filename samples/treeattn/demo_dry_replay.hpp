@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "demo_options.hpp"
+#include "demo_runner.hpp"
 #include "treeattn/treeattn.hpp"
 
 namespace treeattn::cli {
@@ -16,10 +17,11 @@ struct PeakSizes {
 };
 PeakSizes peak_sizes(const DemoOptions& o, std::int64_t steps);
 
-// The counts of the largest plan of `steps` steps, planned as the run plans:
-// the same changes handed to an IncrementalPlanner of the same heads and
-// options over a pool of the same `pool_pages`, so the same plans.
-cuda::WorkspaceLimits largest_plan(const DemoOptions& o, std::int64_t steps, const HeadConfig& heads,
-                                   const PlanOptions& options, std::int64_t pool_pages);
+// Every step of `steps` planned as the run plans (the same changes handed to
+// an IncrementalPlanner of the same heads and options over a pool of the same
+// `pool_pages`, so the same plans), handed to `runner`'s reserve() with the
+// count of K/V rows the step writes.
+void reserve_ahead(const DemoOptions& o, std::int64_t steps, const HeadConfig& heads, const PlanOptions& options,
+                   std::int64_t pool_pages, StepRunner& runner);
 
 }  // namespace treeattn::cli

@@ -75,19 +75,16 @@ BackendOptions DemoLoop::backend_options(const DemoOptions& o) {
   return b;
 }
 
-// A runner that captures its steps as a graph gets the run's largest plan
-// ahead, from a dry replay planned as the run plans, and captures once.
-void DemoLoop::size_workspace() {
-  if (runner_->graph_captures().count < 0) return;
+void DemoLoop::size_runner() {
+  if (!runner_->reserves_ahead()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const cuda::WorkspaceLimits largest = largest_plan(o_, setup_.steps, heads_, options_, cache_.capacity_pages());
-  runner_->size_for(largest);
-  fmt::print(stderr, "demo: workspace sized for the run's largest plan ({} queries, {} partials, {} tokens; dry "
-             "replay {:.1f} s)\n", largest.queries, largest.partials, largest.tokens, since(t0) / 1e6);
+  cli::reserve_ahead(o_, setup_.steps, heads_, options_, cache_.capacity_pages(), *runner_);
+  fmt::print(stderr, "demo: {} sized for the run's {} steps ahead (dry replay {:.1f} s)\n", runner_->name(),
+             setup_.steps, since(t0) / 1e6);
 }
 
 void DemoLoop::run_steps() {
-  size_workspace();
+  size_runner();
   for (std::int64_t step = 1; step <= setup_.steps; ++step) run_step(step);
   collect(true);
 }

@@ -69,7 +69,7 @@ class DemoLoop {
 
  private:
   static BackendOptions backend_options(const DemoOptions& o);
-  void size_workspace();
+  void size_runner();
   void run_step(std::int64_t step);
   const Plan& update_plan(StepRecord& record);
   void queue_layers(const Plan& plan, const HostArray& q, StepRecord& record);

@@ -23,7 +23,10 @@ namespace treeattn::cli {
 template <typename T>
 class Sampled {
  public:
-  explicit Sampled(std::size_t capacity) : capacity_(capacity) { kept_.reserve(capacity); }
+  // The items' memory is written once here, so that it is resident from the
+  // start: a reservation alone is paged in as items fill it, and the process
+  // would grow by an item a step until `capacity` are held.
+  explicit Sampled(std::size_t capacity) : capacity_(capacity), kept_(capacity) { kept_.clear(); }
   void add(const T& item) {
     if (seen_++ % stride_ != 0) return;
     if (kept_.size() == capacity_) {

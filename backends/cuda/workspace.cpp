@@ -245,10 +245,10 @@ const Context& Workspace::context() const noexcept { return state_->context; }
 
 void Workspace::upload(const Plan& plan, Stream stream) {
   State& s = *state_;
-  DeviceScope scope(s.context.device());
-  const WorkspaceLimits need = WorkspaceLimits::of(plan);
   // A failure below leaves no plan to run: enqueue refuses until an upload succeeds.
   s.uploaded = false;
+  DeviceScope scope(s.context.device());
+  const WorkspaceLimits need = WorkspaceLimits::of(plan);
   if (s.graph_stable) {
     if (!s.limits.heads.same_as(plan.heads)) {
       throw Error(ErrorCategory::InvalidArgument, fmt::format("plan has heads {}, the workspace was made for {}",

@@ -19,13 +19,14 @@ enum Site : unsigned {
 // The sites armed (0: none).
 extern std::atomic<unsigned> g_armed_sites;
 
-// Arms `sites` (a mask of Site): the call at one of them that finds `skip`
-// earlier calls there counted fails, then every site is disarmed.
+// Arms `sites` (a mask of Site): the calls there are let through until
+// `skip` have been, the next one fails, and every site is disarmed.
 void arm(unsigned sites, long skip) noexcept;
 void disarm() noexcept;
 // Whether the armed failure happened since the last arm().
 bool fired() noexcept;
 
+// fails()'s counting, reached only while some site is armed.
 bool fails_armed(Site site) noexcept;
 // Whether the call about to be made at `site` is the one to fail.
 inline bool fails(Site site) noexcept {

@@ -9,17 +9,22 @@
 // device still holds when it is destroyed, which fails the program;
 // compute-sanitizer --leak-check full reports CUDA's.
 //
-// Two sweeps a backend and site: a context made under faults and its first
-// step (the device, the pipelines, the first buffers), and later steps on one
-// context (buffers grown and reused, the plan each workspace holds). Two
-// findings the host-array step cannot reach (commands of an earlier step
-// still in flight) have cases of their own at the end.
+// Two sweeps a way of running and site: a context made under faults and its
+// first step (the device, the pipelines, the first buffers), and later steps
+// on one context (buffers grown and reused, the plan each workspace holds).
+// The ways: host arrays; on CUDA also the device path on the test's stream; on
+// Vulkan also an application's device, its command buffers recorded by the
+// test. Two findings the step cannot reach (commands of an earlier step still
+// in flight) have cases of their own at the end.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.hpp"
@@ -39,6 +44,7 @@
 #include "backends/vulkan/context_options.hpp"
 #include "backends/vulkan/vk_sequence.hpp"
 #include "backends/vulkan/workspace_state.hpp"
+#include "support/app_vulkan_device.hpp"
 #endif
 
 namespace {
@@ -70,35 +76,6 @@ struct Arrays {
   }
 };
 
-#ifdef TREEATTN_TEST_HAVE_CUDA
-// The device path's tensors and stream, the test's own (its allocations are no
-// library call, so no fault reaches them).
-struct DeviceArrays {
-  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
-  cudaStream_t stream = nullptr;
-  explicit DeviceArrays(const Arrays& a) {
-    REQUIRE(cudaMalloc(&q, a.q.size() * 2) == cudaSuccess);
-    REQUIRE(cudaMalloc(&k, a.k.size() * 2) == cudaSuccess);
-    REQUIRE(cudaMalloc(&v, a.v.size() * 2) == cudaSuccess);
-    REQUIRE(cudaMalloc(&o, a.o.size() * 4) == cudaSuccess);
-    REQUIRE(cudaMalloc(&lse, a.lse.size() * 4) == cudaSuccess);
-    REQUIRE(cudaMemcpy(q, a.q.data(), a.q.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-    REQUIRE(cudaMemcpy(k, a.k.data(), a.k.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-    REQUIRE(cudaMemcpy(v, a.v.data(), a.v.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-    REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
-  }
-  ~DeviceArrays() {
-    for (void* p : {q, k, v, o, lse}) cudaFree(p);
-    cudaStreamDestroy(stream);
-  }
-  DeviceArrays(const DeviceArrays&) = delete;
-  DeviceArrays& operator=(const DeviceArrays&) = delete;
-};
-#else
-struct DeviceArrays {
-  explicit DeviceArrays(const Arrays&) {}
-};
-#endif
 
 // Each call either succeeds or fails as the armed site's failures do, with a
 // message; a failed call is made again at once, with nothing armed, and must
@@ -127,44 +104,158 @@ class Calls {
   int failures_ = 0;
 };
 
-// A decode step through the C API: a planner from a small tree and its update,
-// a run on host arrays, the step's changes, the update and a run again; on
-// CUDA each plan also enqueued on the test's stream on device memory (the
-// first uploaded explicitly, the second by enqueue). Appends the outputs to
-// `out`.
-void decode_step(treeattn_context* context, Arrays& a, DeviceArrays& device, Calls& call, std::vector<float>& out) {
-  treeattn_tree* tree = nullptr;
-  treeattn_planner* planner = nullptr;
-  const treeattn_plan* plan = nullptr;
-  const treeattn_tensor q = c_tensor(a.q.data(), TREEATTN_DTYPE_F16, 3, kQueries, kHq, kD);
-  const treeattn_tensor k = c_tensor(a.k.data(), TREEATTN_DTYPE_F16, 3, kSlots, kHkv, kD);
-  const treeattn_tensor v = c_tensor(a.v.data(), TREEATTN_DTYPE_F16, 3, kSlots, kHkv, kD);
-  const treeattn_tensor o = c_tensor(a.o.data(), TREEATTN_DTYPE_F32, 3, kQueries, kHq, kD);
-  const treeattn_tensor lse = c_tensor(a.lse.data(), TREEATTN_DTYPE_F32, 2, kQueries, kHq);
-  const auto run = [&] {
+// One way of running a step's plan: its outputs appended to `out`.
+using RunPlan = std::function<void(treeattn_context*, const treeattn_plan*, Calls&, std::vector<float>& out)>;
+
+// On host arrays.
+RunPlan on_host(Arrays& a) {
+  return [&a](treeattn_context* context, const treeattn_plan* plan, Calls& call, std::vector<float>& out) {
+    const treeattn_tensor q = c_tensor(a.q.data(), TREEATTN_DTYPE_F16, 3, kQueries, kHq, kD);
+    const treeattn_tensor k = c_tensor(a.k.data(), TREEATTN_DTYPE_F16, 3, kSlots, kHkv, kD);
+    const treeattn_tensor v = c_tensor(a.v.data(), TREEATTN_DTYPE_F16, 3, kSlots, kHkv, kD);
+    const treeattn_tensor o = c_tensor(a.o.data(), TREEATTN_DTYPE_F32, 3, kQueries, kHq, kD);
+    const treeattn_tensor lse = c_tensor(a.lse.data(), TREEATTN_DTYPE_F32, 2, kQueries, kHq);
     call([&] { return treeattn_run(context, plan, &q, &k, &v, &o, &lse); });
     out.insert(out.end(), a.o.begin(), a.o.end());
     out.insert(out.end(), a.lse.begin(), a.lse.end());
-#ifdef TREEATTN_TEST_HAVE_CUDA
-    if (std::string(treeattn_context_backend(context)) != "cuda") return;
-    treeattn_tensor dq = q, dk = k, dv = v, dout = o, dlse = lse;
-    dq.data = device.q;
-    dk.data = device.k;
-    dv.data = device.v;
-    dout.data = device.o;
-    dlse.data = device.lse;
-    REQUIRE(cudaMemsetAsync(device.o, 0xff, a.o.size() * 4, device.stream) == cudaSuccess);  // NaN: nothing left over
-    call([&] { return treeattn_enqueue(context, plan, &dq, &dk, &dv, &dout, &dlse, device.stream); });
-    REQUIRE(cudaStreamSynchronize(device.stream) == cudaSuccess);
-    std::vector<float> device_o(a.o.size()), device_lse(a.lse.size());
-    REQUIRE(cudaMemcpy(device_o.data(), device.o, device_o.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    REQUIRE(cudaMemcpy(device_lse.data(), device.lse, device_lse.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    out.insert(out.end(), device_o.begin(), device_o.end());
-    out.insert(out.end(), device_lse.begin(), device_lse.end());
-#else
-    (void)device;
-#endif
   };
+}
+
+// The step's tensors given by `data` pointers (device memory: CUDA pointers,
+// Vulkan buffer addresses).
+struct StepTensors {
+  treeattn_tensor q, k, v, o, lse;
+  StepTensors(void* q_data, void* k_data, void* v_data, void* o_data, void* lse_data)
+      : q(c_tensor(q_data, TREEATTN_DTYPE_F16, 3, kQueries, kHq, kD)),
+        k(c_tensor(k_data, TREEATTN_DTYPE_F16, 3, kSlots, kHkv, kD)),
+        v(c_tensor(v_data, TREEATTN_DTYPE_F16, 3, kSlots, kHkv, kD)),
+        o(c_tensor(o_data, TREEATTN_DTYPE_F32, 3, kQueries, kHq, kD)),
+        lse(c_tensor(lse_data, TREEATTN_DTYPE_F32, 2, kQueries, kHq)) {}
+};
+
+#ifdef TREEATTN_TEST_HAVE_CUDA
+// The CUDA device path's tensors and stream, the test's own (its allocations
+// are no library call, so no fault reaches them).
+struct DeviceArrays {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
+  cudaStream_t stream = nullptr;
+  explicit DeviceArrays(const Arrays& a) {
+    REQUIRE(cudaMalloc(&q, a.q.size() * 2) == cudaSuccess);
+    REQUIRE(cudaMalloc(&k, a.k.size() * 2) == cudaSuccess);
+    REQUIRE(cudaMalloc(&v, a.v.size() * 2) == cudaSuccess);
+    REQUIRE(cudaMalloc(&o, a.o.size() * 4) == cudaSuccess);
+    REQUIRE(cudaMalloc(&lse, a.lse.size() * 4) == cudaSuccess);
+    REQUIRE(cudaMemcpy(q, a.q.data(), a.q.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(k, a.k.data(), a.k.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(v, a.v.data(), a.v.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  }
+  ~DeviceArrays() {
+    for (void* p : {q, k, v, o, lse}) cudaFree(p);
+    cudaStreamDestroy(stream);
+  }
+  DeviceArrays(const DeviceArrays&) = delete;
+  DeviceArrays& operator=(const DeviceArrays&) = delete;
+
+  // treeattn_enqueue on device memory on the test's stream.
+  RunPlan enqueue() {
+    return [this](treeattn_context* context, const treeattn_plan* plan, Calls& call, std::vector<float>& out) {
+      const StepTensors t(q, k, v, o, lse);
+      const std::size_t o_floats = kQueries * kHq * kD, lse_floats = kQueries * kHq;
+      REQUIRE(cudaMemsetAsync(o, 0xff, o_floats * 4, stream) == cudaSuccess);  // NaN: nothing left over
+      call([&] { return treeattn_enqueue(context, plan, &t.q, &t.k, &t.v, &t.o, &t.lse, stream); });
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      out.resize(out.size() + o_floats + lse_floats);
+      float* at = out.data() + out.size() - o_floats - lse_floats;
+      REQUIRE(cudaMemcpy(at, o, o_floats * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(cudaMemcpy(at + o_floats, lse, lse_floats * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    };
+  }
+};
+#endif
+
+#ifdef TREEATTN_TEST_HAVE_VULKAN
+// An application's Vulkan device, which a device treeattn opened stands in
+// for: the step's tensors in its buffers (filled once, with nothing armed),
+// and its command buffer, recorded and submitted with Vulkan's own calls, so
+// that no fault reaches the test's side.
+struct AppVulkan {
+  using Kind = treeattn::vulkan::Buffer::Kind;
+  const treeattn::vulkan::Context own{treeattn::vulkan::context_options(treeattn::test::harness_options())};
+  const treeattn::vulkan::Device& device = *treeattn::vulkan::state_of(own).device;
+  const treeattn::test::AppDevice app{own};
+  treeattn::vulkan::Buffer q, k, v, o, lse, staging;
+  treeattn::vulkan::CommandSequence commands{device};
+  VkFence fence = VK_NULL_HANDLE;
+
+  explicit AppVulkan(const Arrays& a)
+      : q(device, a.q.size() * 2, Kind::device_local), k(device, a.k.size() * 2, Kind::device_local),
+        v(device, a.v.size() * 2, Kind::device_local), o(device, a.o.size() * 4, Kind::device_local),
+        lse(device, a.lse.size() * 4, Kind::device_local), staging(device, a.k.size() * 2, Kind::staging) {
+    for (const auto& [to, from] : {std::pair{&q, &a.q}, std::pair{&k, &a.k}, std::pair{&v, &a.v}}) {
+      std::memcpy(staging.mapped(), from->data(), from->size() * 2);
+      commands.begin();
+      commands.copy(staging, *to, from->size() * 2);
+      commands.end();
+      commands.submit_and_wait();
+    }
+    VkFenceCreateInfo info{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    REQUIRE(vkCreateFence(device.handle(), &info, nullptr, &fence) == VK_SUCCESS);
+  }
+  ~AppVulkan() { vkDestroyFence(device.handle(), fence, nullptr); }
+  AppVulkan(const AppVulkan&) = delete;
+  AppVulkan& operator=(const AppVulkan&) = delete;
+
+  treeattn_status create(const treeattn_context_options& options, treeattn_context** out) const {
+    return treeattn_context_create_vulkan(&app.app, &options, out);
+  }
+
+  // treeattn_enqueue recorded into the application's command buffer between
+  // its own commands: O filled with NaN first, O and LSE read back after.
+  RunPlan enqueue() {
+    return [this](treeattn_context* context, const treeattn_plan* plan, Calls& call, std::vector<float>& out) {
+      const auto address = [](const treeattn::vulkan::Buffer& b) {
+        return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.address()));
+      };
+      const StepTensors t(address(q), address(k), address(v), address(o), address(lse));
+      const VkCommandBuffer cb = commands.handle();
+      const VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+      REQUIRE(vkResetCommandBuffer(cb, 0) == VK_SUCCESS);
+      REQUIRE(vkBeginCommandBuffer(cb, &begin) == VK_SUCCESS);
+      vkCmdFillBuffer(cb, o.handle(), 0, VK_WHOLE_SIZE, 0xffffffffu);
+      treeattn::vulkan::record_transfer_to_compute_barrier(cb);
+      call([&] { return treeattn_enqueue(context, plan, &t.q, &t.k, &t.v, &t.o, &t.lse, cb); });
+      VkMemoryBarrier written{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+      written.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+      written.dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT;
+      vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &written, 0,
+                           nullptr, 0, nullptr);
+      const VkBufferCopy o_region{0, 0, o.bytes()}, lse_region{0, o.bytes(), lse.bytes()};
+      vkCmdCopyBuffer(cb, o.handle(), staging.handle(), 1, &o_region);
+      vkCmdCopyBuffer(cb, lse.handle(), staging.handle(), 1, &lse_region);
+      REQUIRE(vkEndCommandBuffer(cb) == VK_SUCCESS);
+      VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+      submit.commandBufferCount = 1;
+      submit.pCommandBuffers = &cb;
+      REQUIRE(vkQueueSubmit(device.queue(), 1, &submit, fence) == VK_SUCCESS);
+      REQUIRE(vkWaitForFences(device.handle(), 1, &fence, VK_TRUE, UINT64_MAX) == VK_SUCCESS);
+      REQUIRE(vkResetFences(device.handle(), 1, &fence) == VK_SUCCESS);
+      const auto* host = static_cast<const float*>(staging.mapped());
+      out.insert(out.end(), host, host + (o.bytes() + lse.bytes()) / 4);
+    };
+  }
+};
+#endif
+
+// A decode step through the C API: a planner from a small tree and its update,
+// its plan run each way of `runs`, the step's changes, the update and the runs
+// again; on CUDA the first plan is also uploaded explicitly. Appends the
+// outputs to `out`.
+void decode_step(treeattn_context* context, const std::vector<RunPlan>& runs, void* stream, Calls& call,
+                 std::vector<float>& out) {
+  treeattn_tree* tree = nullptr;
+  treeattn_planner* planner = nullptr;
+  const treeattn_plan* plan = nullptr;
   call([&] { return treeattn_tree_create(kHq, kHkv, kD, 0.0f, &tree); });
   call([&] { return treeattn_tree_add_node_range(tree, 0, -1, 0, 200); });
   call([&] { return treeattn_tree_add_node_range(tree, 1, 0, 200, 20); });
@@ -172,32 +263,42 @@ void decode_step(treeattn_context* context, Arrays& a, DeviceArrays& device, Cal
   call([&] { return treeattn_tree_add_query(tree, 0, 100); });
   call([&] { return treeattn_tree_add_query(tree, 1, 5); });
   call([&] { return treeattn_planner_create(context, tree, nullptr, &planner); });
-#ifdef TREEATTN_TEST_HAVE_CUDA
-  if (std::string(treeattn_context_backend(context)) == "cuda") {
-    call([&] { return treeattn_planner_update(planner, &plan); });
-    call([&] { return treeattn_upload(context, plan, device.stream); });
-  }
-#endif
   call([&] { return treeattn_planner_update(planner, &plan); });
-  run();
+  if (std::string(treeattn_context_backend(context)) == "cuda") {
+    call([&] { return treeattn_upload(context, plan, stream); });
+  }
+  for (const RunPlan& run : runs) run(context, plan, call, out);
   call([&] { return treeattn_planner_append_range(planner, 1, 220, 1); });
   call([&] { return treeattn_planner_add_node_range(planner, 2, 0, 300, 150); });
   const std::int64_t nodes[] = {1, 2, 2}, upto[] = {-1, -1, 10};
   call([&] { return treeattn_planner_set_queries(planner, nodes, upto, kQueries); });
   call([&] { return treeattn_planner_update(planner, &plan); });
-  run();
+  for (const RunPlan& run : runs) run(context, plan, call, out);
   treeattn_planner_destroy(planner);
   treeattn_tree_destroy(tree);
 }
 
-treeattn_context* create_context(treeattn_backend backend, Calls& call) {
+treeattn_context_options context_options(treeattn_backend backend) {
   treeattn_context_options options;
   treeattn_context_options_init(&options);
   options.backend = backend;
   options.vulkan_variant = "scalar";  // what lavapipe runs; one variant everywhere keeps the sweep short
+  return options;
+}
+
+// Makes a context with context_options() (of the backend its maker knows).
+using MakeContext = std::function<treeattn_status(const treeattn_context_options&, treeattn_context**)>;
+
+// treeattn's own device.
+treeattn_status create_own(const treeattn_context_options& options, treeattn_context** out) {
+  return treeattn_context_create(&options, out);
+}
+
+treeattn_context* create_context(const MakeContext& make, treeattn_backend backend, Calls& call) {
+  const treeattn_context_options options = context_options(backend);
   treeattn_context* context = nullptr;
   call([&] {
-    const treeattn_status s = treeattn_context_create(&options, &context);
+    const treeattn_status s = make(options, &context);
     if (s != TREEATTN_OK) CHECK(context == nullptr);
     return s;
   });
@@ -225,28 +326,29 @@ int sweep(const Site& site, Attempt&& attempt) {
   return injected;
 }
 
-void sweep_backend(treeattn_backend backend, const char* name) {
-  Arrays a;
-  DeviceArrays device(a);
+// Both sweeps at every site for contexts `make` creates, each step running
+// its plans the ways of `runs` (`stream`: the CUDA stream of an upload).
+void sweep_path(const char* name, const MakeContext& make, treeattn_backend backend, const std::vector<RunPlan>& runs,
+                void* stream = nullptr) {
   Calls no_faults(TREEATTN_OK);
-  treeattn_context* context = create_context(backend, no_faults);
+  treeattn_context* context = create_context(make, backend, no_faults);
   std::vector<float> reference;
-  decode_step(context, a, device, no_faults, reference);
+  decode_step(context, runs, stream, no_faults, reference);
 
   // A step under faults on `on`, its outputs the reference's; then, with
   // nothing armed, a fresh plan's step on the same context, bitwise too.
   const auto step_and_again = [&](treeattn_context* on, Calls& call) {
     std::vector<float> out, again;
-    decode_step(on, a, device, call, out);
+    decode_step(on, runs, stream, call, out);
     faults::disarm();
     CHECK(out == reference);
-    decode_step(on, a, device, no_faults, again);
+    decode_step(on, runs, stream, no_faults, again);
     CHECK(again == reference);
   };
   for (const Site& site : kSites) {
     // A context made under faults and its first step.
     const int created = sweep(site, [&](Calls& call) {
-      treeattn_context* fresh = create_context(backend, call);
+      treeattn_context* fresh = create_context(make, backend, call);
       step_and_again(fresh, call);
       treeattn_context_destroy(fresh);
     });
@@ -266,14 +368,31 @@ bool g_cuda = false, g_vulkan = false;  // the devices found
 }  // namespace
 
 TEST_CASE("cuda: every device allocation and driver call of a decode step may fail") {
+#ifdef TREEATTN_TEST_HAVE_CUDA
   if (!g_cuda) return;
-  sweep_backend(TREEATTN_BACKEND_CUDA, "cuda");
+  Arrays a;
+  DeviceArrays device(a);
+  sweep_path("cuda", create_own, TREEATTN_BACKEND_CUDA, {on_host(a), device.enqueue()}, device.stream);
+#endif
 }
 
 TEST_CASE("vulkan: every device allocation and driver call of a decode step may fail") {
   if (!g_vulkan) return;
-  sweep_backend(TREEATTN_BACKEND_VULKAN, "vulkan");
+  Arrays a;
+  sweep_path("vulkan", create_own, TREEATTN_BACKEND_VULKAN, {on_host(a)});
 }
+
+#ifdef TREEATTN_TEST_HAVE_VULKAN
+TEST_CASE("vulkan: every device allocation and driver call of a decode step on an application's device may fail") {
+  if (!g_vulkan) return;
+  Arrays a;
+  AppVulkan app(a);
+  const MakeContext make = [&](const treeattn_context_options& options, treeattn_context** out) {
+    return app.create(options, out);
+  };
+  sweep_path("vulkan, an application's device", make, TREEATTN_BACKEND_VULKAN, {app.enqueue()});
+}
+#endif
 
 // A plan of the step's heads and three queries on a node of `tokens` tokens
 // (at least 100) and its child of 20.

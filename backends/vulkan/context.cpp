@@ -60,10 +60,6 @@ void Context::State::open_cache_and_probe() {
       cached.clear();
     }
   }
-  VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
-  cache_info.initialDataSize = cached.size();
-  cache_info.pInitialData = cached.data();
-  TREEATTN_VK_CHECK(vkCreatePipelineCache(device->handle(), &cache_info, nullptr, &cache));
   // Probed with a dispatch, so only where a queue is at hand; without it the
   // shared-memory coopmat shader runs, correct on any layout.
   if (options.variant != "scalar" && caps.coopmat_unsupported(false).empty() && device->queue() != VK_NULL_HANDLE) {
@@ -76,6 +72,11 @@ void Context::State::open_cache_and_probe() {
                        instance->validation() ? ", validation layer on" : "",
                        device->owned() ? "" : ", the application's device"));
   }
+  // Last of what may throw: a constructor that throws runs no destructor to destroy the cache.
+  VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  cache_info.initialDataSize = cached.size();
+  cache_info.pInitialData = cached.data();
+  TREEATTN_VK_CHECK(vkCreatePipelineCache(device->handle(), &cache_info, nullptr, &cache));
 }
 
 Context::State::~State() {

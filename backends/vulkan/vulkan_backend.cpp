@@ -26,6 +26,9 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
   }
 }
 
+// The workspace (and held plan) of f16 inputs, or of bf16 ones.
+int slot_of(DType inputs) { return inputs == DType::bf16 ? 1 : 0; }
+
 std::unique_ptr<Context::State> make_state(const BackendOptions& o, std::shared_ptr<Instance> instance,
                                            const DeviceCaps* caps) {
   auto state = std::make_unique<Context::State>(context_options(o), std::move(instance), caps);
@@ -86,13 +89,13 @@ VulkanBackend::~VulkanBackend() {
 }
 
 Workspace& VulkanBackend::workspace(DType inputs) {
-  auto& slot = workspaces_[inputs == DType::bf16 ? 1 : 0];
+  auto& slot = workspaces_[slot_of(inputs)];
   if (!slot) slot = std::make_unique<Workspace>(context_, inputs);
   return *slot;
 }
 
 void VulkanBackend::upload_if_new(const Plan& plan, DType inputs, VkCommandBuffer commands) {
-  std::uint64_t& held = uploaded_[inputs == DType::bf16 ? 1 : 0];
+  std::uint64_t& held = uploaded_[slot_of(inputs)];
   if (plan.id != 0 && plan.id == held) return;
   held = 0;  // a failed upload leaves no plan to trust
   workspace(inputs).upload(plan, commands);
@@ -161,8 +164,13 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
     upload.copy(s->readback, s->kv_chunks[i], s->kv_chunks[i].bytes(), (which ? v_at : k_at) + c * s->chunk_slots * slot_bytes);
   }
   upload_if_new(plan, a.q.dtype, upload.handle());
-  upload.end();
-  upload.submit_and_wait();
+  try {
+    upload.end();
+    upload.submit_and_wait();
+  } catch (const Error&) {
+    uploaded_[slot_of(a.q.dtype)] = 0;  // the plan's copy was recorded, but may not have run
+    throw;
+  }
   staged_ = std::move(s);
 }
 

@@ -37,12 +37,19 @@ std::uint32_t out_type(DType dtype) {
 // when regrown to the exact size (benchmarks/h200/demo_vulkan.json).
 std::size_t with_headroom(std::size_t bytes) { return std::max<std::size_t>(bytes + bytes / 2, 16); }
 
-// Replaces `buffer` by one with headroom when it is smaller than `bytes`; the
-// old one goes to `retired` (commands recorded earlier may still read it).
-void grow(Buffer& buffer, std::size_t bytes, const Device& device, Buffer::Kind kind, std::vector<Buffer>& retired) {
-  if (buffer.handle() != VK_NULL_HANDLE && buffer.bytes() >= bytes) return;
+// A buffer with headroom to replace `buffer` when that is smaller than
+// `bytes`; else none (a null handle).
+Buffer grown(const Buffer& buffer, std::size_t bytes, const Device& device, Buffer::Kind kind) {
+  if (buffer.handle() != VK_NULL_HANDLE && buffer.bytes() >= bytes) return Buffer();
+  return Buffer(device, with_headroom(bytes), kind);
+}
+
+// Puts `replacement` (when there is one) in `buffer`'s place; the old buffer
+// goes to `retired` (commands recorded earlier may still read it).
+void replace(Buffer& buffer, Buffer&& replacement, std::vector<Buffer>& retired) {
+  if (replacement.handle() == VK_NULL_HANDLE) return;
   if (buffer.handle() != VK_NULL_HANDLE) retired.push_back(std::move(buffer));
-  buffer = Buffer(device, with_headroom(bytes), kind);
+  buffer = std::move(replacement);
 }
 
 VkDeviceAddress address_of(VkDevice device, const Tensor& t) {
@@ -144,6 +151,8 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   const DeviceCaps& caps = device.caps();
   check_head_dims(plan.heads, kAttentionVariants, kBackendName);
   const int d = plan.heads.head_dim;
+  // A failure below leaves no plan to record: record() refuses until an upload succeeds.
+  s.uploaded = false;
   std::string reason;
   s.variant = ctx.variant(s.inputs, d, &reason);
   ctx.log_variant(reason);
@@ -170,12 +179,19 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   s.table_entries[b].clear();
   s.table_used[b] = 0;
   s.current = b;
+  // Every allocation before any buffer is replaced: a failed one leaves the
+  // buffers that the previous step's commands read where they are (the upload
+  // made again takes this slot again, and releases what it holds retired).
+  s.retired[b].reserve(2);  // nor can retiring them fail once they are replaced
   const std::size_t bytes = s.encoded.words.size() * 4;
+  const std::size_t partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);
   if (s.staging[b].bytes() < bytes) s.staging[b] = Buffer(device, with_headroom(bytes), Buffer::Kind::staging);
+  Buffer plan_buffer = grown(s.plan, bytes, device, Buffer::Kind::device_local);
+  Buffer partials = grown(s.partials, partial_rows * std::size_t(plan.heads.value_dim() + 1) * 4, device, Buffer::Kind::device_local);
+  replace(s.plan, std::move(plan_buffer), s.retired[b]);
+  replace(s.partials, std::move(partials), s.retired[b]);
+  s.partial_rows = partial_rows;
   std::memcpy(s.staging[b].mapped(), s.encoded.words.data(), bytes);
-  grow(s.plan, bytes, device, Buffer::Kind::device_local, s.retired[b]);
-  s.partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);
-  grow(s.partials, s.partial_rows * std::size_t(plan.heads.value_dim() + 1) * 4, device, Buffer::Kind::device_local, s.retired[b]);
   s.next = 1 - b;
 
   // The copy waits for earlier dispatches that read the plan, and the dispatches after it for the copy.

@@ -12,6 +12,7 @@
 #include "../backends/vulkan/vulkan_backend.hpp"
 #include <cstring>
 
+#include "support/app_vulkan_device.hpp"
 #include "support/c_replay.hpp"
 #include "support/c_tensor.hpp"
 #include "support/conformance.hpp"
@@ -146,24 +147,6 @@ TEST_CASE("a workspace's errors: record before upload, tensors that do not match
 
 namespace {
 
-// A treeattn_vulkan_device for a device treeattn opened, standing in for the application's.
-struct AppDevice {
-  explicit AppDevice(const vulkan::Context& own) : enabled(state_of(own).device->caps()) {
-    app.struct_size = sizeof app;
-    app.instance = state_of(own).instance->handle();
-    app.physical_device = own.physical_device();
-    app.device = own.device();
-    app.queue_family = own.queue_family();
-    app.queue = own.queue();
-    app.get_instance_proc_addr = vkGetInstanceProcAddr;
-    app.enabled_features = &enabled.features;
-    app.enabled_extensions = enabled.extensions.data();
-    app.enabled_extension_count = std::uint32_t(enabled.extensions.size());
-  }
-  vulkan::FeatureChain enabled;
-  treeattn_vulkan_device app{};
-};
-
 void* address_of(const vulkan::Buffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.address())); }
 
 }  // namespace
@@ -171,7 +154,7 @@ void* address_of(const vulkan::Buffer& b) { return reinterpret_cast<void*>(stati
 TEST_CASE("the C API's planner on an application's Vulkan device: a decode replay recorded step by step") {
   const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
   const vulkan::Device& device = *state_of(own).device;
-  AppDevice app(own);
+  test::AppDevice app(own);
   treeattn_context* context = nullptr;
   REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app.app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
   // Each call: the inputs copied up, treeattn_enqueue recorded between barriers, O and LSE read back.
@@ -217,7 +200,7 @@ TEST_CASE("the C API's planner on an application's Vulkan device: a decode repla
 TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records by buffer address into its command buffer") {
   const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
   const vulkan::Device& device = *state_of(own).device;
-  AppDevice app(own);
+  test::AppDevice app(own);
   treeattn_context* context = nullptr;
   REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app.app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
   CHECK(std::string(treeattn_context_backend(context)) == "vulkan");

@@ -55,6 +55,12 @@ void print_soak(const DemoOptions& o, const DemoLoop& loop, const SoakChecks& so
   };
   fmt::print("  memory after warm-up (step {} on): host RSS grew {}", j["warmup_steps"].get<std::int64_t>(),
              growth(j["host_rss_after_warmup"]));
+  const nlohmann::json& heap = j["host_heap_after_warmup"];
+  if (!heap.is_null() && heap["first"].get<std::int64_t>() >= 0) {
+    fmt::print(", heap in use {} at the first sample, {} at the last (at most {})",
+               format_bytes(double(heap["first"].get<std::int64_t>())), format_bytes(double(heap["last"].get<std::int64_t>())),
+               format_bytes(double(heap["most"].get<std::int64_t>())));
+  }
   if (!j["device_bytes_after_warmup"].is_null()) {
     fmt::print(", device memory grew {} ({})", growth(j["device_bytes_after_warmup"]),
                j["device_bytes_source"].get<std::string>());

@@ -48,6 +48,11 @@ class Sampled {
 
 // The resident set of this process, from /proc/self/statm (-1 where there is none).
 std::int64_t host_rss_bytes();
+// The bytes this process's heap has handed out and not had back (glibc's
+// mallinfo2: in use, mapped blocks included; -1 without glibc). Unlike the
+// resident set, which keeps the heap's high-water mark, it falls again when
+// memory is freed: a leak is a trend in it.
+std::int64_t host_heap_bytes();
 
 // The largest absolute difference between two f32 arrays of one shape, and
 // the first element where it occurs; a NaN or infinity on one side only is an
@@ -80,7 +85,7 @@ class SoakChecks {
 
  private:
   struct MemorySample {
-    std::int64_t step, host_rss, device;
+    std::int64_t step, host_rss, host_heap, device;
   };
   struct Profile {  // one kind of memory after warm-up
     std::int64_t first = -1, least = std::numeric_limits<std::int64_t>::max(), most = -1, last = -1;
@@ -97,7 +102,7 @@ class SoakChecks {
   std::int64_t checks_ = 0, worst_step_ = 0;
   double max_o_ = 0.0, max_lse_ = 0.0;
   Sampled<MemorySample> samples_{512};
-  Profile host_, device_;
+  Profile host_, heap_, device_;
 };
 
 }  // namespace treeattn::cli

@@ -518,11 +518,15 @@ TEST_CASE("demo soak on the CPU backend: serving steps checked against the CPU, 
   for (int i = 0; i < 3; ++i) {
     CHECK(soak["memory_samples"][i]["step"] == 100 * (i + 1));
     CHECK(soak["memory_samples"][i]["host_rss_bytes"].get<std::int64_t>() > 0);
+    CHECK(soak["memory_samples"][i]["host_heap_bytes"].get<std::int64_t>() > 0);
     CHECK(soak["memory_samples"][i]["device_bytes"] == -1);
   }
   const nlohmann::json& host = soak["host_rss_after_warmup"];
   CHECK(host["first"] == soak["memory_samples"][0]["host_rss_bytes"]);
   CHECK(host["growth"] == host["most"].get<std::int64_t>() - host["first"].get<std::int64_t>());
+  const nlohmann::json& heap = soak["host_heap_after_warmup"];
+  CHECK(heap["last"] == soak["memory_samples"][2]["host_heap_bytes"]);
+  CHECK(heap["least"].get<std::int64_t>() <= heap["last"].get<std::int64_t>());
   CHECK(soak["device_bytes_after_warmup"].is_null());
   CHECK(soak["graph_captures"].is_null());
 

@@ -320,17 +320,17 @@ TEST_CASE("the coopmat shaders' stages: 32 tokens where they fit the shared memo
   // second stage (fragments) or four subgroups' S and P columns (512 bytes).
   vulkan::DeviceCaps nvidia;
   nvidia.shared_memory_bytes = 48 * 1024;
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 64, true) == 32);
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, true) == 32);  // 37 888 bytes
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, true) == 16);  // 36 864 (70 656 at 32)
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, false) == 32);
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, false) == 16);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 64, 64, true) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, 128, true) == 32);  // 37 888 bytes
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, 256, true) == 16);  // 36 864 (70 656 at 32)
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, 128, false) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, 256, false) == 16);
   vulkan::DeviceCaps least;  // the least shared memory a coopmat device has (coopmat_unsupported)
   least.shared_memory_bytes = 32 * 1024;
-  CHECK(vulkan::coopmat_chunk_tokens(least, 64, true) == 32);
-  CHECK(vulkan::coopmat_chunk_tokens(least, 128, true) == 16);
-  CHECK(vulkan::coopmat_chunk_tokens(least, 256, true) == 0);  // the backend runs the shared-memory shader
-  CHECK(vulkan::coopmat_chunk_tokens(least, 256, false) == 16);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 64, 64, true) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 128, 128, true) == 16);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 256, 256, true) == 0);  // the backend runs the shared-memory shader
+  CHECK(vulkan::coopmat_chunk_tokens(least, 256, 256, false) == 16);
 }
 
 TEST_CASE("the shaders' plan encoding: each pass row's tile words hold exactly the tokens its query sees") {

@@ -61,7 +61,7 @@ TEST_CASE("an application's device: only the features it enabled count, from cor
   const vulkan::DeviceCaps no_extension = vulkan::enabled_caps(caps, &chain.features, nullptr, 0);
   CHECK(no_extension.scalar_unsupported().empty());
   CHECK(no_extension.coopmat_unsupported(false) == "no VK_KHR_cooperative_matrix");
-  CHECK(vulkan::choose_variant(no_extension, "auto", DType::f16, true, 128) == vulkan::Variant::scalar);
+  CHECK(vulkan::choose_variant(no_extension, "auto", DType::f16, true, 128, 128) == vulkan::Variant::scalar);
 
   // The Vulkan 1.1/1.2 features given as their extension structs count the same.
   VkPhysicalDeviceFeatures2 core{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};

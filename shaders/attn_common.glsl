@@ -10,7 +10,6 @@
 
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer Words { uint w[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Quads { uvec4 q[]; };
-layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Pairs { uvec2 p[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer OutWords { uint w[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer Floats { float f[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Vec4s { vec4 v[]; };
@@ -106,23 +105,20 @@ uint visible_word(uint tile, uint tile_query, uint half_index) {
   return plan_word(kTileVisible, (tile * 64u + tile_query) * 2u + half_index);
 }
 
-// Piece `index` of a K or V buffer at `base`: 8 elements, as 16 bytes of 16-bit
-// ones, or fp8 bytes in .xy (kv_decode makes them 16-bit). The load is issued
-// and left in flight: nothing reads the register here.
-uvec4 kv_piece(uint64_t base, uint index) {
-  return KV_FP8 != 0u ? uvec4(Pairs(base).p[index], 0u, 0u) : Quads(base).q[index];
-}
-
-// Piece `quad` of head `head` of KV-pool row `slot`, from K (which=0) or V
-// (which=1), of a pool split over several buffers. (A one-buffer pool, the
-// usual case, the shaders read through kv_base directly, with the branch on
-// pc.num_chunks outside their load loops.)
+// 16 bytes of head `head` of KV-pool row `slot` (8 16-bit elements or 16 fp8
+// ones), from K (which=0) or V (which=1), of a pool split over several buffers.
+// (A one-buffer pool, the usual case, the shaders read through kv_base
+// directly, with the branch on pc.num_chunks outside their load loops.)
 uvec4 kv_quad_chunked(uint which, uint slot, uint head, uint quad, uint quads_per_head) {
   uint chunk = slot / pc.chunk_slots;
   uint local_slot = slot - chunk * pc.chunk_slots;
-  return kv_piece(Addresses(pc.kv_chunks).a[which * pc.num_chunks + chunk],
-                  (local_slot * pc.heads_kv + head) * quads_per_head + quad);
+  Quads base = Quads(Addresses(pc.kv_chunks).a[which * pc.num_chunks + chunk]);
+  return base.q[(local_slot * pc.heads_kv + head) * quads_per_head + quad];
 }
+
+// What one 16-byte load of K or V carries, in 16-byte pieces of 16-bit
+// elements (the shared-memory tiles' unit): 1, or 2 where K and V are fp8.
+const uint FETCH_QUADS = 1u + (KV_FP8 + 1u) / 2u;
 
 // Two fp8 elements (bits 0-7 and 8-15 of `bytes`) as two 16-bit ones of Q's
 // type. e5m2 is f16's upper byte; e4m3's exponent and mantissa, moved into
@@ -146,10 +142,13 @@ uint fp8_pair(uint bytes) {
   return h;
 }
 
-// A piece as kv_piece loaded it, as 8 16-bit elements of Q's type.
-uvec4 kv_decode(uvec4 piece) {
-  if (KV_FP8 == 0u) return piece;
-  return uvec4(fp8_pair(piece.x), fp8_pair(piece.x >> 16), fp8_pair(piece.y), fp8_pair(piece.y >> 16));
+// Piece `part` (< FETCH_QUADS) of 16 loaded bytes of K or V, as the shared
+// tiles hold it: the bytes themselves, or 8 fp8 elements made 16-bit ones of
+// Q's type. Called where the loaded rows are stored, never beside the load.
+uvec4 fetched_quad(uvec4 fetched, uint part) {
+  if (KV_FP8 == 0u) return fetched;
+  const uvec2 bytes = part == 0u ? fetched.xy : fetched.zw;
+  return uvec4(fp8_pair(bytes.x), fp8_pair(bytes.x >> 16), fp8_pair(bytes.y), fp8_pair(bytes.y >> 16));
 }
 
 // The call's attention options follow its K and V chunk addresses in the
@@ -158,7 +157,7 @@ uvec4 kv_decode(uvec4 piece) {
 uint64_t option_word(uint index) { return Addresses(pc.kv_chunks).a[2u * pc.num_chunks + index]; }
 
 // What multiplies K's (which=0) or V's (which=1) decoded elements of KV head
-// `kv_head`: its scale, and for e4m3 the 256 that kv_decode leaves out.
+// `kv_head`: its scale, and for e4m3 the 256 that fp8_pair leaves out.
 float kv_scale(uint which, uint kv_head) {
   const uint64_t per_head = option_word(1u + which);
   const float per_tensor = uintBitsToFloat(uint(option_word(3u) >> (32u * which)));

@@ -18,8 +18,8 @@
 // per column.
 //
 // K/V rows in shared memory are padded by 16 bytes so the 8 rows one matrix
-// load reads start on different banks. fp8 K and V (KV_FP8) arrive as 8 bytes a
-// piece and are decoded to f16 (bf16) on their way into shared memory, after the
+// load reads start on different banks. fp8 K and V (KV_FP8) arrive 16 elements a
+// load and are decoded to f16 (bf16) on their way into shared memory, after the
 // loads have landed: the matrices stay 16-bit.
 //
 // bf16 inputs run the same SPIR-V with its 16-bit float type declared bfloat16
@@ -48,8 +48,10 @@ const uint QUADS = HEAD_DIM / 8u;                // 16-byte pieces (8 elements) 
 const uint V_QUADS = HEAD_DIM_V / 8u;
 const uint ROW_QUADS = QUADS + 1u;              // 16-byte pieces per shared K row, one of padding
 const uint V_ROW_QUADS = V_QUADS + 1u;
-const uint LOADS = (CHUNK * QUADS + THREADS - 1u) / THREADS;  // K pieces each thread loads per chunk
-const uint V_LOADS = (CHUNK * V_QUADS + THREADS - 1u) / THREADS;
+const uint FETCHES = QUADS / FETCH_QUADS;        // 16-byte loads of a K row in memory
+const uint V_FETCHES = V_QUADS / FETCH_QUADS;
+const uint LOADS = (CHUNK * FETCHES + THREADS - 1u) / THREADS;  // 16-byte K loads per thread per chunk
+const uint V_LOADS = (CHUNK * V_FETCHES + THREADS - 1u) / THREADS;
 const uint Q_STRIDE = TILE + 8u;                 // halves per column of a staged Q tile (48 bytes: 16-byte aligned)
 const float kSlack = 8.0;                        // log2 of how far P may exceed 1 before O is rescaled
 const float kNoReference = -1.0e30;              // a row's reference before it sees a token (below any logit)
@@ -81,13 +83,13 @@ void subgroup_sync() {
 // unconditionally: positions past the block read the block's first token,
 // which is cached, and the visibility masks them where they are used.
 
-// The token (x) and piece (y) of a row of `quads` pieces that a thread's
-// load j of a chunk carries: each thread the same piece of every few tokens
-// where `quads` divides the work group (head_dim 64, 128, 256), else the
-// work group's loads laid over the chunk in order.
-uvec2 gather_place(uint tid, uint j, uint quads) {
-  if (THREADS % quads == 0u) return uvec2(tid / quads + j * (THREADS / quads), tid % quads);
-  return uvec2((tid + j * THREADS) / quads, (tid + j * THREADS) % quads);
+// The token (x) and 16-byte load (y) of a row of `fetches` loads that a
+// thread's load j of a chunk carries: each thread the same part of every few
+// tokens where `fetches` divides the work group (head_dim 64, 128, 256), else
+// the work group's loads laid over the chunk in order.
+uvec2 gather_place(uint tid, uint j, uint fetches) {
+  if (THREADS % fetches == 0u) return uvec2(tid / fetches + j * (THREADS / fetches), tid % fetches);
+  return uvec2((tid + j * THREADS) / fetches, (tid + j * THREADS) % fetches);
 }
 
 // The gather's indices for the chunk after the one in flight: the pool slot of
@@ -100,11 +102,11 @@ uint gather_slot(uint token_begin, uint tokens, uint t) {
 
 void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-    next_slot[j] = gather_slot(token_begin, tokens, chunk0 + gather_place(tid, j, QUADS).x);
+    next_slot[j] = gather_slot(token_begin, tokens, chunk0 + gather_place(tid, j, FETCHES).x);
   }
-  if (V_QUADS != QUADS) {
+  if (V_FETCHES != FETCHES) {
     [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-      next_v_slot[j] = gather_slot(token_begin, tokens, chunk0 + gather_place(tid, j, V_QUADS).x);
+      next_v_slot[j] = gather_slot(token_begin, tokens, chunk0 + gather_place(tid, j, V_FETCHES).x);
     }
   }
 }
@@ -117,25 +119,26 @@ uint fetch_visible(uint token_begin, uint tile_query, uint tokens, uint chunk0) 
   return visible_word((token_begin + c) / kKvTileTokens, tile_query, (c / 32u) % 2u);
 }
 
-// The K and V pieces of next_slot[] (kv_piece), issued and left in flight.
+// The K and V rows of next_slot[] (16 bytes each), issued and left in flight.
 uvec4 k_rows[LOADS], v_rows[V_LOADS];
 
 void gather_rows(uint kv_head, uint tid) {
   if (pc.num_chunks == 1u) {
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-      k_rows[j] = kv_piece(kv_base[0], (next_slot[j] * pc.heads_kv + kv_head) * QUADS + gather_place(tid, j, QUADS).y);
+      const uint index = (next_slot[j] * pc.heads_kv + kv_head) * FETCHES + gather_place(tid, j, FETCHES).y;
+      k_rows[j] = Quads(kv_base[0]).q[index];
     }
     [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-      const uint slot = V_QUADS == QUADS ? next_slot[j] : next_v_slot[j];
-      v_rows[j] = kv_piece(kv_base[1], (slot * pc.heads_kv + kv_head) * V_QUADS + gather_place(tid, j, V_QUADS).y);
+      const uint slot = V_FETCHES == FETCHES ? next_slot[j] : next_v_slot[j];
+      v_rows[j] = Quads(kv_base[1]).q[(slot * pc.heads_kv + kv_head) * V_FETCHES + gather_place(tid, j, V_FETCHES).y];
     }
   } else {
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-      k_rows[j] = kv_quad_chunked(0u, next_slot[j], kv_head, gather_place(tid, j, QUADS).y, QUADS);
+      k_rows[j] = kv_quad_chunked(0u, next_slot[j], kv_head, gather_place(tid, j, FETCHES).y, FETCHES);
     }
     [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-      const uint slot = V_QUADS == QUADS ? next_slot[j] : next_v_slot[j];
-      v_rows[j] = kv_quad_chunked(1u, slot, kv_head, gather_place(tid, j, V_QUADS).y, V_QUADS);
+      const uint slot = V_FETCHES == FETCHES ? next_slot[j] : next_v_slot[j];
+      v_rows[j] = kv_quad_chunked(1u, slot, kv_head, gather_place(tid, j, V_FETCHES).y, V_FETCHES);
     }
   }
 }
@@ -143,15 +146,21 @@ void gather_rows(uint kv_head, uint tid) {
 // The landed rows into stage `stage` of the K/V tiles (decoded where fp8).
 // Positions past the block hold its first token's rows: finite, and no row
 // sees them, so their P is exactly 0 and they add nothing to O. (Loads past
-// the chunk, where its pieces do not fill every thread's last load, are dropped.)
+// the chunk, where its loads do not fill every thread's last one, are dropped.)
 void store_rows(uint tid, uint stage) {
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-    const uvec2 place = gather_place(tid, j, QUADS);
-    if ((CHUNK * QUADS) % THREADS == 0u || place.x < CHUNK) k_tile[stage * STAGE_QUADS + place.x * ROW_QUADS + place.y] = kv_decode(k_rows[j]);
+    const uvec2 place = gather_place(tid, j, FETCHES);
+    const uint at = stage * STAGE_QUADS + place.x * ROW_QUADS + place.y * FETCH_QUADS;
+    [[unroll]] for (uint part = 0u; part < FETCH_QUADS; ++part) {
+      if ((CHUNK * FETCHES) % THREADS == 0u || place.x < CHUNK) k_tile[at + part] = fetched_quad(k_rows[j], part);
+    }
   }
   [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-    const uvec2 place = gather_place(tid, j, V_QUADS);
-    if ((CHUNK * V_QUADS) % THREADS == 0u || place.x < CHUNK) v_tile[stage * V_STAGE_QUADS + place.x * V_ROW_QUADS + place.y] = kv_decode(v_rows[j]);
+    const uvec2 place = gather_place(tid, j, V_FETCHES);
+    const uint at = stage * V_STAGE_QUADS + place.x * V_ROW_QUADS + place.y * FETCH_QUADS;
+    [[unroll]] for (uint part = 0u; part < FETCH_QUADS; ++part) {
+      if ((CHUNK * V_FETCHES) % THREADS == 0u || place.x < CHUNK) v_tile[at + part] = fetched_quad(v_rows[j], part);
+    }
   }
 }
 

@@ -17,11 +17,13 @@ layout(constant_id = 1) const uint CHUNK = 32;     // tokens per shared-memory s
 const uint LANES = 8u, ROWS = 16u, THREADS = 128u;
 const uint DIMS = HEAD_DIM / LANES;                 // of Q and K per lane: 8, 12, 16, 24 or 32
 const uint V_DIMS = HEAD_DIM_V / LANES;             // of V and O per lane
-const uint QUADS = HEAD_DIM / 8u;                   // 16-byte pieces of a K row (in 16-bit elements)
+const uint QUADS = HEAD_DIM / 8u;                   // 16-byte pieces of a K row in shared memory (16-bit elements)
 const uint V_QUADS = HEAD_DIM_V / 8u;
+const uint FETCHES = QUADS / FETCH_QUADS;           // 16-byte loads of a K row in memory
+const uint V_FETCHES = V_QUADS / FETCH_QUADS;
 const uint GROUP = 4u;                              // tokens per softmax step
-const uint K_LOADS = (CHUNK * QUADS + THREADS - 1u) / THREADS;  // K pieces each thread loads per chunk
-const uint V_LOADS = (CHUNK * V_QUADS + THREADS - 1u) / THREADS;
+const uint K_LOADS = (CHUNK * FETCHES + THREADS - 1u) / THREADS;  // 16-byte K loads per thread per chunk
+const uint V_LOADS = (CHUNK * V_FETCHES + THREADS - 1u) / THREADS;
 
 shared uvec4 k_tile[CHUNK * QUADS];
 shared uvec4 v_tile[CHUNK * V_QUADS];
@@ -87,34 +89,42 @@ void main() {
     // Positions past the chunk read the block's first token and are never used.
     uint k_slot[K_LOADS], v_slot[V_LOADS];
     [[unroll]] for (uint j = 0u; j < K_LOADS; ++j) {
-      const uint t = (tid + j * THREADS) / QUADS;
+      const uint t = (tid + j * THREADS) / FETCHES;
       k_slot[j] = plan_word(kItemTokenSlot, token_begin + (t < count ? chunk0 + t : 0u));
     }
     [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-      const uint t = (tid + j * THREADS) / V_QUADS;
-      v_slot[j] = V_QUADS == QUADS ? k_slot[j] : plan_word(kItemTokenSlot, token_begin + (t < count ? chunk0 + t : 0u));
+      const uint t = (tid + j * THREADS) / V_FETCHES;
+      v_slot[j] = V_FETCHES == FETCHES ? k_slot[j]
+                                       : plan_word(kItemTokenSlot, token_begin + (t < count ? chunk0 + t : 0u));
     }
     uvec4 k_rows[K_LOADS], v_rows[V_LOADS];
     if (pc.num_chunks == 1u) {  // the usual case: no branch around each load
       [[unroll]] for (uint j = 0u; j < K_LOADS; ++j) {
-        k_rows[j] = kv_piece(kv_base[0], (k_slot[j] * pc.heads_kv + kv_head) * QUADS + (tid + j * THREADS) % QUADS);
+        k_rows[j] = Quads(kv_base[0]).q[(k_slot[j] * pc.heads_kv + kv_head) * FETCHES + (tid + j * THREADS) % FETCHES];
       }
       [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-        v_rows[j] = kv_piece(kv_base[1], (v_slot[j] * pc.heads_kv + kv_head) * V_QUADS + (tid + j * THREADS) % V_QUADS);
+        v_rows[j] = Quads(kv_base[1]).q[(v_slot[j] * pc.heads_kv + kv_head) * V_FETCHES + (tid + j * THREADS) % V_FETCHES];
       }
     } else {
       [[unroll]] for (uint j = 0u; j < K_LOADS; ++j) {
-        k_rows[j] = kv_quad_chunked(0u, k_slot[j], kv_head, (tid + j * THREADS) % QUADS, QUADS);
+        k_rows[j] = kv_quad_chunked(0u, k_slot[j], kv_head, (tid + j * THREADS) % FETCHES, FETCHES);
       }
       [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-        v_rows[j] = kv_quad_chunked(1u, v_slot[j], kv_head, (tid + j * THREADS) % V_QUADS, V_QUADS);
+        v_rows[j] = kv_quad_chunked(1u, v_slot[j], kv_head, (tid + j * THREADS) % V_FETCHES, V_FETCHES);
       }
     }
+    // Load i of the chunk is piece i of its K rows (FETCH_QUADS of them where fp8).
     [[unroll]] for (uint j = 0u; j < K_LOADS; ++j) {
-      if (tid + j * THREADS < CHUNK * QUADS) k_tile[tid + j * THREADS] = kv_decode(k_rows[j]);
+      const uint i = tid + j * THREADS;
+      [[unroll]] for (uint part = 0u; part < FETCH_QUADS; ++part) {
+        if (i < CHUNK * FETCHES) k_tile[i * FETCH_QUADS + part] = fetched_quad(k_rows[j], part);
+      }
     }
     [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-      if (tid + j * THREADS < CHUNK * V_QUADS) v_tile[tid + j * THREADS] = kv_decode(v_rows[j]);
+      const uint i = tid + j * THREADS;
+      [[unroll]] for (uint part = 0u; part < FETCH_QUADS; ++part) {
+        if (i < CHUNK * V_FETCHES) v_tile[i * FETCH_QUADS + part] = fetched_quad(v_rows[j], part);
+      }
     }
     barrier();
 

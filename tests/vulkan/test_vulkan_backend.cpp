@@ -169,6 +169,28 @@ TEST_CASE("the variants through a KV pool split into several buffers: fp8 K and 
   check_inputs_against_oracle(*backend, tree, in, tolerance(DType::f16), 16);
 }
 
+TEST_CASE("fp8 K and V beside bf16 Q: decoded into bf16 for the shaders, against the oracle") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 31;
+  o.nodes = 24;
+  o.queries = 30;
+  o.heads = {8, 2, 128, 0.0f};
+  const Tree tree = random_forest(o);
+  for (const Variant& variant : all_variants()) {
+    if (!is_fp8(variant.kv)) continue;
+    const std::string variant_name = variant.name;
+    CAPTURE(variant_name);
+    Inputs in = make_variant_inputs(tree, variant, 31);
+    HostArray q(DType::bf16, in.q.shape);
+    for (std::size_t i = 0; i < std::size_t(q.numel()); ++i) {
+      store_from_float(q.bytes.data(), DType::bf16, i, load_as_float(in.q.bytes.data(), DType::f16, i));
+    }
+    in.q = std::move(q);
+    check_inputs_against_oracle(*backend, tree, in, tolerance(DType::bf16));
+  }
+}
+
 TEST_CASE("a call's variants run pipelines of their own; a plain call after them runs the plain ones, bit for bit") {
   auto backend = make_test_backend();
   RandomForestOptions o;

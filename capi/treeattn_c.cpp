@@ -63,6 +63,7 @@ treeattn_status status_of(ErrorCategory category) {
     case ErrorCategory::InvalidPlan: return TREEATTN_ERROR_INVALID_PLAN;
     case ErrorCategory::Io: return TREEATTN_ERROR_IO;
     case ErrorCategory::Backend: return TREEATTN_ERROR_BACKEND;
+    case ErrorCategory::OutOfMemory: return TREEATTN_ERROR_OUT_OF_MEMORY;
   }
   return TREEATTN_ERROR_INTERNAL;
 }

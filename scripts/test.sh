@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure
-# test_threads under ThreadSanitizer, test_host_faults and test_c_planner under AddressSanitizer (CPU-only builds).
+# test_threads under ThreadSanitizer (CPU only); test_host_faults, test_c_planner and test_device_faults (lavapipe) under AddressSanitizer.
 scripts/sanitizers.sh
 # The libFuzzer targets (fuzz/), 45 seconds each, in a clang build with ASan and UBSan.
 scripts/fuzz.sh 45

@@ -2,7 +2,8 @@
 // addresses of every tensor (buffer device address: no binding-size limit, so
 // KV pools larger than maxStorageBufferRange work), the plan workspace layout
 // (its arrays' offsets in the push constants: no header load ahead of the first
-// lookup), and exact 16-bit conversions.
+// lookup), exact 16-bit conversions, and the attention variants (DESIGN.md §8)
+// as specialization constants: a pipeline built without one runs none of its code.
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #extension GL_EXT_control_flow_attributes : require
@@ -35,13 +36,24 @@ layout(push_constant) uniform Params {
   uint groups;           // stage 1: its passes x heads_kv work groups; the merge: the queries (each over
                          // the query heads); the dispatch may hold more
   uint run;              // of those, the most in a run along x (numbered_work_group)
+  float softcap_log2;    // the logit soft-cap in base 2 (cap * log2(e)), read where SOFTCAP
 } pc;
+
+// The variants a pipeline runs (context.cpp's ShaderKey sets them; ids 0 and 1
+// are each shader's own). Q and K have the shader's HEAD_DIM columns, V and O
+// HEAD_DIM_V.
+layout(constant_id = 2) const bool IN_BF16 = false;  // Q (and 16-bit K and V) bf16, else f16
+layout(constant_id = 3) const uint HEAD_DIM_V = 128;
+layout(constant_id = 4) const uint KV_FP8 = 0;       // K and V: 0 Q's 16-bit type, 1 fp8_e4m3, 2 fp8_e5m2
+layout(constant_id = 5) const bool SOFTCAP = false;  // s = cap * tanh(s / cap)
+layout(constant_id = 6) const bool SINKS = false;    // a logit per query head joins each query's softmax once
 
 // The plan arrays after the pass records (vk_plan.cpp writes them).
 const uint kItemTokenSlot = 0, kTileVisible = 1, kTileQuery = 2, kTilePartial = 3, kMergeBegin = 4;
 const uint kKvTileTokens = 64u;  // tokens per tile of kTileVisible (one bit each)
 const int kDirect = -1;
 const float kLn2 = 0.69314718055994531;
+const float kLog2e = 1.4426950408889634;
 
 uint64_t kv_base[2];  // K and V base addresses when the pool is one chunk
 
@@ -93,15 +105,84 @@ uint visible_word(uint tile, uint tile_query, uint half_index) {
   return plan_word(kTileVisible, (tile * 64u + tile_query) * 2u + half_index);
 }
 
-// 16 bytes (8 elements) of head `head` of KV-pool row `slot`, from K (which=0) or
-// V (which=1), of a pool split over several buffers. (A one-buffer pool, the
-// usual case, the shaders read through kv_base directly, with the branch on
-// pc.num_chunks outside their load loops.)
+// 16 bytes of head `head` of KV-pool row `slot` (8 16-bit elements or 16 fp8
+// ones), from K (which=0) or V (which=1), of a pool split over several buffers.
+// (A one-buffer pool, the usual case, the shaders read through kv_base
+// directly, with the branch on pc.num_chunks outside their load loops.)
 uvec4 kv_quad_chunked(uint which, uint slot, uint head, uint quad, uint quads_per_head) {
   uint chunk = slot / pc.chunk_slots;
   uint local_slot = slot - chunk * pc.chunk_slots;
   Quads base = Quads(Addresses(pc.kv_chunks).a[which * pc.num_chunks + chunk]);
   return base.q[(local_slot * pc.heads_kv + head) * quads_per_head + quad];
+}
+
+// What one 16-byte load of K or V carries, in 16-byte pieces of 16-bit
+// elements (the shared-memory tiles' unit): 1, or 2 where K and V are fp8.
+const uint FETCH_QUADS = 1u + (KV_FP8 + 1u) / 2u;
+
+// Two fp8 elements (bits 0-7 and 8-15 of `bytes`) as two 16-bit ones of Q's
+// type. e5m2 is f16's upper byte; e4m3's exponent and mantissa, moved into
+// f16's places, read as the value / 256 for normal and subnormal numbers alike
+// (kv_scale multiplies the 256 back), and 0x7f / 0xff are NaN. bf16 takes the
+// f16 value's upper half through f32: exact, fp8 has at most 3 mantissa bits.
+uint fp8_pair(uint bytes) {
+  const uint spread = (bytes & 0xffu) | ((bytes & 0xff00u) << 8);  // one byte in each 16-bit half
+  uint h;
+  if (KV_FP8 == 2u) {
+    h = spread << 8;
+  } else {
+    const uint magnitude = spread & 0x007f007fu;
+    const uint nan = ((magnitude + 0x00010001u) & 0x00800080u) >> 7;  // 1 in a half whose 7 low bits are all set
+    h = (magnitude << 7) | ((spread & 0x00800080u) << 8) | nan * 0x7c00u;
+  }
+  if (IN_BF16) {
+    const vec2 value = unpackHalf2x16(h);
+    h = (floatBitsToUint(value.x) >> 16) | (floatBitsToUint(value.y) & 0xffff0000u);
+  }
+  return h;
+}
+
+// Piece `part` (< FETCH_QUADS) of 16 loaded bytes of K or V, as the shared
+// tiles hold it: the bytes themselves, or 8 fp8 elements made 16-bit ones of
+// Q's type. Called where the loaded rows are stored, never beside the load.
+uvec4 fetched_quad(uvec4 fetched, uint part) {
+  if (KV_FP8 == 0u) return fetched;
+  const uvec2 bytes = part == 0u ? fetched.xy : fetched.zw;
+  return uvec4(fp8_pair(bytes.x), fp8_pair(bytes.x >> 16), fp8_pair(bytes.y), fp8_pair(bytes.y >> 16));
+}
+
+// The call's attention options follow its K and V chunk addresses in the
+// kv_chunks table (workspace.cpp writes them): the addresses of sinks,
+// k_scales and v_scales (0: none), then k_scale and v_scale.
+uint64_t option_word(uint index) { return Addresses(pc.kv_chunks).a[2u * pc.num_chunks + index]; }
+
+// What multiplies K's (which=0) or V's (which=1) decoded elements of KV head
+// `kv_head`: its scale, and for e4m3 the 256 that fp8_pair leaves out.
+float kv_scale(uint which, uint kv_head) {
+  const uint64_t per_head = option_word(1u + which);
+  const float per_tensor = uintBitsToFloat(uint(option_word(3u) >> (32u * which)));
+  const float scale = per_head != 0ul ? Floats(per_head).f[kv_head] : per_tensor;
+  return KV_FP8 == 1u ? scale * 256.0 : scale;
+}
+
+// A base-2 logit soft-capped: cap * tanh(logit / cap) with cap = pc.softcap_log2
+// (the natural cap scaled as the logits are). tanh as 1 - 2 / (e^2x + 1): 1 for
+// large x, where e^2x / e^2x would be NaN.
+float softcap(float logit) {
+  const float x = abs(logit) / pc.softcap_log2;
+  return sign(logit) * pc.softcap_log2 * (1.0 - 2.0 / (exp2(2.0 * kLog2e * x) + 1.0));
+}
+
+// A query written without partials (or merged from them) has its query head's
+// sink join its softmax of base-2 maximum `running_max` and sum `running_sum`:
+// `inv` becomes the factor that normalises O, `lse2` the base-2 LSE.
+void join_sink(uint head, float running_max, float running_sum, inout float inv, inout float lse2) {
+  const float sink = Floats(option_word(0u)).f[head] * kLog2e;
+  const float m = max(running_max, sink);
+  const float weight = exp2(running_max - m);
+  const float sum = running_sum * weight + exp2(sink - m);
+  inv = weight / sum;
+  lse2 = m + log2(sum);
 }
 
 // Two 16-bit inputs of one word, as floats.

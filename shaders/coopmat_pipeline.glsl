@@ -18,7 +18,9 @@
 // per column.
 //
 // K/V rows in shared memory are padded by 16 bytes so the 8 rows one matrix
-// load reads start on different banks.
+// load reads start on different banks. fp8 K and V (KV_FP8) arrive 16 elements a
+// load and are decoded to f16 (bf16) on their way into shared memory, after the
+// loads have landed: the matrices stay 16-bit.
 //
 // bf16 inputs run the same SPIR-V with its 16-bit float type declared bfloat16
 // (backends/vulkan/spirv_bf16.hpp), which only works while 16-bit floats are
@@ -39,12 +41,17 @@ layout(constant_id = 0) const uint HEAD_DIM = 128;
 layout(constant_id = 1) const uint CHUNK = 32;  // tokens per shared-memory stage: 16 or 32 (one visibility word)
 
 const uint SUBGROUPS = 4u, TILE = 16u, THREADS = 128u;
-const uint DTILES = HEAD_DIM / TILE;             // 16-column tiles of a head row
+const uint DTILES = HEAD_DIM / TILE;             // 16-column tiles of a Q/K row
+const uint V_DTILES = HEAD_DIM_V / TILE;         // of a V/O row
 const uint STILES = CHUNK / TILE;                // 16-token tiles of a chunk
-const uint QUADS = HEAD_DIM / 8u;                // 16-byte pieces of a K/V row
-const uint ROW_QUADS = QUADS + 1u;              // 16-byte pieces per shared K/V row, one of padding
-const uint LOADS = CHUNK * QUADS / THREADS;      // 16-byte K (and V) loads per thread per chunk
-const uint TOKEN_STEP = THREADS / QUADS;         // tokens between one thread's successive loads
+const uint QUADS = HEAD_DIM / 8u;                // 16-byte pieces (8 elements) of a K row
+const uint V_QUADS = HEAD_DIM_V / 8u;
+const uint ROW_QUADS = QUADS + 1u;              // 16-byte pieces per shared K row, one of padding
+const uint V_ROW_QUADS = V_QUADS + 1u;
+const uint FETCHES = QUADS / FETCH_QUADS;        // 16-byte loads of a K row in memory
+const uint V_FETCHES = V_QUADS / FETCH_QUADS;
+const uint LOADS = (CHUNK * FETCHES + THREADS - 1u) / THREADS;  // 16-byte K loads per thread per chunk
+const uint V_LOADS = (CHUNK * V_FETCHES + THREADS - 1u) / THREADS;
 const uint Q_STRIDE = TILE + 8u;                 // halves per column of a staged Q tile (48 bytes: 16-byte aligned)
 const float kSlack = 8.0;                        // log2 of how far P may exceed 1 before O is rescaled
 const float kNoReference = -1.0e30;              // a row's reference before it sees a token (below any logit)
@@ -57,9 +64,10 @@ const float kNoReference = -1.0e30;              // a row's reference before it 
 // matrix loads reinterpret them as f16, offsets and strides in 16-byte units.
 // KV_STAGES chunks of them (the including shader declares KV_STAGES: with two,
 // a chunk's rows go into one stage while subgroups still read the other).
-const uint STAGE_QUADS = CHUNK * ROW_QUADS;  // one stage of the K (or V) tile
+const uint STAGE_QUADS = CHUNK * ROW_QUADS;  // one stage of the K tile
+const uint V_STAGE_QUADS = CHUNK * V_ROW_QUADS;
 shared uvec4 k_tile[KV_STAGES * STAGE_QUADS];
-shared uvec4 v_tile[KV_STAGES * STAGE_QUADS];
+shared uvec4 v_tile[KV_STAGES * V_STAGE_QUADS];
 shared float16_t q_stage[SUBGROUPS * TILE * Q_STRIDE];  // one 16x16 Q tile per subgroup on its way to registers
 
 // Orders this subgroup's shared-memory accesses, and nothing else: subgroupBarrier()
@@ -75,14 +83,31 @@ void subgroup_sync() {
 // unconditionally: positions past the block read the block's first token,
 // which is cached, and the visibility masks them where they are used.
 
+// The token (x) and 16-byte load (y) of a row of `fetches` loads that a
+// thread's load j of a chunk carries: each thread the same part of every few
+// tokens where `fetches` divides the work group (head_dim 64, 128, 256), else
+// the work group's loads laid over the chunk in order.
+uvec2 gather_place(uint tid, uint j, uint fetches) {
+  if (THREADS % fetches == 0u) return uvec2(tid / fetches + j * (THREADS / fetches), tid % fetches);
+  return uvec2((tid + j * THREADS) / fetches, (tid + j * THREADS) % fetches);
+}
+
 // The gather's indices for the chunk after the one in flight: the pool slot of
-// each token this thread loads.
-uint next_slot[LOADS];
+// each token this thread loads (of K's rows, and of V's where they differ).
+uint next_slot[LOADS], next_v_slot[V_LOADS];
+
+uint gather_slot(uint token_begin, uint tokens, uint t) {
+  return plan_word(kItemTokenSlot, token_begin + (t < tokens ? t : 0u));
+}
 
 void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-    const uint t = chunk0 + tid / QUADS + j * TOKEN_STEP;
-    next_slot[j] = plan_word(kItemTokenSlot, token_begin + (t < tokens ? t : 0u));
+    next_slot[j] = gather_slot(token_begin, tokens, chunk0 + gather_place(tid, j, FETCHES).x);
+  }
+  if (V_FETCHES != FETCHES) {
+    [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
+      next_v_slot[j] = gather_slot(token_begin, tokens, chunk0 + gather_place(tid, j, V_FETCHES).x);
+    }
   }
 }
 
@@ -95,31 +120,47 @@ uint fetch_visible(uint token_begin, uint tile_query, uint tokens, uint chunk0) 
 }
 
 // The K and V rows of next_slot[] (16 bytes each), issued and left in flight.
-uvec4 k_rows[LOADS], v_rows[LOADS];
+uvec4 k_rows[LOADS], v_rows[V_LOADS];
 
-void gather_rows(uint kv_head, uint quad) {
+void gather_rows(uint kv_head, uint tid) {
   if (pc.num_chunks == 1u) {
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-      const uint index = (next_slot[j] * pc.heads_kv + kv_head) * QUADS + quad;
+      const uint index = (next_slot[j] * pc.heads_kv + kv_head) * FETCHES + gather_place(tid, j, FETCHES).y;
       k_rows[j] = Quads(kv_base[0]).q[index];
-      v_rows[j] = Quads(kv_base[1]).q[index];
+    }
+    [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
+      const uint slot = V_FETCHES == FETCHES ? next_slot[j] : next_v_slot[j];
+      v_rows[j] = Quads(kv_base[1]).q[(slot * pc.heads_kv + kv_head) * V_FETCHES + gather_place(tid, j, V_FETCHES).y];
     }
   } else {
     [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-      k_rows[j] = kv_quad_chunked(0u, next_slot[j], kv_head, quad, QUADS);
-      v_rows[j] = kv_quad_chunked(1u, next_slot[j], kv_head, quad, QUADS);
+      k_rows[j] = kv_quad_chunked(0u, next_slot[j], kv_head, gather_place(tid, j, FETCHES).y, FETCHES);
+    }
+    [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
+      const uint slot = V_FETCHES == FETCHES ? next_slot[j] : next_v_slot[j];
+      v_rows[j] = kv_quad_chunked(1u, slot, kv_head, gather_place(tid, j, V_FETCHES).y, V_FETCHES);
     }
   }
 }
 
-// The landed rows into the K/V tiles' stage at `base` (STAGE_QUADS apart).
+// The landed rows into stage `stage` of the K/V tiles (decoded where fp8).
 // Positions past the block hold its first token's rows: finite, and no row
-// sees them, so their P is exactly 0 and they add nothing to O.
-void store_rows(uint tid, uint quad, uint base) {
+// sees them, so their P is exactly 0 and they add nothing to O. (Loads past
+// the chunk, where its loads do not fill every thread's last one, are dropped.)
+void store_rows(uint tid, uint stage) {
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-    const uint at = base + (tid / QUADS + j * TOKEN_STEP) * ROW_QUADS + quad;
-    k_tile[at] = k_rows[j];
-    v_tile[at] = v_rows[j];
+    const uvec2 place = gather_place(tid, j, FETCHES);
+    const uint at = stage * STAGE_QUADS + place.x * ROW_QUADS + place.y * FETCH_QUADS;
+    [[unroll]] for (uint part = 0u; part < FETCH_QUADS; ++part) {
+      if ((CHUNK * FETCHES) % THREADS == 0u || place.x < CHUNK) k_tile[at + part] = fetched_quad(k_rows[j], part);
+    }
+  }
+  [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
+    const uvec2 place = gather_place(tid, j, V_FETCHES);
+    const uint at = stage * V_STAGE_QUADS + place.x * V_ROW_QUADS + place.y * FETCH_QUADS;
+    [[unroll]] for (uint part = 0u; part < FETCH_QUADS; ++part) {
+      if ((CHUNK * V_FETCHES) % THREADS == 0u || place.x < CHUNK) v_tile[at + part] = fetched_quad(v_rows[j], part);
+    }
   }
 }
 
@@ -152,7 +193,8 @@ void stage_q(uvec4 quads[DTILES], uint r, uint half_index, uint sg, out MAT_A q[
 // S = Q K^T over the chunk: B(k, n) = K[token n][dim k] (K read column-major).
 // The 16-token tiles' accumulations are interleaved: independent chains of
 // matrix products overlap their latency instead of queueing behind one another.
-void compute_s(MAT_A q[DTILES], uint base, out ACC s[STILES]) {
+void compute_s(MAT_A q[DTILES], uint stage, out ACC s[STILES]) {
+  const uint base = stage * STAGE_QUADS;
   [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) s[nb] = ACC(0.0);
   [[unroll]] for (uint k = 0u; k < DTILES; ++k) {
     [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
@@ -165,10 +207,10 @@ void compute_s(MAT_A q[DTILES], uint base, out ACC s[STILES]) {
 }
 
 // O += P V for the chunk's 16-token tile nb.
-void accumulate_pv(MAT_A p, uint nb, uint base, inout ACC o[DTILES]) {
-  [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
+void accumulate_pv(MAT_A p, uint nb, uint stage, inout ACC o[V_DTILES]) {
+  [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) {
     MAT_B v;
-    coopMatLoad(v, v_tile, base + nb * TILE * ROW_QUADS + n * (TILE / 8u), ROW_QUADS,
+    coopMatLoad(v, v_tile, stage * V_STAGE_QUADS + nb * TILE * V_ROW_QUADS + n * (TILE / 8u), V_ROW_QUADS,
                 gl_CooperativeMatrixLayoutRowMajor);
     o[n] = coopMatMulAdd(p, v, o[n]);
   }

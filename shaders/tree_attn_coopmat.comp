@@ -23,7 +23,7 @@ void main() {
   load_kv_bases();
   uint pass_index, kv_head;
   if (!stage1_work_group(pass_index, kv_head)) return;
-  const uint tid = gl_LocalInvocationID.x, quad = tid % QUADS;
+  const uint tid = gl_LocalInvocationID.x;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const Pass pass = load_pass(pass_index);
   const uint tile_begin = pass.tile_begin, row_end = pass.row_end;
@@ -40,6 +40,9 @@ void main() {
   // Loaded now, used by the epilogue: its latency hides behind the whole pass.
   const int partial_slot = row_live ? plan_int(kTilePartial, tile_begin + tile_query) : kDirect;
   const uint sg_s = sg * CHUNK * S_STRIDE, sg_p = sg * CHUNK * P_STRIDE;
+  // fp8: the dequantizing scales, loaded now and used by the softmax and the epilogue.
+  const float logit_scale = KV_FP8 != 0u ? pc.scale_log2 * kv_scale(0u, kv_head) : pc.scale_log2;
+  const float v_scale = KV_FP8 != 0u ? kv_scale(1u, kv_head) : 1.0;
 
   // The pipeline's prologue (chunk 0's rows and visibility in registers, chunk 1's
   // indices) goes out beside Q's loads, before Q is staged.
@@ -47,18 +50,18 @@ void main() {
   uvec4 q_quads[DTILES];
   load_q_row(query, head, half_index, q_quads);
   uint row_word = fetch_visible(token_begin, tile_query, tokens, 0u);
-  gather_rows(kv_head, quad);
+  gather_rows(kv_head, tid);
   fetch_indices(token_begin, tokens, CHUNK, tid);
   MAT_A q[DTILES];
   stage_q(q_quads, r, half_index, sg, q);
 
-  ACC o[DTILES];
-  [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = ACC(0.0);
+  ACC o[V_DTILES];
+  [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) o[n] = ACC(0.0);
   float running_max = kNoReference, running_sum = 0.0;
 
   for (uint chunk0 = 0u; chunk0 < tokens; chunk0 += CHUNK) {
     barrier();  // every subgroup is done with the previous chunk's K and V
-    store_rows(tid, quad, 0u);
+    store_rows(tid, 0u);
     barrier();
 
     // Bit c: the row sees token chunk0 + c (rows past the pass see nothing).
@@ -69,7 +72,7 @@ void main() {
     // Issue the next chunk's loads now; they land while this chunk is computed.
     // After the last chunk they reread the block's first token (cached), so no
     // branch joins loaded registers.
-    gather_rows(kv_head, quad);
+    gather_rows(kv_head, tid);
     row_word = fetch_visible(token_begin, tile_query, tokens, chunk0 + CHUNK);
     fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
     if (!subgroup_live) continue;
@@ -89,7 +92,8 @@ void main() {
     float x[COLUMNS];
     float chunk_max = -1.0 / 0.0;
     [[unroll]] for (uint j = 0u; j < COLUMNS; ++j) {
-      const float logit = scores[sg_s + r + (2u * j + half_index) * S_STRIDE] * pc.scale_log2;
+      float logit = scores[sg_s + r + (2u * j + half_index) * S_STRIDE] * logit_scale;
+      if (SOFTCAP) logit = softcap(logit);
       x[j] = ((lane_visible >> (2u * j)) & 1u) != 0u ? logit : -1.0 / 0.0;
       chunk_max = max(chunk_max, x[j]);
     }
@@ -125,7 +129,7 @@ void main() {
     // out and back around each chunk's P V products).
     ACC factor = ACC(1.0);
     if (rescale) coopMatLoad(factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
-    [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = o[n] * factor;
+    [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) o[n] = o[n] * factor;
     [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
       MAT_A p;
       coopMatLoad(p, probs, sg_p + nb * TILE * P_STRIDE, P_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
@@ -135,16 +139,19 @@ void main() {
   }
   if (!subgroup_live) return;
 
-  // Normalise (every live row saw at least one token: running_sum > 0), then
+  // Normalise (every live row saw at least one token: running_sum > 0; a row
+  // written directly joins its sink, V's scale applies to every row), then
   // write each 16x16 tile through shared memory: lane pair per row, 8 columns each.
-  const float inv = row_live ? 1.0 / running_sum : 0.0;
+  float inv = row_live ? 1.0 / running_sum : 0.0;
+  float lse2 = running_max + log2(running_sum);
+  if (SINKS && row_live && partial_slot == kDirect) join_sink(head, running_max, running_sum, inv, lse2);
+  if (KV_FP8 != 0u) inv *= v_scale;
   [[unroll]] for (uint c = half_index * 8u; c < half_index * 8u + 8u; ++c) scores[sg_s + c * S_STRIDE + r] = inv;
   subgroup_sync();
   ACC factor;
   coopMatLoad(factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
   subgroup_sync();  // the factors are in registers before the first tile overwrites them
-  const float lse2 = running_max + log2(running_sum);
-  [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
+  [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) {
     coopMatStore(o[n] * factor, scores, sg_s, S_STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
     subgroup_sync();
     if (row_live) {
@@ -152,10 +159,10 @@ void main() {
       float value[8];
       [[unroll]] for (uint c = 0u; c < 8u; ++c) value[c] = scores[sg_s + (half_index * 8u + c) * S_STRIDE + r];
       if (partial_slot == kDirect) {
-        const uint out0 = (query * pc.heads_q + head) * HEAD_DIM + col0;
+        const uint out0 = (query * pc.heads_q + head) * HEAD_DIM_V + col0;
         [[unroll]] for (uint c = 0u; c < 8u; c += 2u) store_output_pair(out0 + c, vec2(value[c], value[c + 1u]));
       } else {
-        const uint out0 = (uint(partial_slot) * pc.heads_q + head) * HEAD_DIM + col0;
+        const uint out0 = (uint(partial_slot) * pc.heads_q + head) * HEAD_DIM_V + col0;
         Vec4s(pc.partial_o).v[out0 / 4u] = vec4(value[0], value[1], value[2], value[3]);
         Vec4s(pc.partial_o).v[out0 / 4u + 1u] = vec4(value[4], value[5], value[6], value[7]);
       }

@@ -20,7 +20,7 @@ void main() {
   load_kv_bases();
   uint pass_index, kv_head;
   if (!stage1_work_group(pass_index, kv_head)) return;
-  const uint tid = gl_LocalInvocationID.x, quad = tid % QUADS;
+  const uint tid = gl_LocalInvocationID.x;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const Pass pass = load_pass(pass_index);
   const uint tile_begin = pass.tile_begin, row_end = pass.row_end;
@@ -36,6 +36,9 @@ void main() {
   const uint head = kv_head * pc.group + (row_live ? row % pc.group : 0u);
   const uint query = plan_word(kTileQuery, tile_begin + tile_query);
   const uint g = lane >> 2, t = lane & 3u;
+  // fp8: the dequantizing scales, loaded now and used by the softmax and the epilogue.
+  const float logit_scale = KV_FP8 != 0u ? pc.scale_log2 * kv_scale(0u, kv_head) : pc.scale_log2;
+  const float v_scale = KV_FP8 != 0u ? kv_scale(1u, kv_head) : 1.0;
   // Row g + 8h's query, head and tile query are lane pair (g + 8h)'s: by
   // shuffle, not another division and lookup chain each.
   bool own_live[2];
@@ -60,13 +63,13 @@ void main() {
     own_partial[h] = own_live[h] ? plan_int(kTilePartial, tile_begin + own_tile_query[h]) : kDirect;
     own_word[h] = fetch_visible(token_begin, own_tile_query[h], tokens, 0u);
   }
-  gather_rows(kv_head, quad);
+  gather_rows(kv_head, tid);
   fetch_indices(token_begin, tokens, CHUNK, tid);
   MAT_A q[DTILES];
   stage_q(q_quads, r, half_index, sg, q);
 
-  ACC o[DTILES];
-  [[unroll]] for (uint n = 0u; n < DTILES; ++n) o[n] = ACC(0.0);
+  ACC o[V_DTILES];
+  [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) o[n] = ACC(0.0);
   // Per own row: the reference (lazy, as in tree_attn_coopmat.comp) and this
   // lane's share of the sum (the four lanes' shares are added at the end).
   float running_max[2] = {kNoReference, kNoReference}, running_sum[2] = {0.0, 0.0};
@@ -77,9 +80,9 @@ void main() {
   // chunk's loads (in flight through it) and lookups, and this chunk's
   // visibility bits (work for the wait). H100: 1.02x over one stage and two
   // barriers (docs/performance.md).
-  for (uint chunk0 = 0u, base = 0u; chunk0 < tokens; chunk0 += CHUNK, base ^= STAGE_QUADS) {
-    store_rows(tid, quad, base);
-    gather_rows(kv_head, quad);
+  for (uint chunk0 = 0u, stage = 0u; chunk0 < tokens; chunk0 += CHUNK, stage ^= 1u) {
+    store_rows(tid, stage);
+    gather_rows(kv_head, tid);
     // Bit c of row g + 8h's word: it sees token chunk0 + c (rows past the pass
     // see nothing). Shifted by 2t, each element tests a constant bit.
     uint lane_visible[2];
@@ -96,7 +99,7 @@ void main() {
     if (subgroupAll(chunk_unseen)) continue;
 
     ACC s[STILES];
-    compute_s(q, base, s);
+    compute_s(q, stage, s);
 
     // Masked online softmax of rows g and g + 8, branch-free: the visibility
     // bit selects, and a masked logit's exp2(-inf - reference) is exactly 0.
@@ -105,7 +108,8 @@ void main() {
     [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
       [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) {
         const uint h = i >> 2, column = nb * TILE + 8u * ((i >> 1) & 1u) + (i & 1u);
-        const float logit = s[nb][i] * pc.scale_log2;
+        float logit = s[nb][i] * logit_scale;
+        if (SOFTCAP) logit = softcap(logit);
         x[nb][i] = ((lane_visible[h] >> column) & 1u) != 0u ? logit : -1.0 / 0.0;
         chunk_max[h] = max(chunk_max[h], x[nb][i]);
       }
@@ -133,14 +137,15 @@ void main() {
     }
     // Unconditional, though alpha is 1 on most chunks: skipped under a subgroup
     // vote, 0.95x (docs/performance.md).
-    [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
+    [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) {
       [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) o[n][i] *= alpha[i >> 2];
     }
-    [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) accumulate_pv(p[nb], nb, base, o);
+    [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) accumulate_pv(p[nb], nb, stage, o);
   }
   if (!subgroup_live) return;
 
-  // Normalise (every live row saw at least one token) and write straight from
+  // Normalise (every live row saw at least one token; a row written directly
+  // joins its sink, V's scale applies to every row) and write straight from
   // the accumulators: elements 4h + 2c and 4h + 2c + 1 are columns 8c + 2t and
   // 8c + 2t + 1 of row g + 8h.
   float inv[2], lse2[2];
@@ -150,6 +155,8 @@ void main() {
     total += subgroupShuffleXor(total, 2u);
     inv[h] = own_live[h] ? 1.0 / total : 0.0;
     lse2[h] = running_max[h] + log2(total);
+    if (SINKS && own_live[h] && own_partial[h] == kDirect) join_sink(own_head[h], running_max[h], total, inv[h], lse2[h]);
+    if (KV_FP8 != 0u) inv[h] *= v_scale;
   }
   // One branch per row, outside its stores: a branch per store (on the row and
   // the output's kind) runs the trees of many small passes at 0.95x
@@ -157,16 +164,16 @@ void main() {
   [[unroll]] for (uint h = 0u; h < 2u; ++h) {
     if (!own_live[h]) continue;
     if (own_partial[h] == kDirect) {
-      const uint out0 = (own_query[h] * pc.heads_q + own_head[h]) * HEAD_DIM + 2u * t;
-      [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
+      const uint out0 = (own_query[h] * pc.heads_q + own_head[h]) * HEAD_DIM_V + 2u * t;
+      [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) {
         [[unroll]] for (uint c = 0u; c < 2u; ++c) {
           const uint i = 4u * h + 2u * c;
           store_output_pair(out0 + n * TILE + 8u * c, vec2(o[n][i], o[n][i + 1u]) * inv[h]);
         }
       }
     } else {
-      const uint out0 = ((uint(own_partial[h]) * pc.heads_q + own_head[h]) * HEAD_DIM + 2u * t) / 2u;
-      [[unroll]] for (uint n = 0u; n < DTILES; ++n) {
+      const uint out0 = ((uint(own_partial[h]) * pc.heads_q + own_head[h]) * HEAD_DIM_V + 2u * t) / 2u;
+      [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) {
         [[unroll]] for (uint c = 0u; c < 2u; ++c) {
           const uint i = 4u * h + 2u * c;
           Vec2s(pc.partial_o).v[out0 + (n * TILE + 8u * c) / 2u] = vec2(o[n][i], o[n][i + 1u]) * inv[h];

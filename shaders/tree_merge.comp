@@ -4,20 +4,21 @@
 // bitwise deterministic. Queries with no partials were written by stage 1 and
 // are skipped.
 //
-// Each of the 32 threads owns HEAD_DIM / 32 consecutive dimensions and walks
+// Each of the THREADS threads (32; 48 for 96 columns) owns HEAD_DIM_V / THREADS
+// consecutive dimensions of the partial rows (V's columns) and walks
 // the query's partials in steps of up to eight: it loads every partial's LSE
 // (the same word in every thread: one broadcast load) and its own slice of the
 // partial rows, all issued together, then rescales the running sum once per
 // step (online softmax over partials). The uploaded plan numbers partials in
 // merge order (lowering.hpp), so a partial's row is known from merge_begin
-// alone and a step waits on one round of loads.
+// alone and a step waits on one round of loads. Where SINKS, the query head's
+// sink joins the merged softmax once, at the end.
 #extension GL_GOOGLE_include_directive : require
 #include "attn_common.glsl"
 
-layout(local_size_x = 32) in;
-layout(constant_id = 0) const uint HEAD_DIM = 128;
-const uint THREADS = 32u;
-const uint DIMS = HEAD_DIM / THREADS;  // per thread: 2, 4 or 8 consecutive dimensions
+layout(local_size_x_id = 1) in;
+layout(constant_id = 1) const uint THREADS = 32;
+const uint DIMS = HEAD_DIM_V / THREADS;  // per thread: 2, 4 or 8 consecutive dimensions
 
 // Adds the query's partials m .. m + step - 1 (step: 4 or 8, a constant at
 // each call) that come before `last`; a position past it rereads the last
@@ -29,7 +30,7 @@ void add_partials(uint m, uint last, uint step, uint head, uint d0, inout float 
     const uint partial = min(m + u, last - 1u);
     const uint row = partial * pc.heads_q + head;
     lse[u] = Floats(pc.partial_lse).f[row];
-    const uint at = row * HEAD_DIM + d0;
+    const uint at = row * HEAD_DIM_V + d0;
     if (DIMS % 4u == 0u) {  // head_dim 128 and 256: 16-byte loads (at is a multiple of 4)
       [[unroll]] for (uint d = 0u; d < DIMS; d += 4u) {
         const vec4 four = Vec4s(pc.partial_o).v[(at + d) / 4u];
@@ -80,8 +81,10 @@ void main() {
       m += 4u;
     }
   }
-  const float inv = 1.0 / sum;
-  const uint out0 = (query * pc.heads_q + head) * HEAD_DIM + d0;
+  float inv = 1.0 / sum;
+  float lse2 = running_max + log2(sum);
+  if (SINKS) join_sink(head, running_max, sum, inv, lse2);
+  const uint out0 = (query * pc.heads_q + head) * HEAD_DIM_V + d0;
   for (uint i = 0u; i < DIMS; i += 2u) store_output_pair(out0 + i, vec2(acc[i], acc[i + 1u]) * inv);
-  if (pc.lse != 0ul && d0 == 0u) Floats(pc.lse).f[query * pc.heads_q + head] = (running_max + log2(sum)) * kLn2;
+  if (pc.lse != 0ul && d0 == 0u) Floats(pc.lse).f[query * pc.heads_q + head] = lse2 * kLn2;
 }

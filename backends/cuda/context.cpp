@@ -12,8 +12,9 @@
 namespace treeattn::cuda {
 
 void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
-  throw Error(ErrorCategory::Backend, fmt::format("CUDA: {} failed: {} ({}) at {}:{}", call, cudaGetErrorName(err),
-                                                  cudaGetErrorString(err), file, line));
+  const ErrorCategory category = err == cudaErrorMemoryAllocation ? ErrorCategory::OutOfMemory : ErrorCategory::Backend;
+  throw Error(category, fmt::format("CUDA: {} failed: {} ({}) at {}:{}", call, cudaGetErrorName(err),
+                                    cudaGetErrorString(err), file, line));
 }
 
 int device_count() noexcept {

@@ -1,11 +1,14 @@
 #pragma once
 // Every CUDA runtime call goes through TREEATTN_CUDA_CHECK: a failure throws
-// treeattn::Error(Backend) with the call, the error's name and message, and where.
+// treeattn::Error with the call, the error's name and message, and where
+// (OutOfMemory for cudaErrorMemoryAllocation, else Backend). A fault test's
+// injected failure (fault_injection.hpp) is cudaErrorUnknown, the call not made.
 
 #include <cuda_runtime_api.h>
 
 #include <string>
 
+#include "fault_injection.hpp"
 #include "treeattn/error.hpp"
 
 namespace treeattn::cuda {
@@ -14,10 +17,12 @@ namespace treeattn::cuda {
 
 }  // namespace treeattn::cuda
 
-#define TREEATTN_CUDA_CHECK(call)                                                           \
-  do {                                                                                      \
-    const cudaError_t treeattn_cuda_err_ = (call);                                          \
-    if (treeattn_cuda_err_ != cudaSuccess) {                                                \
-      ::treeattn::cuda::throw_cuda_error(treeattn_cuda_err_, #call, __FILE__, __LINE__);     \
-    }                                                                                       \
+#define TREEATTN_CUDA_CHECK(call)                                                                 \
+  do {                                                                                            \
+    namespace treeattn_faults_ = ::treeattn::fault_injection;                                     \
+    const cudaError_t treeattn_cuda_err_ =                                                        \
+        treeattn_faults_::fails(treeattn_faults_::driver_call) ? cudaErrorUnknown : (call);       \
+    if (treeattn_cuda_err_ != cudaSuccess) {                                                      \
+      ::treeattn::cuda::throw_cuda_error(treeattn_cuda_err_, #call, __FILE__, __LINE__);           \
+    }                                                                                             \
   } while (0)

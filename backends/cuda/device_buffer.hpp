@@ -52,8 +52,12 @@ class OwnedMemory {
   std::size_t bytes_ = 0;
 };
 
+// A fault test's injected failure is the driver's own: cudaErrorMemoryAllocation, nothing allocated.
 struct DeviceMemory {
-  static cudaError_t allocate(void** data, std::size_t bytes) { return cudaMalloc(data, bytes); }
+  static cudaError_t allocate(void** data, std::size_t bytes) {
+    if (fault_injection::fails(fault_injection::device_allocation)) return cudaErrorMemoryAllocation;
+    return cudaMalloc(data, bytes);
+  }
   static void free(void* data) { cudaFree(data); }
 };
 
@@ -61,7 +65,10 @@ struct DeviceMemory {
 // read and write it over the bus, with no copy of their own (cudaHostGetDevicePointer
 // gives its device address).
 struct MappedMemory {
-  static cudaError_t allocate(void** data, std::size_t bytes) { return cudaHostAlloc(data, bytes, cudaHostAllocMapped); }
+  static cudaError_t allocate(void** data, std::size_t bytes) {
+    if (fault_injection::fails(fault_injection::pinned_allocation)) return cudaErrorMemoryAllocation;
+    return cudaHostAlloc(data, bytes, cudaHostAllocMapped);
+  }
   static void free(void* data) { cudaFreeHost(data); }
 };
 

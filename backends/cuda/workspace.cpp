@@ -156,7 +156,8 @@ struct Workspace::State {
   KernelParams params{};      // the plan's part; enqueue adds the tensors
   LaunchGeometry geometry;
   CallShape shape;            // of the uploaded plan, for enqueue's checks
-  bool uploaded = false;
+  bool allocated = false;     // the buffers and params are those of `limits`
+  bool uploaded = false;      // the last upload succeeded: there is a plan to enqueue
 
   // What both constructors make: the events and the done words.
   void create() {
@@ -199,6 +200,7 @@ struct Workspace::State {
     params.heads_kv = limits.heads.heads_kv;
     params.group = limits.heads.group_size();
     params.scale_log2 = limits.heads.effective_scale() * 1.4426950408889634f;
+    allocated = true;
   }
 
   // Staging buffer b may be written once the upload kernel that read it has
@@ -223,13 +225,20 @@ Workspace::Workspace(const Context& context, const WorkspaceLimits& limits) : st
   s.limits = limits;
   DeviceScope scope(context.device());
   s.create();
-  // A stream of its own for the zeroing, waited for here: the caller's streams are not touched.
-  cudaStream_t stream = nullptr;
-  TREEATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  s.allocate(stream);
-  const cudaError_t zeroed = cudaStreamSynchronize(stream);
-  cudaStreamDestroy(stream);
-  TREEATTN_CUDA_CHECK(zeroed);
+  // A stream of its own for the zeroing, waited for here: the caller's streams
+  // are not touched. Destroyed on every path out, a failed allocation's too.
+  struct OwnStream {
+    cudaStream_t stream = nullptr;
+    ~OwnStream() {
+      if (stream != nullptr) {
+        cudaStreamSynchronize(stream);
+        cudaStreamDestroy(stream);
+      }
+    }
+  } own;
+  TREEATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&own.stream, cudaStreamNonBlocking));
+  s.allocate(own.stream);
+  TREEATTN_CUDA_CHECK(cudaStreamSynchronize(own.stream));
   s.geometry = LaunchGeometry{limits.passes, limits.queries, limits.merge_fanin <= kMergeLeanBatch};
 }
 
@@ -251,6 +260,8 @@ const Context& Workspace::context() const noexcept { return state_->context; }
 
 void Workspace::upload(const Plan& plan, Stream stream) {
   State& s = *state_;
+  // A failure below leaves no plan to run: enqueue refuses until an upload succeeds.
+  s.uploaded = false;
   DeviceScope scope(s.context.device());
   check_head_dims(plan.heads, kAttentionVariants, kBackendName);
   const WorkspaceLimits need = WorkspaceLimits::of(plan);
@@ -262,14 +273,15 @@ void Workspace::upload(const Plan& plan, Stream stream) {
     if (const std::string excess = s.limits.first_excess(need); !excess.empty()) {
       throw Error(ErrorCategory::InvalidPlan, fmt::format("graph-stable workspace: {}", excess));
     }
-  } else if (!s.uploaded || !s.limits.heads.same_as(plan.heads) || !s.limits.first_excess(need).empty()) {
+  } else if (!s.allocated || !s.limits.heads.same_as(plan.heads) || !s.limits.first_excess(need).empty()) {
     // A decode loop's plans grow a little every step: room for half as much
     // again, so the buffers are replaced (waiting for the stream) only as
     // often as the tree grows by half, not at every step.
     WorkspaceLimits grown = s.limits.heads.same_as(plan.heads) ? s.limits : WorkspaceLimits{};
     grown.include(need.with_headroom(kGrowthHeadroom));
     // Kernels of an earlier call may still read the buffers being replaced.
-    if (s.uploaded) TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (s.arrays.data() != nullptr) TREEATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    s.allocated = false;  // until allocate() has made buffers of these limits
     s.limits = grown;
     s.allocate(stream);
   }
@@ -320,7 +332,6 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   // graph-stable grid reaches them; the rest were zeroed at allocation).
   const std::size_t filled = std::max(pass, s.passes_filled);
   std::fill(passes + pass, passes + filled, PassInfo{});
-  s.passes_filled = pass;
 
   // One kernel: the arrays the attention kernels read, each its used bytes,
   // copied across (a graph-stable layout leaves room between them), and the
@@ -348,7 +359,14 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   // A CTA copies 64 x 16 bytes a step: about four steps each, up to 64 CTAs.
   u.copy_ctas = std::int32_t(std::clamp<std::int64_t>((words + 255) / 256, 1, 64));
   TREEATTN_CUDA_CHECK(launch_upload_plan(u, stream));
-  TREEATTN_CUDA_CHECK(cudaEventRecord(s.copied[b], stream));
+  s.passes_filled = pass;  // once the kernel that empties the records past it is on the stream
+  try {
+    TREEATTN_CUDA_CHECK(cudaEventRecord(s.copied[b], stream));
+  } catch (const Error&) {
+    // No event tells when the kernel has read staging buffer b: it has, once the stream is idle.
+    cudaStreamSynchronize(stream);
+    throw;
+  }
   s.copy_pending[b] = true;
   s.next = 1 - b;
 

@@ -1,13 +1,13 @@
 #pragma once
-// The attention variants (DESIGN.md §8) the Vulkan kernels run: plain softmax
-// attention. check_args and check_head_dims refuse the others by name; a
-// variant whose kernels exist is turned on here.
+// The attention variants (DESIGN.md §8) the Vulkan shaders run, every one of
+// them on every shader variant (scalar, coopmat, coopmat-shared), each
+// compiled into a pipeline only where a call uses it (ShaderKey).
 
 #include "backend.hpp"
 
 namespace treeattn::vulkan {
 
-inline constexpr VariantSupport kAttentionVariants{};
+inline constexpr VariantSupport kAttentionVariants = VariantSupport::all();
 inline constexpr const char* kBackendName = "vulkan";
 
 }  // namespace treeattn::vulkan

@@ -60,10 +60,6 @@ void Context::State::open_cache_and_probe() {
       cached.clear();
     }
   }
-  VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
-  cache_info.initialDataSize = cached.size();
-  cache_info.pInitialData = cached.data();
-  TREEATTN_VK_CHECK(vkCreatePipelineCache(device->handle(), &cache_info, nullptr, &cache));
   // Probed with a dispatch, so only where a queue is at hand; without it the
   // shared-memory coopmat shader runs, correct on any layout.
   if (options.variant != "scalar" && caps.coopmat_unsupported(false).empty() && device->queue() != VK_NULL_HANDLE) {
@@ -76,6 +72,11 @@ void Context::State::open_cache_and_probe() {
                        instance->validation() ? ", validation layer on" : "",
                        device->owned() ? "" : ", the application's device"));
   }
+  // Last of what may throw: a constructor that throws runs no destructor to destroy the cache.
+  VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  cache_info.initialDataSize = cached.size();
+  cache_info.pInitialData = cached.data();
+  TREEATTN_VK_CHECK(vkCreatePipelineCache(device->handle(), &cache_info, nullptr, &cache));
 }
 
 Context::State::~State() {
@@ -95,8 +96,8 @@ Context::State::~State() {
   vkDestroyPipelineCache(device->handle(), cache, nullptr);
 }
 
-Variant Context::State::variant(DType inputs, int head_dim, std::string* reason) const {
-  return choose_variant(device->caps(), options.variant, inputs, fragment_layout, head_dim, reason);
+Variant Context::State::variant(DType inputs, int head_dim, int head_dim_v, std::string* reason) const {
+  return choose_variant(device->caps(), options.variant, inputs, fragment_layout, head_dim, head_dim_v, reason);
 }
 
 void Context::State::log_variant(const std::string& reason) {
@@ -118,36 +119,49 @@ void Context::State::log_statistics(const std::string& what, const ComputePipeli
   log_to(options.log, LogLevel::info, fmt::format("treeattn: Vulkan pipeline {}: {}", what, line));
 }
 
-const ComputePipeline& Context::State::stage1_pipeline(Variant variant, int head_dim, bool bf16) {
+namespace {
+
+// A pipeline's variants for --verbose: ", fp8_e4m3 K/V, soft-cap, sinks", or "".
+std::string variants_said(const ShaderKey& key) {
+  std::string said;
+  if (key.kv_fp8 != 0) said += key.kv_fp8 == 1 ? ", fp8_e4m3 K/V" : ", fp8_e5m2 K/V";
+  if (key.softcap) said += ", soft-cap";
+  if (key.sinks) said += ", sinks";
+  return said;
+}
+
+}  // namespace
+
+const ComputePipeline& Context::State::stage1_pipeline(const ShaderKey& key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto& slot = stage1_[{variant, head_dim, bf16}];
+  auto& slot = stage1_[key];
   if (slot) return *slot;
   const bool capture = options.verbose && device->caps().pipeline_statistics;
-  if (variant == Variant::scalar) {
-    const std::uint32_t chunk = scalar_chunk_tokens(device->caps(), head_dim);
+  const std::string dims = key.head_dim_v == key.head_dim ? fmt::format("head_dim {}", key.head_dim)
+                                                          : fmt::format("head_dim {}/{}", key.head_dim, key.head_dim_v);
+  if (key.variant == Variant::scalar) {
+    const std::uint32_t chunk = scalar_chunk_tokens(device->caps(), key.head_dim, key.head_dim_v);
     slot = std::make_unique<ComputePipeline>(
         *device, cache, SpirvModule{spirv::tree_attn_scalar, spirv::tree_attn_scalar_words},
-        std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk, bf16 ? 1u : 0u}, std::uint32_t(sizeof(PushConstants)), 0,
-        capture);
-    log_statistics(fmt::format("tree_attn_scalar (head_dim {}, {}-token stages)", head_dim, chunk), *slot);
+        key.specialization(std::uint32_t(key.head_dim), chunk), std::uint32_t(sizeof(PushConstants)), 0, capture);
+    log_statistics(fmt::format("tree_attn_scalar ({}, {}-token stages{})", dims, chunk, variants_said(key)), *slot);
     return *slot;
   }
 #ifdef TREEATTN_HAVE_VK_COOPMAT
-  const bool fragments = variant == Variant::coopmat_fragments;
+  const bool fragments = key.variant == Variant::coopmat_fragments;
   const SpirvModule f16 = fragments
                               ? SpirvModule{spirv::tree_attn_coopmat_fragments, spirv::tree_attn_coopmat_fragments_words}
                               : SpirvModule{spirv::tree_attn_coopmat, spirv::tree_attn_coopmat_words};
   // bf16 inputs: the same shader with its 16-bit float type declared bfloat16.
   const std::vector<std::uint32_t> bf16_words =
-      bf16 ? retype_f16_as_bf16(f16.words, f16.word_count) : std::vector<std::uint32_t>{};
-  const SpirvModule module = bf16 ? SpirvModule{bf16_words.data(), bf16_words.size()} : f16;
-  const std::uint32_t chunk = coopmat_chunk_tokens(device->caps(), head_dim, fragments);
-  slot = std::make_unique<ComputePipeline>(*device, cache, module,
-                                           std::vector<std::uint32_t>{std::uint32_t(head_dim), chunk},
+      key.bf16 ? retype_f16_as_bf16(f16.words, f16.word_count) : std::vector<std::uint32_t>{};
+  const SpirvModule module = key.bf16 ? SpirvModule{bf16_words.data(), bf16_words.size()} : f16;
+  const std::uint32_t chunk = coopmat_chunk_tokens(device->caps(), key.head_dim, key.head_dim_v, fragments);
+  slot = std::make_unique<ComputePipeline>(*device, cache, module, key.specialization(std::uint32_t(key.head_dim), chunk),
                                            std::uint32_t(sizeof(PushConstants)), 32, capture);
-  log_statistics(fmt::format("{} ({}, head_dim {}, {}-token stages)",
-                             fragments ? "tree_attn_coopmat_fragments" : "tree_attn_coopmat", bf16 ? "bf16" : "f16",
-                             head_dim, chunk),
+  log_statistics(fmt::format("{} ({}, {}, {}-token stages{})",
+                             fragments ? "tree_attn_coopmat_fragments" : "tree_attn_coopmat", key.bf16 ? "bf16" : "f16",
+                             dims, chunk, variants_said(key)),
                  *slot);
   return *slot;
 #else
@@ -155,15 +169,16 @@ const ComputePipeline& Context::State::stage1_pipeline(Variant variant, int head
 #endif
 }
 
-const ComputePipeline& Context::State::merge_pipeline(int head_dim) {
+const ComputePipeline& Context::State::merge_pipeline(const ShaderKey& key) {
+  const ShaderKey merge = key.merge();
   std::lock_guard<std::mutex> lock(mutex_);
-  auto& slot = merge_[head_dim];
+  auto& slot = merge_[merge];
   if (!slot) {
     slot = std::make_unique<ComputePipeline>(*device, cache, SpirvModule{spirv::tree_merge, spirv::tree_merge_words},
-                                             std::vector<std::uint32_t>{std::uint32_t(head_dim)},
+                                             merge.specialization(0, merge_threads(merge.head_dim_v)),
                                              std::uint32_t(sizeof(PushConstants)), 0,
                                              options.verbose && device->caps().pipeline_statistics);
-    log_statistics(fmt::format("tree_merge (head_dim {})", head_dim), *slot);
+    log_statistics(fmt::format("tree_merge (head_dim_v {}{})", merge.head_dim_v, variants_said(merge)), *slot);
   }
   return *slot;
 }
@@ -181,7 +196,7 @@ CostModel Context::cost_model() const {
   const DeviceCaps& caps = state_->device->caps();
   bool coopmat = false;  // the stage-1 shaders f16 inputs run (none at all: planned as the scalar ones)
   try {
-    coopmat = state_->variant(DType::f16, 128) != Variant::scalar;
+    coopmat = state_->variant(DType::f16, 128, 128) != Variant::scalar;
   } catch (const Error&) {
   }
   // CPU devices (lavapipe) plan as the H100's coopmat shaders do, on every
@@ -231,7 +246,7 @@ CostModel Context::cost_model() const {
 }
 std::string Context::variant(DType inputs, int head_dim) const {
   std::string reason;
-  state_->variant(inputs, head_dim, &reason);
+  state_->variant(inputs, head_dim, head_dim, &reason);
   return reason;
 }
 VkDevice Context::device() const noexcept { return state_->device->handle(); }

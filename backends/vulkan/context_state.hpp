@@ -7,7 +7,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 
 #include "treeattn/vulkan.hpp"
 #include "variant.hpp"
@@ -26,10 +25,10 @@ struct Context::State {
   State& operator=(const State&) = delete;
 
   // The stage-1 variant for these inputs (and why, for `reason`).
-  Variant variant(DType inputs, int head_dim, std::string* reason = nullptr) const;
+  Variant variant(DType inputs, int head_dim, int head_dim_v, std::string* reason = nullptr) const;
   // Built on first use, then shared; safe to call from several threads.
-  const ComputePipeline& stage1_pipeline(Variant variant, int head_dim, bool bf16);
-  const ComputePipeline& merge_pipeline(int head_dim);
+  const ComputePipeline& stage1_pipeline(const ShaderKey& key);
+  const ComputePipeline& merge_pipeline(const ShaderKey& key);  // of key.merge()
   // At verbose, says which variant runs and why, when it differs from the last said.
   void log_variant(const std::string& reason);
 
@@ -46,8 +45,8 @@ struct Context::State {
   void log_statistics(const std::string& what, const ComputePipeline& pipeline) const;
 
   std::mutex mutex_;  // the pipeline maps and the variant log
-  std::map<std::tuple<Variant, int, bool>, std::unique_ptr<ComputePipeline>> stage1_;
-  std::map<int, std::unique_ptr<ComputePipeline>> merge_;
+  std::map<ShaderKey, std::unique_ptr<ComputePipeline>> stage1_;
+  std::map<ShaderKey, std::unique_ptr<ComputePipeline>> merge_;
   std::string logged_variant_;
 };
 

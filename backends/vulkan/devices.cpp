@@ -71,7 +71,7 @@ std::vector<VulkanDeviceReport> vulkan_devices(const BackendOptions& options) {
         *out = "none (" + why + ")";
       } else {
         try {
-          choose_variant(c, options.vk_variant, dtype, fragment_layout, 0, out);
+          choose_variant(c, options.vk_variant, dtype, fragment_layout, 0, 0, out);
         } catch (const Error& e) {
           *out = std::string("none (") + e.what() + ")";
         }

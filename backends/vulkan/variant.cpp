@@ -9,15 +9,28 @@ namespace treeattn::vulkan {
 // Tokens per shared-memory stage of the scalar shader: K and V (2 bytes each)
 // must fit the device's shared memory. (A divisor of 64: a stage lies in one
 // 64-token tile of visibility words.)
-std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim) {
+std::uint32_t scalar_chunk_tokens(const DeviceCaps& caps, int head_dim, int head_dim_v) {
   for (std::uint32_t chunk : {64u, 32u, 16u, 8u}) {
-    if (chunk * 4u * std::uint32_t(head_dim) <= caps.shared_memory_bytes) return chunk;
+    if (chunk * 2u * std::uint32_t(head_dim + head_dim_v) <= caps.shared_memory_bytes) return chunk;
   }
   return 8;
 }
 
+ShaderKey ShaderKey::merge() const {
+  ShaderKey key;
+  key.head_dim_v = head_dim_v;
+  key.sinks = sinks;
+  return key;
+}
+
+std::uint32_t merge_threads(int head_dim_v) { return head_dim_v % 64 == 0 ? 32u : 48u; }
+
+std::vector<std::uint32_t> ShaderKey::specialization(std::uint32_t id0, std::uint32_t id1) const {
+  return {id0, id1, bf16 ? 1u : 0u, std::uint32_t(head_dim_v), kv_fp8, softcap ? 1u : 0u, sinks ? 1u : 0u};
+}
+
 Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType inputs, bool fragment_layout,
-                       int head_dim, std::string* reason) {
+                       int head_dim, int head_dim_v, std::string* reason) {
   const bool bf16 = inputs == DType::bf16;
   std::string why_not_coopmat;
 #ifdef TREEATTN_HAVE_VK_COOPMAT
@@ -33,13 +46,13 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
   // Which coopmat shader, and why, once coopmat is decided.
   auto coopmat = [&](bool shared_forced, const std::string& how) {
     if (fragment_layout && !shared_forced) {
-      if (head_dim == 0 || coopmat_chunk_tokens(caps, head_dim, true) > 0) {
+      if (head_dim == 0 || coopmat_chunk_tokens(caps, head_dim, head_dim_v, true) > 0) {
         say("coopmat, softmax in registers (" + shape + ", elements in mma's fragment layout" + how + ")");
         return Variant::coopmat_fragments;
       }
       say(fmt::format("coopmat, softmax through shared memory (the fragments shader's two K/V stages of head_dim {} "
-                      "exceed the device's {} KiB of shared memory)",
-                      head_dim, caps.shared_memory_bytes / 1024));
+                      "and head_dim_v {} exceed the device's {} KiB of shared memory)",
+                      head_dim, head_dim_v, caps.shared_memory_bytes / 1024));
       return Variant::coopmat_shared;
     }
     say("coopmat, softmax through shared memory (" + shape +
@@ -72,12 +85,13 @@ Variant choose_variant(const DeviceCaps& caps, const std::string& forced, DType 
 }
 
 // Both coopmat shaders hold each subgroup's 16x16 Q staging tile (48-byte
-// columns) and K and V rows padded by 16 bytes; the shared-memory softmax adds
-// per subgroup a column of S (f32, 20 per column) and of P (f16, 24 per column)
-// per token, the register one a second K/V stage (coopmat_pipeline.glsl).
-std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim, bool fragments) {
+// columns) and K and V rows (16-bit, fp8 decoded) padded by 16 bytes; the
+// shared-memory softmax adds per subgroup a column of S (f32, 20 per column)
+// and of P (f16, 24 per column) per token, the register one a second K/V
+// stage (coopmat_pipeline.glsl).
+std::uint32_t coopmat_chunk_tokens(const DeviceCaps& caps, int head_dim, int head_dim_v, bool fragments) {
   const std::uint32_t q_staging = 4u * 16u * 24u * 2u;
-  const std::uint32_t kv_stage = 2u * (2u * std::uint32_t(head_dim) + 16u);
+  const std::uint32_t kv_stage = 2u * std::uint32_t(head_dim + head_dim_v) + 32u;
   const std::uint32_t per_token = fragments ? 2u * kv_stage : kv_stage + 4u * (20u * 4u + 24u * 2u);
   for (std::uint32_t chunk : {32u, 16u}) {
     if (q_staging + chunk * per_token <= caps.shared_memory_bytes) return chunk;

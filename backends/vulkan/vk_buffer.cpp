@@ -7,7 +7,26 @@
 
 namespace treeattn::vulkan {
 
-Buffer::Buffer(const Device& device, std::size_t bytes, Kind kind) : device_(device.handle()), bytes_(bytes) {
+namespace {
+
+// vkAllocateMemory, or a fault test's injected failure of it (the driver's own
+// result: out of device memory for device-local memory, else out of host memory).
+VkResult allocate_memory(VkDevice device, const VkMemoryAllocateInfo& info, Buffer::Kind kind, VkDeviceMemory* memory) {
+  namespace faults = fault_injection;
+  const bool device_local = kind == Buffer::Kind::device_local;
+  if (faults::fails(device_local ? faults::device_allocation : faults::pinned_allocation)) {
+    return device_local ? VK_ERROR_OUT_OF_DEVICE_MEMORY : VK_ERROR_OUT_OF_HOST_MEMORY;
+  }
+  return vkAllocateMemory(device, &info, nullptr, memory);
+}
+
+}  // namespace
+
+// Delegates to the default constructor first so that the object exists when a
+// step below throws: its destructor then releases what the steps before made.
+Buffer::Buffer(const Device& device, std::size_t bytes, Kind kind) : Buffer() {
+  device_ = device.handle();
+  bytes_ = bytes;
   VkBufferCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   info.size = std::max<std::size_t>(bytes, 16);
   info.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
@@ -34,11 +53,7 @@ Buffer::Buffer(const Device& device, std::size_t bytes, Kind kind) : device_(dev
                                                   VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
                                                   VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
   }
-  const VkResult result = vkAllocateMemory(device_, &allocate, nullptr, &memory_);
-  if (result != VK_SUCCESS) {
-    release();
-    throw_vk_error(result, "vkAllocateMemory", __FILE__, __LINE__);
-  }
+  TREEATTN_VK_CHECK(allocate_memory(device_, allocate, kind, &memory_));
   TREEATTN_VK_CHECK(vkBindBufferMemory(device_, buffer_, memory_, 0));
   if (addressed) {
     VkBufferDeviceAddressInfo address{VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO};

@@ -23,13 +23,15 @@ const char* result_name(VkResult result) noexcept {
     case VK_ERROR_FORMAT_NOT_SUPPORTED: return "VK_ERROR_FORMAT_NOT_SUPPORTED";
     case VK_ERROR_OUT_OF_POOL_MEMORY: return "VK_ERROR_OUT_OF_POOL_MEMORY";
     case VK_ERROR_INVALID_SHADER_NV: return "VK_ERROR_INVALID_SHADER_NV";
+    case VK_ERROR_UNKNOWN: return "VK_ERROR_UNKNOWN";
     default: return "VkResult";
   }
 }
 
 void throw_vk_error(VkResult result, const char* call, const char* file, int line) {
-  throw Error(ErrorCategory::Backend, fmt::format("Vulkan: {} failed: {} ({}) at {}:{}", call, result_name(result),
-                                                  int(result), file, line));
+  const bool out_of_memory = result == VK_ERROR_OUT_OF_DEVICE_MEMORY || result == VK_ERROR_OUT_OF_HOST_MEMORY;
+  throw Error(out_of_memory ? ErrorCategory::OutOfMemory : ErrorCategory::Backend,
+              fmt::format("Vulkan: {} failed: {} ({}) at {}:{}", call, result_name(result), int(result), file, line));
 }
 
 }  // namespace treeattn::vulkan

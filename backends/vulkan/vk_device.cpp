@@ -112,7 +112,13 @@ Instance::Instance(bool validation, const LogSink& log) : log_(log) {
   }
   TREEATTN_VK_CHECK(created);
   volkLoadInstanceOnly(instance_);
-  if (validation) TREEATTN_VK_CHECK(vkCreateDebugUtilsMessengerEXT(instance_, &messenger, nullptr, &messenger_));
+  if (!validation) return;
+  try {
+    TREEATTN_VK_CHECK(vkCreateDebugUtilsMessengerEXT(instance_, &messenger, nullptr, &messenger_));
+  } catch (const Error&) {
+    vkDestroyInstance(instance_, nullptr);  // nothing else holds it: the next get() starts again
+    throw;
+  }
 }
 
 std::shared_ptr<Instance> Instance::borrow(VkInstance instance, PFN_vkGetInstanceProcAddr get_instance_proc_addr) {

@@ -39,6 +39,7 @@ struct PushConstants {
   std::uint32_t groups;                // stage 1: passes x heads_kv work groups; the merge: queries (each over
                                        // the query heads); the dispatch may hold more
   std::uint32_t run;                   // of those, the most in a run along x
+  float softcap_log2;                  // the logit soft-cap times log2(e) (pipelines specialised for it)
 };
 static_assert(sizeof(PushConstants) <= 128, "beyond the push-constant space every Vulkan device has");
 static_assert(kArrayCount == 5, "attn_common.glsl's push constants hold five offsets (uint offsets[5])");

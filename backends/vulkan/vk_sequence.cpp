@@ -30,8 +30,10 @@ void record_transfer_to_compute_barrier(VkCommandBuffer commands) {
                        nullptr, 0, nullptr);
 }
 
-CommandSequence::CommandSequence(const Device& device, std::uint32_t timestamps)
-    : device_(device), timestamp_count_(timestamps) {
+// Delegates first so that the object exists when a step below throws: its
+// destructor then destroys what the steps before made.
+CommandSequence::CommandSequence(const Device& device, std::uint32_t timestamps) : CommandSequence(device, Empty{}) {
+  timestamp_count_ = timestamps;
   VkCommandPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pool_info.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pool_info.queueFamilyIndex = device.queue_family();
@@ -52,12 +54,17 @@ CommandSequence::CommandSequence(const Device& device, std::uint32_t timestamps)
 }
 
 CommandSequence::~CommandSequence() {
+  // A submission whose wait failed may still run: its commands and the
+  // buffers they use outlive it.
+  if (submitted_) vkWaitForFences(device_.handle(), 1, &fence_, VK_TRUE, UINT64_MAX);
   if (queries_ != VK_NULL_HANDLE) vkDestroyQueryPool(device_.handle(), queries_, nullptr);
   if (fence_ != VK_NULL_HANDLE) vkDestroyFence(device_.handle(), fence_, nullptr);
   if (pool_ != VK_NULL_HANDLE) vkDestroyCommandPool(device_.handle(), pool_, nullptr);  // frees the buffer
 }
 
 void CommandSequence::begin() {
+  if (submitted_) TREEATTN_VK_CHECK(vkWaitForFences(device_.handle(), 1, &fence_, VK_TRUE, UINT64_MAX));
+  submitted_ = false;
   TREEATTN_VK_CHECK(vkResetCommandBuffer(commands_, 0));
   VkCommandBufferBeginInfo info{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   TREEATTN_VK_CHECK(vkBeginCommandBuffer(commands_, &info));
@@ -103,7 +110,9 @@ void CommandSequence::submit_and_wait() {
   submit.pCommandBuffers = &commands_;
   TREEATTN_VK_CHECK(vkResetFences(device_.handle(), 1, &fence_));
   TREEATTN_VK_CHECK(vkQueueSubmit(device_.queue(), 1, &submit, fence_));
+  submitted_ = true;
   TREEATTN_VK_CHECK(vkWaitForFences(device_.handle(), 1, &fence_, VK_TRUE, UINT64_MAX));
+  submitted_ = false;
 }
 
 double CommandSequence::elapsed_ns(std::uint32_t first, std::uint32_t second) {

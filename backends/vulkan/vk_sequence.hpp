@@ -47,12 +47,15 @@ class CommandSequence {
   double elapsed_ns(std::uint32_t first, std::uint32_t second);
 
  private:
+  struct Empty {};
+  CommandSequence(const Device& device, Empty) noexcept : device_(device) {}  // nothing created yet
   const Device& device_;
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkCommandBuffer commands_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
   std::uint32_t timestamp_count_ = 0;
+  bool submitted_ = false;  // submitted, its completion not yet seen
 };
 
 }  // namespace treeattn::vulkan

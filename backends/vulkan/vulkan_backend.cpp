@@ -26,6 +26,9 @@ void check_supported(const Plan& plan, const AttentionArgs& args) {
   }
 }
 
+// The workspace (and held plan) of f16 inputs, or of bf16 ones.
+int slot_of(DType inputs) { return inputs == DType::bf16 ? 1 : 0; }
+
 std::unique_ptr<Context::State> make_state(const BackendOptions& o, std::shared_ptr<Instance> instance,
                                            const DeviceCaps* caps) {
   auto state = std::make_unique<Context::State>(context_options(o), std::move(instance), caps);
@@ -55,6 +58,8 @@ struct VulkanBackend::Staged {
   Buffer q, o, lse, readback;
   std::vector<Buffer> kv_chunks;  // pool-major: pool p's K chunks, then its V chunks
   std::uint32_t chunk_slots = 0, chunks = 0;
+  Buffer options;                             // the attention options' tensors (sinks, k_scales, v_scales)
+  VkDeviceAddress sinks = 0, k_scales = 0, v_scales = 0;  // in `options` (0: not given)
 };
 
 VulkanBackend::VulkanBackend(const BackendOptions& options)
@@ -86,13 +91,13 @@ VulkanBackend::~VulkanBackend() {
 }
 
 Workspace& VulkanBackend::workspace(DType inputs) {
-  auto& slot = workspaces_[inputs == DType::bf16 ? 1 : 0];
+  auto& slot = workspaces_[slot_of(inputs)];
   if (!slot) slot = std::make_unique<Workspace>(context_, inputs);
   return *slot;
 }
 
 void VulkanBackend::upload_if_new(const Plan& plan, DType inputs, VkCommandBuffer commands) {
-  std::uint64_t& held = uploaded_[inputs == DType::bf16 ? 1 : 0];
+  std::uint64_t& held = uploaded_[slot_of(inputs)];
   if (plan.id != 0 && plan.id == held) return;
   held = 0;  // a failed upload leaves no plan to trust
   workspace(inputs).upload(plan, commands);
@@ -124,11 +129,12 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
   const DeviceCaps& caps = dev.caps();
 
   // KV chunks: whole slots, at most one allocation each (or the test limit).
-  const std::size_t slot_bytes = a.k.bytes() / std::size_t(std::max<std::int64_t>(a.k.shape[0], 1));
+  const std::uint64_t slots = std::uint64_t(std::max<std::int64_t>(a.k.shape[0], 1));
+  const std::size_t slot_bytes[2] = {a.k.bytes() / slots, a.v.bytes() / slots};  // K's and V's
   std::uint64_t chunk_limit = std::min(caps.max_allocation_bytes, caps.max_buffer_bytes);
   if (ctx.max_chunk_bytes > 0) chunk_limit = std::min<std::uint64_t>(chunk_limit, ctx.max_chunk_bytes);
-  s->chunk_slots = std::uint32_t(std::max<std::uint64_t>(chunk_limit / std::max<std::size_t>(slot_bytes, 1), 1));
-  const std::uint64_t slots = std::uint64_t(std::max<std::int64_t>(a.k.shape[0], 1));
+  s->chunk_slots = std::uint32_t(
+      std::max<std::uint64_t>(chunk_limit / std::max<std::size_t>({slot_bytes[0], slot_bytes[1], 1}), 1));
   s->chunks = std::uint32_t((slots + s->chunk_slots - 1) / s->chunk_slots);
   s->q = Buffer(dev, a.q.bytes(), Buffer::Kind::device_local);
   s->o = Buffer(dev, a.o.bytes(), Buffer::Kind::device_local);
@@ -137,32 +143,55 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
     for (int which = 0; which < 2; ++which) {
       for (std::uint32_t c = 0; c < s->chunks; ++c) {
         const std::uint64_t first = std::uint64_t(c) * s->chunk_slots;
-        s->kv_chunks.emplace_back(dev, std::size_t(std::min<std::uint64_t>(s->chunk_slots, slots - first)) * slot_bytes,
-                                  Buffer::Kind::device_local);
+        s->kv_chunks.emplace_back(
+            dev, std::size_t(std::min<std::uint64_t>(s->chunk_slots, slots - first)) * slot_bytes[which],
+            Buffer::Kind::device_local);
       }
     }
   }
 
-  // One staging buffer carries every input up and the outputs back.
+  // One staging buffer carries every input up and the outputs back: Q, K, V,
+  // then the option tensors given.
   const std::size_t q_at = 0, k_at = align16(a.q.bytes());
   const std::size_t v_at = k_at + align16(a.k.bytes());
-  const std::size_t staging_bytes = std::max(v_at + a.v.bytes(), align16(a.o.bytes()) + (a.lse.data ? a.lse.bytes() : 0));
+  const TensorRef* option_tensors[3] = {&a.options.sinks, &a.options.k_scales, &a.options.v_scales};
+  std::size_t option_at[3], options_end = align16(v_at + a.v.bytes());
+  for (int i = 0; i < 3; ++i) {
+    option_at[i] = options_end;
+    if (option_tensors[i]->data) options_end += align16(option_tensors[i]->bytes());
+  }
+  const std::size_t options_begin = option_at[0];
+  const std::size_t staging_bytes = std::max(options_end, align16(a.o.bytes()) + (a.lse.data ? a.lse.bytes() : 0));
   s->readback = Buffer(dev, staging_bytes, Buffer::Kind::staging);
   auto* host = static_cast<unsigned char*>(s->readback.mapped());
   std::memcpy(host + q_at, a.q.data, a.q.bytes());
   std::memcpy(host + k_at, a.k.data, a.k.bytes());
   std::memcpy(host + v_at, a.v.data, a.v.bytes());
+  if (options_end > options_begin) s->options = Buffer(dev, options_end - options_begin, Buffer::Kind::device_local);
+  VkDeviceAddress* option_address[3] = {&s->sinks, &s->k_scales, &s->v_scales};
+  for (int i = 0; i < 3; ++i) {
+    if (!option_tensors[i]->data) continue;
+    std::memcpy(host + option_at[i], option_tensors[i]->data, option_tensors[i]->bytes());
+    *option_address[i] = s->options.address() + (option_at[i] - options_begin);
+  }
 
   CommandSequence upload(dev);
   upload.begin();
   upload.copy(s->readback, s->q, a.q.bytes(), q_at);
   for (std::size_t i = 0; i < s->kv_chunks.size(); ++i) {
     const std::size_t which = (i / s->chunks) % 2, c = i % s->chunks;
-    upload.copy(s->readback, s->kv_chunks[i], s->kv_chunks[i].bytes(), (which ? v_at : k_at) + c * s->chunk_slots * slot_bytes);
+    upload.copy(s->readback, s->kv_chunks[i], s->kv_chunks[i].bytes(),
+                (which ? v_at : k_at) + c * s->chunk_slots * slot_bytes[which]);
   }
+  if (options_end > options_begin) upload.copy(s->readback, s->options, options_end - options_begin, options_begin);
   upload_if_new(plan, a.q.dtype, upload.handle());
-  upload.end();
-  upload.submit_and_wait();
+  try {
+    upload.end();
+    upload.submit_and_wait();
+  } catch (const Error&) {
+    uploaded_[slot_of(a.q.dtype)] = 0;  // the plan's copy was recorded, but may not have run
+    throw;
+  }
   staged_ = std::move(s);
 }
 
@@ -178,6 +207,7 @@ LayerTensors VulkanBackend::layer(const AttentionArgs& a, int pool) const {
   }
   t.chunk_slots = s.chunk_slots;
   t.out = a.o.dtype;
+  set_options(t, a, s.sinks, s.k_scales, s.v_scales);
   return t;
 }
 

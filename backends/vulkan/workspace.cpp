@@ -16,8 +16,9 @@
 namespace treeattn::vulkan {
 namespace {
 
-// K/V chunk addresses the table holds (8 bytes each), two halves of 2 048: a
-// step's distinct K/V pools (a model's layers, each a few chunks) many times over.
+// K/V chunk addresses and attention options the table holds (8 bytes each),
+// two halves of 2 048: a step's distinct K/V pools (a model's layers, each a
+// few chunks) many times over.
 constexpr std::size_t kTableBytes = std::size_t(32) << 10;
 
 std::uint32_t out_type(DType dtype) {
@@ -37,12 +38,19 @@ std::uint32_t out_type(DType dtype) {
 // when regrown to the exact size (benchmarks/h200/demo_vulkan.json).
 std::size_t with_headroom(std::size_t bytes) { return std::max<std::size_t>(bytes + bytes / 2, 16); }
 
-// Replaces `buffer` by one with headroom when it is smaller than `bytes`; the
-// old one goes to `retired` (commands recorded earlier may still read it).
-void grow(Buffer& buffer, std::size_t bytes, const Device& device, Buffer::Kind kind, std::vector<Buffer>& retired) {
-  if (buffer.handle() != VK_NULL_HANDLE && buffer.bytes() >= bytes) return;
+// A buffer with headroom to replace `buffer` when that is smaller than
+// `bytes`; else none (a null handle).
+Buffer grown(const Buffer& buffer, std::size_t bytes, const Device& device, Buffer::Kind kind) {
+  if (buffer.handle() != VK_NULL_HANDLE && buffer.bytes() >= bytes) return Buffer();
+  return Buffer(device, with_headroom(bytes), kind);
+}
+
+// Puts `replacement` (when there is one) in `buffer`'s place; the old buffer
+// goes to `retired` (commands recorded earlier may still read it).
+void replace(Buffer& buffer, Buffer&& replacement, std::vector<Buffer>& retired) {
+  if (replacement.handle() == VK_NULL_HANDLE) return;
   if (buffer.handle() != VK_NULL_HANDLE) retired.push_back(std::move(buffer));
-  buffer = Buffer(device, with_headroom(bytes), kind);
+  buffer = std::move(replacement);
 }
 
 VkDeviceAddress address_of(VkDevice device, const Tensor& t) {
@@ -75,34 +83,52 @@ Workspace::State::State(Context::State& c, DType in) : context(&c), inputs(in) {
 }
 
 VkDeviceAddress Workspace::State::kv_table(const LayerTensors& t) {
+  // K's chunks, then V's, then the options (the shaders' kv_chunks table and
+  // option_word); the chunk size last, in the key only.
+  std::uint32_t scale_bits[2];
+  std::memcpy(&scale_bits[0], &t.k_scale, 4);
+  std::memcpy(&scale_bits[1], &t.v_scale, 4);
   std::vector<VkDeviceAddress> key = t.k_chunks;
   key.insert(key.end(), t.v_chunks.begin(), t.v_chunks.end());
+  for (VkDeviceAddress option : {t.sinks, t.k_scales, t.v_scales, VkDeviceAddress(scale_bits[0]) | VkDeviceAddress(scale_bits[1]) << 32}) {
+    key.push_back(option);
+  }
   key.push_back(t.chunk_slots);
   auto& entries = table_entries[current];
   const std::size_t half = table.bytes() / 2, base = std::size_t(current) * half;
   auto found = entries.find(key);
   if (found == entries.end()) {
-    const std::size_t bytes = (t.k_chunks.size() + t.v_chunks.size()) * sizeof(VkDeviceAddress);
+    const std::size_t bytes = (key.size() - 1) * sizeof(VkDeviceAddress);
     if (table_used[current] + bytes > half) {
       throw Error(ErrorCategory::InvalidArgument,
                   fmt::format("Vulkan workspace: a step recorded more distinct K/V buffers than its table holds ({} "
                               "addresses, {} K/V pairs so far)",
                               half / sizeof(VkDeviceAddress), entries.size()));
     }
-    // K's chunks, then V's: the shaders' kv_chunks table.
     auto* at = reinterpret_cast<VkDeviceAddress*>(static_cast<unsigned char*>(table.mapped()) + base + table_used[current]);
-    std::copy(t.k_chunks.begin(), t.k_chunks.end(), at);
-    std::copy(t.v_chunks.begin(), t.v_chunks.end(), at + t.k_chunks.size());
+    std::copy(key.begin(), key.end() - 1, at);
     found = entries.emplace(std::move(key), base + table_used[current]).first;
     table_used[current] += bytes;
   }
   return table.address() + found->second;
 }
 
+void Workspace::State::use_pipelines(const LayerTensors& t) {
+  ShaderKey key = pipelines_key;
+  key.kv_fp8 = t.kv == DType::fp8_e4m3 ? 1 : t.kv == DType::fp8_e5m2 ? 2 : 0;
+  key.softcap = t.logit_softcap > 0.0f;
+  key.sinks = t.sinks != 0;
+  if (key == pipelines_key) return;  // a plain call after a plain call: no lookup
+  stage1_pipeline = &context->stage1_pipeline(key);
+  merge_pipeline = &context->merge_pipeline(key);
+  pipelines_key = key;
+}
+
 // A barrier first (stage 1 rewrites the partials the previous call's merge
 // read, and the previous call's outputs may be this one's inputs), then stage
 // 1's dispatches, a barrier, and the merge where the plan has partials.
 void Workspace::State::record(VkCommandBuffer commands, const LayerTensors& t) {
+  use_pipelines(t);
   PushConstants pc{};
   pc.plan = plan.address();
   pc.q = t.q;
@@ -121,6 +147,7 @@ void Workspace::State::record(VkCommandBuffer commands, const LayerTensors& t) {
   std::copy(std::begin(encoded.offsets), std::end(encoded.offsets), pc.offsets);
   pc.groups = stage1.count;
   pc.run = stage1.length;
+  pc.softcap_log2 = t.logit_softcap * 1.4426950408889634f;
   record_compute_barrier(commands);
   record_dispatch(commands, *stage1_pipeline, &pc, sizeof(pc), stage1.length, stage1.runs);
   if (partial_rows > 0) {
@@ -143,12 +170,20 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   const Device& device = *ctx.device;
   const DeviceCaps& caps = device.caps();
   check_head_dims(plan.heads, kAttentionVariants, kBackendName);
-  const int d = plan.heads.head_dim;
+  // A failure below leaves no plan to record: record() refuses until an upload succeeds.
+  s.uploaded = false;
   std::string reason;
-  s.variant = ctx.variant(s.inputs, d, &reason);
+  s.variant = ctx.variant(s.inputs, plan.heads.head_dim, plan.heads.value_dim(), &reason);
   ctx.log_variant(reason);
-  s.stage1_pipeline = &ctx.stage1_pipeline(s.variant, d, s.inputs == DType::bf16);
-  s.merge_pipeline = &ctx.merge_pipeline(d);
+  // The plain call's pipelines; a call with variants switches at its record.
+  ShaderKey key;
+  key.variant = s.variant;
+  key.head_dim = plan.heads.head_dim;
+  key.head_dim_v = plan.heads.value_dim();
+  key.bf16 = s.inputs == DType::bf16;
+  s.stage1_pipeline = &ctx.stage1_pipeline(key);
+  s.merge_pipeline = &ctx.merge_pipeline(key);
+  s.pipelines_key = key;
 
   lower(plan, std::int32_t(rows_per_pass(s.variant)), s.lowered);
   s.encoded = encode_plan(plan, s.lowered);
@@ -170,12 +205,19 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   s.table_entries[b].clear();
   s.table_used[b] = 0;
   s.current = b;
+  // Every allocation before any buffer is replaced: a failed one leaves the
+  // buffers that the previous step's commands read where they are (the upload
+  // made again takes this slot again, and releases what it holds retired).
+  s.retired[b].reserve(2);  // nor can retiring them fail once they are replaced
   const std::size_t bytes = s.encoded.words.size() * 4;
+  const std::size_t partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);
   if (s.staging[b].bytes() < bytes) s.staging[b] = Buffer(device, with_headroom(bytes), Buffer::Kind::staging);
+  Buffer plan_buffer = grown(s.plan, bytes, device, Buffer::Kind::device_local);
+  Buffer partials = grown(s.partials, partial_rows * std::size_t(plan.heads.value_dim() + 1) * 4, device, Buffer::Kind::device_local);
+  replace(s.plan, std::move(plan_buffer), s.retired[b]);
+  replace(s.partials, std::move(partials), s.retired[b]);
+  s.partial_rows = partial_rows;
   std::memcpy(s.staging[b].mapped(), s.encoded.words.data(), bytes);
-  grow(s.plan, bytes, device, Buffer::Kind::device_local, s.retired[b]);
-  s.partial_rows = std::size_t(plan.num_partials) * std::size_t(plan.heads.heads_q);
-  grow(s.partials, s.partial_rows * std::size_t(plan.heads.value_dim() + 1) * 4, device, Buffer::Kind::device_local, s.retired[b]);
   s.next = 1 - b;
 
   // The copy waits for earlier dispatches that read the plan, and the dispatches after it for the copy.
@@ -211,6 +253,14 @@ void Workspace::State::record_addresses(VkCommandBuffer commands, const Attentio
                   fmt::format("{} is at device address {:#x}: it must be 16-byte aligned", name, address(*t)));
     }
   }
+  const AttentionOptions& options = a.options;
+  for (const auto& [name, t] : {std::pair<const char*, const TensorRef*>{"sinks", &options.sinks},
+                                {"k_scales", &options.k_scales}, {"v_scales", &options.v_scales}}) {
+    if (address(*t) % 4 != 0) {
+      throw Error(ErrorCategory::InvalidArgument,
+                  fmt::format("{} is at device address {:#x}: it must be 4-byte aligned", name, address(*t)));
+    }
+  }
   LayerTensors layer;
   layer.q = address(a.q);
   layer.o = address(a.o);
@@ -219,6 +269,7 @@ void Workspace::State::record_addresses(VkCommandBuffer commands, const Attentio
   layer.v_chunks = {address(a.v)};
   layer.chunk_slots = std::uint32_t(std::min<std::int64_t>(std::max<std::int64_t>(a.k.shape[0], 1), 0xffffffff));
   layer.out = a.o.dtype;
+  set_options(layer, a, address(options.sinks), address(options.k_scales), address(options.v_scales));
   record(commands, layer);
 }
 

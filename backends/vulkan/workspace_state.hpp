@@ -30,19 +30,40 @@ struct LayerTensors {
   std::vector<VkDeviceAddress> k_chunks, v_chunks;
   std::uint32_t chunk_slots = 0;
   DType out = DType::f32;
+  // The call's attention options (DESIGN.md §8): K and V's dtype, the scalars,
+  // and the option tensors' addresses (0: none).
+  DType kv = DType::f16;
+  float logit_softcap = 0.0f, k_scale = 1.0f, v_scale = 1.0f;
+  VkDeviceAddress sinks = 0, k_scales = 0, v_scales = 0;
 };
+
+// `args`' attention options into `layer`, its option tensors at these device addresses.
+inline void set_options(LayerTensors& layer, const AttentionArgs& args, VkDeviceAddress sinks, VkDeviceAddress k_scales,
+                        VkDeviceAddress v_scales) {
+  layer.kv = args.k.dtype;
+  layer.logit_softcap = args.options.logit_softcap;
+  layer.k_scale = args.options.k_scale;
+  layer.v_scale = args.options.v_scale;
+  layer.sinks = sinks;
+  layer.k_scales = k_scales;
+  layer.v_scales = v_scales;
+}
 
 struct Workspace::State {
   State(Context::State& context, DType inputs);
 
-  // Records stage 1 and the merge of the uploaded plan (workspace.cpp says which barriers).
+  // Records stage 1 and the merge of the uploaded plan (workspace.cpp says
+  // which barriers), with the pipelines of the call's variants.
   void record(VkCommandBuffer commands, const LayerTensors& tensors);
   // The same for tensors given by device address (each TensorRef's data is its
   // VkDeviceAddress), checked against the plan first: what record() and the C
   // API's treeattn_enqueue run.
   void record_addresses(VkCommandBuffer commands, const AttentionArgs& tensors);
-  // The address of `tensors`' K/V chunk table, written on first sight.
+  // The address of `tensors`' K/V chunk table and attention options
+  // (attn_common.glsl's option_word), written on first sight.
   VkDeviceAddress kv_table(const LayerTensors& tensors);
+  // The pipelines of the uploaded plan for the variants of `tensors`.
+  void use_pipelines(const LayerTensors& tensors);
 
   Context::State* context;
   DType inputs;
@@ -66,6 +87,7 @@ struct Workspace::State {
   EncodedPlan encoded;
   Runs stage1, merge;
   std::size_t partial_rows = 0;
+  ShaderKey pipelines_key;            // what the two pipelines below run
   const ComputePipeline* stage1_pipeline = nullptr;
   const ComputePipeline* merge_pipeline = nullptr;
 };

@@ -9,6 +9,7 @@ const char* to_string(ErrorCategory category) noexcept {
     case ErrorCategory::InvalidPlan: return "invalid plan";
     case ErrorCategory::Io: return "I/O";
     case ErrorCategory::Backend: return "backend";
+    case ErrorCategory::OutOfMemory: return "out of memory";
   }
   return "unknown";
 }

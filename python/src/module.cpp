@@ -173,6 +173,7 @@ NB_MODULE(_core, m) {
         case ErrorCategory::InvalidPlan: PyErr_SetString(PyExc_ValueError, e.what()); break;
         case ErrorCategory::Io: PyErr_SetString(PyExc_OSError, e.what()); break;
         case ErrorCategory::Backend: PyErr_SetString(PyExc_RuntimeError, e.what()); break;
+        case ErrorCategory::OutOfMemory: PyErr_SetString(PyExc_MemoryError, e.what()); break;
       }
     }
   });

@@ -2,9 +2,10 @@
 // GPU (new tokens' rows copied as they are written), each step's plan goes up
 // through a graph-stable Workspace's double-buffered staging, and the step's
 // layers are one CUDA graph, captured once and replayed on one stream without
-// waiting, so the host plans the next step meanwhile. A plan that outgrows
-// the workspace gets one with half as much room again, and the graph is
-// captured again for it. Host buffers the copies read are pinned and reused
+// waiting, so the host plans the next step meanwhile. The workspace and the
+// K/V rows' staging are sized for the run's steps reserved ahead; a plan that
+// outgrows the workspace gets one with half as much room again, and the graph
+// is captured again for it. Host buffers the copies read are pinned and reused
 // only after their copy.
 
 #include <cuda_runtime_api.h>
@@ -82,9 +83,10 @@ class CudaRunner final : public StepRunner {
         device_(select(context_.device())),
         k_host_(k),
         v_host_(v),
+        q_bytes_(std::size_t(max_queries * heads.heads_q * heads.head_dim) * 2),  // f16
         k_(k.bytes.size()),
         v_(v.bytes.size()),
-        q_(std::size_t(max_queries * heads.heads_q * heads.head_dim) * 2),  // f16
+        q_(q_bytes_),
         o_(std::size_t(max_queries * heads.heads_q * heads.head_dim) * 4),  // f32
         lse_(std::size_t(max_queries * heads.heads_q) * 4) {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -113,7 +115,8 @@ class CudaRunner final : public StepRunner {
     const std::size_t row = k_host_.bytes.size() / std::size_t(k_host_.shape[0]);
     Staging& staging = kv_staging_[next_kv_];
     next_kv_ = 1 - next_kv_;
-    unsigned char* host = staging.take(2 * row * sorted.size());
+    // Room for the most rows a reserved step writes: pinned once, not at each new most.
+    unsigned char* host = staging.take(2 * row * std::max(sorted.size(), reserved_rows_));
     // Consecutive slots (a page's tokens) go in one copy per pool.
     for (std::size_t a = 0; a < sorted.size();) {
       std::size_t b = a + 1;
@@ -130,9 +133,11 @@ class CudaRunner final : public StepRunner {
     staging.queued(stream_);
   }
 
-  void size_for(const cuda::WorkspaceLimits& largest) override {
-    largest_ = largest;
-    workspace_ = std::make_unique<cuda::Workspace>(context_, largest_);
+  bool reserves_ahead() const noexcept override { return true; }
+  void reserve(const Plan& plan, std::size_t written_rows) override {
+    largest_.include(cuda::WorkspaceLimits::of(plan));
+    reserved_rows_ = std::max(reserved_rows_, written_rows);
+    reserved_ = true;
   }
 
   HostTimes run(const Plan& plan, const HostArray& q, int layers) override {
@@ -150,7 +155,7 @@ class CudaRunner final : public StepRunner {
 
     Staging& staging = q_staging_[next_q_];
     next_q_ = 1 - next_q_;
-    unsigned char* host = staging.take(q.bytes.size());
+    unsigned char* host = staging.take(std::max(q.bytes.size(), q_bytes_));  // pinned once: Q of the most queries
     std::memcpy(host, q.bytes.data(), q.bytes.size());
     check(cudaMemcpyAsync(q_.get(), host, q.bytes.size(), cudaMemcpyHostToDevice, stream_), "Q");
     staging.queued(stream_);
@@ -209,22 +214,19 @@ class CudaRunner final : public StepRunner {
   }
 
  private:
-  // A graph-stable workspace that holds `plan`: the one in use (sized by
-  // size_for, or earlier here), or (the first step, or a plan beyond its
-  // limits) a new one with half as much room again as the largest plan so far,
-  // made after the steps queued on the old one. True when it is new: the
-  // graph of the layers is then captured again.
+  // A graph-stable workspace that holds `plan`: the one in use, or a new one
+  // made after the steps queued on the old one: at the first step, exactly
+  // the limits of the steps reserved ahead; else (none reserved, or a plan
+  // beyond them) half as much room again as the largest plan so far. True
+  // when it is new: the graph of the layers is then captured again.
   bool fit_workspace(const Plan& plan) {
     const cuda::WorkspaceLimits need = cuda::WorkspaceLimits::of(plan);
     if (workspace_ && workspace_->limits().first_excess(need).empty()) return false;
-    if (workspace_) {
-      largest_.include(need);
-      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // its last steps still read it
-    } else {
-      largest_ = need;
-    }
+    const bool sized_ahead = !workspace_ && reserved_;
+    if (workspace_) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // its last steps still read it
+    largest_.include(need);
     workspace_.reset();
-    workspace_ = std::make_unique<cuda::Workspace>(context_, largest_.with_headroom(1.5));
+    workspace_ = std::make_unique<cuda::Workspace>(context_, sized_ahead ? largest_ : largest_.with_headroom(1.5));
     return true;
   }
 
@@ -264,12 +266,15 @@ class CudaRunner final : public StepRunner {
   cuda::Context context_;
   int device_;
   std::unique_ptr<cuda::Workspace> workspace_;  // graph-stable (fit_workspace)
-  cuda::WorkspaceLimits largest_;                // the largest counts of the plans so far
+  cuda::WorkspaceLimits largest_;                // the largest counts of the plans reserved and run so far
+  bool reserved_ = false;                        // plans were reserved ahead
+  std::size_t reserved_rows_ = 0;                // the most K/V rows a step reserved ahead writes
   cudaGraphExec_t graph_ = nullptr;              // a step's layers on it (capture)
   int graph_layers_ = 0;
   std::int64_t runs_ = 0;
   Captures captures_{0, 0};
   HostArray &k_host_, &v_host_;
+  std::size_t q_bytes_;  // Q of the most queries a step has
   DeviceMemory k_, v_, q_, o_, lse_;
   cudaStream_t stream_ = nullptr;
   Staging kv_staging_[2], q_staging_[2];

@@ -28,10 +28,18 @@ class StepRunner {
     double upload_us = 0.0;  // the plan's upload (0 with nothing to upload)
     double waited_us = 0.0;  // waiting for the GPU: a runner two steps ahead waits for the step two back to start
   };
-  // The largest plan the run will have, known ahead from a dry replay: a
-  // runner that captures its steps as a graph sizes its workspace for it, so
-  // the graph is captured once. Plans past it still run (the workspace grows).
-  virtual void size_for(const cuda::WorkspaceLimits& largest) { (void)largest; }
+  // Whether the runner sizes its memory from the run's steps ahead: then,
+  // before the first run(), reserve() gets every step's plan and the count of
+  // K/V rows it writes, in order, from a dry replay planned as the run plans
+  // (the same changes, options and pool size, so the same plans). Its
+  // workspace and staging then hold every step of the run, so the runner's
+  // device and host memory are flat from the first step, and a CUDA step graph
+  // is captured once. A plan past what was reserved still runs (the workspace grows).
+  virtual bool reserves_ahead() const noexcept { return false; }
+  virtual void reserve(const Plan& plan, std::size_t written_rows) {
+    (void)plan;
+    (void)written_rows;
+  }
   // Runs `layers` attention calls of `plan` on Q.
   virtual HostTimes run(const Plan& plan, const HostArray& q, int layers) = 0;
   // The attention time of each step run since the last call, in order (GPU

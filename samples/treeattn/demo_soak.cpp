@@ -1,6 +1,9 @@
 #include "demo_soak.hpp"
 
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +19,15 @@ std::int64_t host_rss_bytes() {
   std::int64_t size = 0, resident = -1;
   if (!(statm >> size >> resident)) return -1;
   return resident * std::int64_t(sysconf(_SC_PAGESIZE));
+}
+
+std::int64_t host_heap_bytes() {
+#if defined(__GLIBC__)
+  const struct mallinfo2 info = mallinfo2();
+  return std::int64_t(info.uordblks + info.hblkhd);
+#else
+  return -1;
+#endif
 }
 
 Difference max_difference(const HostArray& got, const HostArray& expected) {
@@ -68,10 +80,11 @@ void SoakChecks::check(std::int64_t step, const Plan& plan, const HostArray& q, 
     }
   }
   ++checks_;
-  const MemorySample sample{step, host_rss_bytes(), runner.device_memory().bytes};
+  const MemorySample sample{step, host_rss_bytes(), host_heap_bytes(), runner.device_memory().bytes};
   samples_.add(sample);
   if (step >= warmup_) {
     host_.add(sample.host_rss);
+    heap_.add(sample.host_heap);
     device_.add(sample.device);
   }
 }
@@ -91,7 +104,8 @@ nlohmann::json SoakChecks::Profile::json() const {
 nlohmann::json SoakChecks::json(const StepRunner& runner) const {
   nlohmann::json samples = nlohmann::json::array();
   for (const MemorySample& s : samples_.kept()) {
-    samples.push_back({{"step", s.step}, {"host_rss_bytes", s.host_rss}, {"device_bytes", s.device}});
+    samples.push_back({{"step", s.step}, {"host_rss_bytes", s.host_rss}, {"host_heap_bytes", s.host_heap},
+                       {"device_bytes", s.device}});
   }
   const StepRunner::MemoryUse device = runner.device_memory();
   const StepRunner::Captures captures = runner.graph_captures();
@@ -103,6 +117,7 @@ nlohmann::json SoakChecks::json(const StepRunner& runner) const {
           {"worst_step", worst_step_},
           {"warmup_steps", warmup_},
           {"host_rss_after_warmup", host_.json()},
+          {"host_heap_after_warmup", heap_.json()},
           {"device_bytes_after_warmup", device.bytes < 0 ? nlohmann::json(nullptr) : device_.json()},
           {"device_bytes_source", device.source},
           {"graph_captures", captures.count < 0 ? nlohmann::json(nullptr) : nlohmann::json(captures.count)},

@@ -23,7 +23,10 @@ namespace treeattn::cli {
 template <typename T>
 class Sampled {
  public:
-  explicit Sampled(std::size_t capacity) : capacity_(capacity) { kept_.reserve(capacity); }
+  // The items' memory is written once here, so that it is resident from the
+  // start: a reservation alone is paged in as items fill it, and the process
+  // would grow by an item a step until `capacity` are held.
+  explicit Sampled(std::size_t capacity) : capacity_(capacity), kept_(capacity) { kept_.clear(); }
   void add(const T& item) {
     if (seen_++ % stride_ != 0) return;
     if (kept_.size() == capacity_) {
@@ -45,6 +48,11 @@ class Sampled {
 
 // The resident set of this process, from /proc/self/statm (-1 where there is none).
 std::int64_t host_rss_bytes();
+// The bytes this process's heap has handed out and not had back (glibc's
+// mallinfo2: in use, mapped blocks included; -1 without glibc). Unlike the
+// resident set, which keeps the heap's high-water mark, it falls again when
+// memory is freed: a leak is a trend in it.
+std::int64_t host_heap_bytes();
 
 // The largest absolute difference between two f32 arrays of one shape, and
 // the first element where it occurs; a NaN or infinity on one side only is an
@@ -77,7 +85,7 @@ class SoakChecks {
 
  private:
   struct MemorySample {
-    std::int64_t step, host_rss, device;
+    std::int64_t step, host_rss, host_heap, device;
   };
   struct Profile {  // one kind of memory after warm-up
     std::int64_t first = -1, least = std::numeric_limits<std::int64_t>::max(), most = -1, last = -1;
@@ -94,7 +102,7 @@ class SoakChecks {
   std::int64_t checks_ = 0, worst_step_ = 0;
   double max_o_ = 0.0, max_lse_ = 0.0;
   Sampled<MemorySample> samples_{512};
-  Profile host_, device_;
+  Profile host_, heap_, device_;
 };
 
 }  // namespace treeattn::cli

@@ -6,7 +6,8 @@
 // so the host plans the next step meanwhile. Two steps in flight (the
 // discipline vulkan.hpp documents): a frame's command buffer, staging memory
 // and timestamps are reused once its fence says the step two back is done.
-// Staging memory that is too small is replaced by one twice as large.
+// The workspace and the staging memory are sized for the run's steps reserved
+// ahead; staging memory still too small is replaced by one twice as large.
 
 #include <algorithm>
 #include <chrono>
@@ -79,7 +80,13 @@ class Buffer {
                                                       needs.size, int(r)));
     }
     check(vk.BindBufferMemory(device, buffer_, memory_, 0), what);
-    if (host_visible) check(vk.MapMemory(device, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), what);
+    if (host_visible) {
+      check(vk.MapMemory(device, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), what);
+      // Written once so that its pages are resident from the start: a driver
+      // that backs it lazily (lavapipe) would page it in as steps first reach
+      // its end, and the process would grow long after warm-up.
+      std::memset(mapped_, 0, bytes_);
+    }
   }
   ~Buffer() { release(); }
   Buffer(Buffer&& other) noexcept { *this = std::move(other); }
@@ -142,6 +149,19 @@ class VulkanRunner final : public StepRunner {
   // writes no K/V row between a step's kv_written() and its run().
   void kv_written(const std::vector<std::int64_t>& slots) override {
     written_.insert(written_.end(), slots.begin(), slots.end());
+  }
+
+  bool reserves_ahead() const noexcept override { return true; }
+
+  // The plan uploaded to the workspace into the spare command buffer, never
+  // submitted, twice (each of its two staging buffers takes it): its buffers
+  // grow as the run's uploads would grow them. And room in every frame's
+  // staging for the step's rows and Q.
+  void reserve(const Plan& plan, std::size_t written_rows) override {
+    for (int staging_buffer = 0; staging_buffer < 2; ++staging_buffer) {
+      record_once([&](VkCommandBuffer commands) { workspace_.upload(plan, commands); });
+    }
+    reserved_staging_ = std::max(reserved_staging_, align16(2 * row_bytes_ * written_rows) + q_.bytes());
   }
 
   HostTimes run(const Plan& plan, const HostArray& q, int layers) override {
@@ -330,15 +350,21 @@ class VulkanRunner final : public StepRunner {
     return Buffer(vk_, device_, memory_, bytes, host_visible, what);
   }
 
-  // Records commands into the spare command buffer, submits them and waits.
+  // Records commands into the spare command buffer.
   template <typename Record>
-  void submit_once(Record&& record) {
+  void record_once(Record&& record) {
     check(vk_.ResetCommandBuffer(once_, 0), "vkResetCommandBuffer");
     VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     check(vk_.BeginCommandBuffer(once_, &begin), "vkBeginCommandBuffer");
     record(once_);
     check(vk_.EndCommandBuffer(once_), "vkEndCommandBuffer");
+  }
+
+  // Records commands into the spare command buffer, submits them and waits.
+  template <typename Record>
+  void submit_once(Record&& record) {
+    record_once(std::forward<Record>(record));
     VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
     submit.commandBufferCount = 1;
     submit.pCommandBuffers = &once_;
@@ -412,7 +438,7 @@ class VulkanRunner final : public StepRunner {
   std::size_t stage(Frame& f, std::size_t bytes) {
     const std::size_t at = align16(f.staged);
     if (at + bytes > f.staging.bytes()) {
-      Buffer larger = device_buffer(std::max(at + bytes, 2 * f.staging.bytes()), true, "staging");
+      Buffer larger = device_buffer(std::max({at + bytes, 2 * f.staging.bytes(), reserved_staging_}), true, "staging");
       if (f.staged > 0) f.retired.push_back(std::move(f.staging));
       f.staging = std::move(larger);
     }
@@ -452,10 +478,11 @@ class VulkanRunner final : public StepRunner {
   std::uint64_t timestamp_mask_ = ~std::uint64_t(0);
   HostArray &k_host_, &v_host_;
   std::size_t row_bytes_;
+  std::size_t reserved_staging_ = 0;  // a frame's staging for the largest step reserved ahead
   Buffer k_, v_, q_, o_, lse_, readback_;
   vulkan::Workspace workspace_;
   VkCommandPool pool_ = VK_NULL_HANDLE;
-  VkCommandBuffer once_ = VK_NULL_HANDLE;  // the initial KV upload and the outputs' readback
+  VkCommandBuffer once_ = VK_NULL_HANDLE;  // the initial KV upload, the reserved plans and the outputs' readback
   VkFence once_done_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
   Frame frames_[2];

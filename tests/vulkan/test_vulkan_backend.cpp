@@ -147,6 +147,69 @@ TEST_CASE("a KV pool larger than one storage-buffer binding, split into several 
   }
 }
 
+TEST_CASE("the variants through a KV pool split into several buffers: fp8 K and V of 192 and 128 columns, sinks, soft-cap") {
+  // K rows of 2 x 192 fp8 bytes and V rows of 2 x 128: 4 KiB buffers hold 10
+  // slots of K, and the chunk table, the options after it and K's and V's own
+  // row sizes are all read.
+  Tree tree({8, 2, 192, 0.0f, 128});
+  tree.add_node_range(0, kNoParent, 0, 70);
+  tree.add_node_range(1, 0, 70, 45);
+  tree.add_node_range(2, 0, 115, 33);
+  for (std::int64_t node : {1, 2}) tree.add_query(node);
+  tree.add_query(0, 20);
+  Variant variant;
+  for (const Variant& v : all_variants()) {
+    if (std::string(v.name) == "fp8_e4m3 + sinks + soft-cap 30") variant = v;
+  }
+  REQUIRE(variant.sinks);
+  Inputs in = make_variant_inputs(tree, variant, 12);
+  BackendOptions options = variant_options(g_variant);
+  options.vk_max_chunk_bytes = 4096;
+  auto backend = make_backend(BackendKind::vulkan, options);
+  check_inputs_against_oracle(*backend, tree, in, tolerance(DType::f16), 16);
+}
+
+TEST_CASE("fp8 K and V beside bf16 Q: decoded into bf16 for the shaders, against the oracle") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 31;
+  o.nodes = 24;
+  o.queries = 30;
+  o.heads = {8, 2, 128, 0.0f};
+  const Tree tree = random_forest(o);
+  for (const Variant& variant : all_variants()) {
+    if (!is_fp8(variant.kv)) continue;
+    const std::string variant_name = variant.name;
+    CAPTURE(variant_name);
+    Inputs in = make_variant_inputs(tree, variant, 31);
+    HostArray q(DType::bf16, in.q.shape);
+    for (std::size_t i = 0; i < std::size_t(q.numel()); ++i) {
+      store_from_float(q.bytes.data(), DType::bf16, i, load_as_float(in.q.bytes.data(), DType::f16, i));
+    }
+    in.q = std::move(q);
+    check_inputs_against_oracle(*backend, tree, in, tolerance(DType::bf16));
+  }
+}
+
+TEST_CASE("a call's variants run pipelines of their own; a plain call after them runs the plain ones, bit for bit") {
+  auto backend = make_test_backend();
+  RandomForestOptions o;
+  o.seed = 21;
+  o.nodes = 30;
+  o.queries = 20;
+  o.heads = {8, 2, 64, 0.0f};
+  const Tree tree = random_forest(o);
+  Inputs plain = make_inputs(tree, DType::f16, 21, 2.0f);
+  Inputs capped = make_inputs(tree, DType::f16, 21, 2.0f);
+  capped.logit_softcap = 3.0f;
+  const Outputs before = run_backend(*backend, tree, plain, PlanOptions{});
+  const Outputs with_cap = run_backend(*backend, tree, capped, PlanOptions{});
+  const Outputs after = run_backend(*backend, tree, plain, PlanOptions{});
+  CHECK(with_cap.lse.bytes != before.lse.bytes);
+  CHECK(after.o.bytes == before.o.bytes);
+  CHECK(after.lse.bytes == before.lse.bytes);
+}
+
 TEST_CASE("work groups beyond one run of a dispatch's x: further runs along y or z, the last one partly idle") {
   // A device takes at least 65 535 work groups along a dispatch's x, and a plan
   // of many short blocks, or of many queries, needs more (lavapipe's limit; the
@@ -320,17 +383,32 @@ TEST_CASE("the coopmat shaders' stages: 32 tokens where they fit the shared memo
   // second stage (fragments) or four subgroups' S and P columns (512 bytes).
   vulkan::DeviceCaps nvidia;
   nvidia.shared_memory_bytes = 48 * 1024;
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 64, true) == 32);
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, true) == 32);  // 37 888 bytes
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, true) == 16);  // 36 864 (70 656 at 32)
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, false) == 32);
-  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, false) == 16);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 64, 64, true) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, 128, true) == 32);  // 37 888 bytes
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, 256, true) == 16);  // 36 864 (70 656 at 32)
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 128, 128, false) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 256, 256, false) == 16);
   vulkan::DeviceCaps least;  // the least shared memory a coopmat device has (coopmat_unsupported)
   least.shared_memory_bytes = 32 * 1024;
-  CHECK(vulkan::coopmat_chunk_tokens(least, 64, true) == 32);
-  CHECK(vulkan::coopmat_chunk_tokens(least, 128, true) == 16);
-  CHECK(vulkan::coopmat_chunk_tokens(least, 256, true) == 0);  // the backend runs the shared-memory shader
-  CHECK(vulkan::coopmat_chunk_tokens(least, 256, false) == 16);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 64, 64, true) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 128, 128, true) == 16);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 256, 256, true) == 0);  // the backend runs the shared-memory shader
+  CHECK(vulkan::coopmat_chunk_tokens(least, 256, 256, false) == 16);
+  // K and V rows of their own widths: 192 / 128 (46 080 bytes at 32) and 96.
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 192, 128, true) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(nvidia, 96, 96, true) == 32);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 192, 128, true) == 16);
+  CHECK(vulkan::coopmat_chunk_tokens(least, 192, 128, false) == 16);
+}
+
+TEST_CASE("the merge's threads: two or more of a row's columns each, 32 of them, or 48 for 96 columns") {
+  for (int columns : {64, 96, 128, 256}) {
+    CAPTURE(columns);
+    const std::uint32_t threads = vulkan::merge_threads(columns);
+    CHECK(std::uint32_t(columns) % threads == 0);
+    CHECK(std::uint32_t(columns) / threads % 2 == 0);  // its stores write column pairs
+    CHECK(threads == (columns == 96 ? 48u : 32u));
+  }
 }
 
 TEST_CASE("the shaders' plan encoding: each pass row's tile words hold exactly the tokens its query sees") {

@@ -12,6 +12,7 @@
 #include "../backends/vulkan/vulkan_backend.hpp"
 #include <cstring>
 
+#include "support/app_vulkan_device.hpp"
 #include "support/c_replay.hpp"
 #include "support/c_tensor.hpp"
 #include "support/conformance.hpp"
@@ -40,6 +41,32 @@ vulkan::DeviceCaps full_caps() {
   return c;
 }
 
+// Host arrays copied into device-local buffers of `device` by one staging
+// buffer: record() records the copies, address(i) is array i's for the C API.
+struct DeviceArrays {
+  DeviceArrays(const vulkan::Device& device, const std::vector<const HostArray*>& arrays) {
+    std::size_t total = 0;
+    for (const HostArray* a : arrays) total += a->bytes.size();
+    staging = vulkan::Buffer(device, total, vulkan::Buffer::Kind::staging);
+    auto* host = static_cast<unsigned char*>(staging.mapped());
+    for (const HostArray* a : arrays) {
+      buffers.emplace_back(device, a->bytes.size(), vulkan::Buffer::Kind::device_local);
+      std::memcpy(host + used, a->bytes.data(), a->bytes.size());
+      offsets.push_back(used);
+      used += a->bytes.size();
+    }
+  }
+  void record(vulkan::CommandSequence& sequence) {
+    for (std::size_t i = 0; i < buffers.size(); ++i) sequence.copy(staging, buffers[i], buffers[i].bytes(), offsets[i]);
+  }
+  void* address(std::size_t i) const { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(buffers[i].address())); }
+
+  vulkan::Buffer staging;
+  std::vector<vulkan::Buffer> buffers;
+  std::vector<std::size_t> offsets;
+  std::size_t used = 0;
+};
+
 }  // namespace
 
 TEST_CASE("an application's device: only the features it enabled count, from core or extension structs") {
@@ -61,7 +88,7 @@ TEST_CASE("an application's device: only the features it enabled count, from cor
   const vulkan::DeviceCaps no_extension = vulkan::enabled_caps(caps, &chain.features, nullptr, 0);
   CHECK(no_extension.scalar_unsupported().empty());
   CHECK(no_extension.coopmat_unsupported(false) == "no VK_KHR_cooperative_matrix");
-  CHECK(vulkan::choose_variant(no_extension, "auto", DType::f16, true, 128) == vulkan::Variant::scalar);
+  CHECK(vulkan::choose_variant(no_extension, "auto", DType::f16, true, 128, 128) == vulkan::Variant::scalar);
 
   // The Vulkan 1.1/1.2 features given as their extension structs count the same.
   VkPhysicalDeviceFeatures2 core{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
@@ -146,24 +173,6 @@ TEST_CASE("a workspace's errors: record before upload, tensors that do not match
 
 namespace {
 
-// A treeattn_vulkan_device for a device treeattn opened, standing in for the application's.
-struct AppDevice {
-  explicit AppDevice(const vulkan::Context& own) : enabled(state_of(own).device->caps()) {
-    app.struct_size = sizeof app;
-    app.instance = state_of(own).instance->handle();
-    app.physical_device = own.physical_device();
-    app.device = own.device();
-    app.queue_family = own.queue_family();
-    app.queue = own.queue();
-    app.get_instance_proc_addr = vkGetInstanceProcAddr;
-    app.enabled_features = &enabled.features;
-    app.enabled_extensions = enabled.extensions.data();
-    app.enabled_extension_count = std::uint32_t(enabled.extensions.size());
-  }
-  vulkan::FeatureChain enabled;
-  treeattn_vulkan_device app{};
-};
-
 void* address_of(const vulkan::Buffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.address())); }
 
 }  // namespace
@@ -171,7 +180,7 @@ void* address_of(const vulkan::Buffer& b) { return reinterpret_cast<void*>(stati
 TEST_CASE("the C API's planner on an application's Vulkan device: a decode replay recorded step by step") {
   const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
   const vulkan::Device& device = *state_of(own).device;
-  AppDevice app(own);
+  test::AppDevice app(own);
   treeattn_context* context = nullptr;
   REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app.app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
   // Each call: the inputs copied up, treeattn_enqueue recorded between barriers, O and LSE read back.
@@ -217,7 +226,7 @@ TEST_CASE("the C API's planner on an application's Vulkan device: a decode repla
 TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records by buffer address into its command buffer") {
   const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
   const vulkan::Device& device = *state_of(own).device;
-  AppDevice app(own);
+  test::AppDevice app(own);
   treeattn_context* context = nullptr;
   REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app.app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
   CHECK(std::string(treeattn_context_backend(context)) == "vulkan");
@@ -239,41 +248,97 @@ TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records
   same.add_query(1);
   same.add_query(2, 5);
   test::Inputs in = test::make_inputs(same, DType::f16, 3);
-  vulkan::Buffer q(device, in.q.bytes.size(), vulkan::Buffer::Kind::device_local);
-  vulkan::Buffer k(device, in.k.bytes.size(), vulkan::Buffer::Kind::device_local);
-  vulkan::Buffer v(device, in.v.bytes.size(), vulkan::Buffer::Kind::device_local);
+  DeviceArrays arrays(device, {&in.q, &in.k, &in.v});
   vulkan::Buffer o(device, 2 * 8 * 64 * 4, vulkan::Buffer::Kind::device_local);
-  vulkan::Buffer staging(device, in.q.bytes.size() + in.k.bytes.size() + in.v.bytes.size(), vulkan::Buffer::Kind::staging);
-  auto* host = static_cast<unsigned char*>(staging.mapped());
-  std::memcpy(host, in.q.bytes.data(), in.q.bytes.size());
-  std::memcpy(host + in.q.bytes.size(), in.k.bytes.data(), in.k.bytes.size());
-  std::memcpy(host + in.q.bytes.size() + in.k.bytes.size(), in.v.bytes.data(), in.v.bytes.size());
-  auto at = [](const vulkan::Buffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.address())); };
-  const treeattn_tensor tq = test::c_tensor(at(q), TREEATTN_DTYPE_F16, 3, 2, 8, 64);
-  const treeattn_tensor tk = test::c_tensor(at(k), TREEATTN_DTYPE_F16, 3, in.k.shape[0], 2, 64);
-  const treeattn_tensor tv = test::c_tensor(at(v), TREEATTN_DTYPE_F16, 3, in.v.shape[0], 2, 64);
-  const treeattn_tensor to = test::c_tensor(at(o), TREEATTN_DTYPE_F32, 3, 2, 8, 64);
+  vulkan::Buffer readback(device, o.bytes(), vulkan::Buffer::Kind::staging);
+  const treeattn_tensor tq = test::c_tensor(arrays.address(0), TREEATTN_DTYPE_F16, 3, 2, 8, 64);
+  const treeattn_tensor tk = test::c_tensor(arrays.address(1), TREEATTN_DTYPE_F16, 3, in.k.shape[0], 2, 64);
+  const treeattn_tensor tv = test::c_tensor(arrays.address(2), TREEATTN_DTYPE_F16, 3, in.v.shape[0], 2, 64);
+  const treeattn_tensor to = test::c_tensor(reinterpret_cast<void*>(static_cast<std::uintptr_t>(o.address())),
+                                            TREEATTN_DTYPE_F32, 3, 2, 8, 64);
 
   vulkan::CommandSequence sequence(device);
   sequence.begin();
-  sequence.copy(staging, q, in.q.bytes.size(), 0);
-  sequence.copy(staging, k, in.k.bytes.size(), in.q.bytes.size());
-  sequence.copy(staging, v, in.v.bytes.size(), in.q.bytes.size() + in.k.bytes.size());
+  arrays.record(sequence);
   sequence.barrier();
   REQUIRE_MESSAGE(treeattn_enqueue(context, plan, &tq, &tk, &tv, &to, nullptr, sequence.handle()) == TREEATTN_OK,
                   treeattn_last_error());
   sequence.barrier();
-  sequence.copy(o, staging, o.bytes());
+  sequence.copy(o, readback, o.bytes());
   sequence.end();
   sequence.submit_and_wait();
   HostArray got(DType::f32, {2, 8, 64});
-  std::memcpy(got.bytes.data(), staging.mapped(), got.bytes.size());
+  std::memcpy(got.bytes.data(), readback.mapped(), got.bytes.size());
   const test::OracleResult want = test::oracle_attention(same, in.q.view(), in.k.view(), in.v.view());
   CHECK(test::max_abs_error(got.view(), want.o) <= test::tolerance(DType::f16));
 
   treeattn_tensor host_q = tq;
   CHECK(treeattn_run(context, plan, &host_q, &tk, &tv, &to, nullptr) == TREEATTN_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(treeattn_last_error()).find("records into its command buffers only") != std::string::npos);
+  treeattn_plan_destroy(plan);
+  treeattn_tree_destroy(tree);
+  treeattn_context_destroy(context);
+}
+
+TEST_CASE("treeattn_enqueue_with on an application's Vulkan device: fp8 K and V, per-head scales, sinks and soft-cap in its buffers") {
+  const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
+  const vulkan::Device& device = *state_of(own).device;
+  test::AppDevice app(own);
+  treeattn_context* context = nullptr;
+  REQUIRE_MESSAGE(treeattn_context_create_vulkan(&app.app, nullptr, &context) == TREEATTN_OK, treeattn_last_error());
+  treeattn_tree* tree = nullptr;
+  REQUIRE(treeattn_tree_create(8, 2, 64, 0.0f, &tree) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, 0, -1, 0, 200) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_node_range(tree, 1, 0, 200, 9) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(tree, 1, -1) == TREEATTN_OK);
+  REQUIRE(treeattn_tree_add_query(tree, 0, 3) == TREEATTN_OK);
+  treeattn_plan* plan = nullptr;
+  REQUIRE(treeattn_plan_create(context, tree, nullptr, &plan) == TREEATTN_OK);
+  Tree same({8, 2, 64});
+  same.add_node_range(0, kNoParent, 0, 200);
+  same.add_node_range(1, 0, 200, 9);
+  same.add_query(1);
+  same.add_query(0, 3);
+
+  test::Variant variant;
+  for (const test::Variant& v : test::all_variants()) {
+    if (std::string(v.name) == "fp8_e4m3 + sinks + soft-cap 30") variant = v;
+  }
+  REQUIRE(variant.per_head_scales);
+  test::Inputs in = test::make_variant_inputs(same, variant, 4);
+  DeviceArrays arrays(device, {&in.q, &in.k, &in.v, &in.sinks, &in.k_scales, &in.v_scales});
+  vulkan::Buffer o(device, 2 * 8 * 64 * 2, vulkan::Buffer::Kind::device_local);
+  vulkan::Buffer readback(device, o.bytes(), vulkan::Buffer::Kind::staging);
+  const treeattn_tensor tq = test::c_tensor(arrays.address(0), TREEATTN_DTYPE_F16, 3, 2, 8, 64);
+  const treeattn_tensor tk = test::c_tensor(arrays.address(1), TREEATTN_DTYPE_FP8_E4M3, 3, in.k.shape[0], 2, 64);
+  const treeattn_tensor tv = test::c_tensor(arrays.address(2), TREEATTN_DTYPE_FP8_E4M3, 3, in.v.shape[0], 2, 64);
+  const treeattn_tensor sinks = test::c_tensor(arrays.address(3), TREEATTN_DTYPE_F32, 1, 8);
+  const treeattn_tensor k_scales = test::c_tensor(arrays.address(4), TREEATTN_DTYPE_F32, 1, 2);
+  const treeattn_tensor v_scales = test::c_tensor(arrays.address(5), TREEATTN_DTYPE_F32, 1, 2);
+  const treeattn_tensor to = test::c_tensor(reinterpret_cast<void*>(static_cast<std::uintptr_t>(o.address())),
+                                            TREEATTN_DTYPE_F16, 3, 2, 8, 64);
+  treeattn_attention_options options;
+  treeattn_attention_options_init(&options);
+  options.logit_softcap = in.logit_softcap;
+  options.sinks = &sinks;
+  options.k_scales = &k_scales;
+  options.v_scales = &v_scales;
+
+  vulkan::CommandSequence sequence(device);
+  sequence.begin();
+  arrays.record(sequence);
+  sequence.barrier();
+  REQUIRE_MESSAGE(treeattn_enqueue_with(context, plan, &tq, &tk, &tv, &to, nullptr, &options, sequence.handle()) ==
+                      TREEATTN_OK,
+                  treeattn_last_error());
+  sequence.barrier();
+  sequence.copy(o, readback, o.bytes());
+  sequence.end();
+  sequence.submit_and_wait();
+  HostArray got(DType::f16, {2, 8, 64});
+  std::memcpy(got.bytes.data(), readback.mapped(), got.bytes.size());
+  const test::OracleResult want = test::oracle_attention(same, in.q.view(), in.k.view(), in.v.view(), in.options());
+  CHECK(test::max_abs_error(got.view(), want.o) <= test::tolerance(DType::f16));
   treeattn_plan_destroy(plan);
   treeattn_tree_destroy(tree);
   treeattn_context_destroy(context);

@@ -144,7 +144,10 @@ class Workspace {
   // kernel of two uploads back has not finished reading the buffer it fills,
   // which it then waits for. Throws InvalidArgument when the plan's
   // heads differ from the limits', InvalidPlan (graph-stable) naming the count
-  // that exceeds the limits. Call it outside any graph capture.
+  // that exceeds the limits, OutOfMemory when a growing workspace cannot
+  // allocate, Backend for another CUDA error; after any of them the workspace
+  // holds no plan: enqueue() refuses until an upload succeeds. Call it outside
+  // any graph capture.
   void upload(const Plan& plan, Stream stream);
 
   // Enqueues stage 1 and the merge of the last uploaded plan on `stream`;

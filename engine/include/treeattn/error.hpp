@@ -13,6 +13,7 @@ enum class ErrorCategory {
   InvalidPlan,      // a Plan whose arrays are inconsistent (a bug, or a hand-edited plan)
   Io,               // files: JSON, .npy, output paths
   Backend,          // a backend that is missing, unavailable or failed
+  OutOfMemory,      // the device's memory or its pinned host memory ran out (host allocations throw std::bad_alloc)
 };
 
 const char* to_string(ErrorCategory category) noexcept;

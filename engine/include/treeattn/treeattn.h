@@ -65,7 +65,7 @@ typedef enum treeattn_status {
   TREEATTN_ERROR_INVALID_PLAN,      /* a plan that does not fit what it is used with */
   TREEATTN_ERROR_IO,                /* files */
   TREEATTN_ERROR_BACKEND,           /* a backend missing, unavailable or failing (no device, a driver error) */
-  TREEATTN_ERROR_OUT_OF_MEMORY,
+  TREEATTN_ERROR_OUT_OF_MEMORY,     /* host, device or pinned memory ran out (a driver's allocation failure) */
   TREEATTN_ERROR_INTERNAL
 } treeattn_status;
 

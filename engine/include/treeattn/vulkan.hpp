@@ -179,7 +179,10 @@ class Workspace {
 
   // Encodes `plan` on the host into the next staging buffer and records its
   // copy into `commands` (grows the workspace first where the plan needs more;
-  // builds the pipelines of its head_dim the first time).
+  // builds the pipelines of its head_dim the first time). Where it throws
+  // (OutOfMemory when an allocation fails, Backend for another driver error),
+  // the buffers that commands recorded earlier read stay, and the workspace
+  // holds no plan: record() refuses until an upload succeeds.
   void upload(const Plan& plan, VkCommandBuffer commands);
   // Records one attention call of the last uploaded plan. Allocates no device
   // memory (a K/V pair seen for the first time in a step takes an entry of a

@@ -110,7 +110,7 @@ std::string unsupported_variant(const HeadConfig& heads, const AttentionOptions&
 namespace {
 
 void refuse_unsupported(const std::string& variant, const char* backend) {
-  if (!variant.empty()) fail(ErrorCategory::InvalidArgument, "{} is not supported by the {} backend yet", variant, backend);
+  if (!variant.empty()) fail(ErrorCategory::InvalidArgument, "{} is not supported by the {} backend", variant, backend);
 }
 
 // An options tensor of one f32 per head (sinks: query heads; scales: KV heads), dense.

@@ -121,7 +121,7 @@ Inputs make_variant_inputs(const Tree& tree, const Variant& variant, std::uint64
 bool runs_variant(Backend& backend, const Tree& tree, Inputs& in) {
   const std::string variant = unsupported_variant(tree.heads, in.options(), in.k.dtype, backend.variants());
   if (variant.empty()) return true;
-  const std::string skipped = "skipped on the " + std::string(backend.name()) + " backend, which does not run " + variant + " yet";
+  const std::string skipped = "skipped on the " + std::string(backend.name()) + " backend, which does not run " + variant;
   MESSAGE(skipped);
   const std::int64_t nq = std::int64_t(tree.query_count());
   HostArray o(DType::f32, {nq, tree.heads.heads_q, tree.heads.value_dim()});

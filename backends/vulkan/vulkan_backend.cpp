@@ -14,11 +14,18 @@ namespace {
 
 std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-void check_supported(const Plan& plan, const AttentionArgs& args) {
+// check_args, then what the shaders lack: f32 inputs (no f32 stage-1 shader;
+// fp8 K and V come with f16 or bf16 Q, which check_args enforces).
+void check_inputs(const Plan& plan, const AttentionArgs& args) {
   check_args(plan, args, kAttentionVariants, kBackendName);
   if (args.q.dtype == DType::f32) {
     throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
   }
+}
+
+// check_inputs, and dense Q, K, V and O: the shaders read rows that are a row apart.
+void check_supported(const Plan& plan, const AttentionArgs& args) {
+  check_inputs(plan, args);
   if (!args.q.dense() || !args.k.dense() || !args.v.dense() || !args.o.dense()) {
     throw Error(ErrorCategory::InvalidArgument,
                 fmt::format("Vulkan backend: Q, K, V and O must be dense (got Q {}, K {}, V {}, O {})", describe(args.q),
@@ -106,10 +113,7 @@ void VulkanBackend::upload_if_new(const Plan& plan, DType inputs, VkCommandBuffe
 
 void VulkanBackend::enqueue(const Plan& plan, const AttentionArgs& a, void* stream) {
   if (stream == nullptr) throw Error(ErrorCategory::InvalidArgument, "enqueue: the VkCommandBuffer is null");
-  check_args(plan, a, kAttentionVariants, kBackendName);
-  if (a.q.dtype == DType::f32) {
-    throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
-  }
+  check_inputs(plan, a);
   const auto commands = static_cast<VkCommandBuffer>(stream);
   upload_if_new(plan, a.q.dtype, commands);
   state_of(workspace(a.q.dtype)).record_addresses(commands, a);

@@ -1,6 +1,7 @@
 // treeattn run: tree JSON + Q/K/V .npy -> O (and LSE) .npy
 
 #include <memory>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -25,6 +26,14 @@ struct RunOptions {
 void run(const RunOptions& o) {
   const Tree tree = load_tree_json(o.tree);
   HostArray q = read_npy(o.q), k = read_npy(o.k, o.attention.fp8()), v = read_npy(o.v, o.attention.fp8());
+  // --kv-dtype names the kind of the files' fp8 codes: files of another dtype would run without it, the flag unused.
+  for (const auto& [path, kv] : {std::pair{&o.k, &k}, std::pair{&o.v, &v}}) {
+    if (o.attention.fp8() && kv->dtype != *o.attention.fp8()) {
+      throw Error(ErrorCategory::InvalidArgument,
+                  fmt::format("{}: --kv-dtype {} needs fp8 codes ('|u1'), the file holds {}", *path,
+                              o.attention.kv_dtype, to_string(kv->dtype)));
+    }
+  }
   if (k.shape.size() != 3) {
     throw Error(ErrorCategory::InvalidArgument,
                 fmt::format("{}: K is {}, expected [slots, heads_kv, head_dim]", o.k, describe(k.view())));

@@ -667,6 +667,21 @@ TEST_CASE("--kv-dtype, --softcap and --sinks: demo's step equals `run` with them
   CHECK(test::max_abs_error(read_npy(dir / "o_run.npy").view(), want.o) < 2e-3);
   CHECK(test::max_abs_error(read_npy(dir / "lse_run.npy").view(), want.lse) < 2e-3);
 
+  // --kv-dtype with K and V files of f16 (the same values): refused naming the file, not run as f16 with the flag unused.
+  HostArray k16(DType::f16, k.shape), v16(DType::f16, v.shape);
+  for (std::size_t i = 0; i < std::size_t(k.numel()); ++i) {
+    store_from_float(k16.bytes.data(), DType::f16, i, load_as_float(k.bytes.data(), k.dtype, i));
+    store_from_float(v16.bytes.data(), DType::f16, i, load_as_float(v.bytes.data(), v.dtype, i));
+  }
+  write_npy(dir / "k16.npy", k16.view());
+  write_npy(dir / "v16.npy", v16.view());
+  const std::string run16 = "run --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k16.npy") +
+                            " --v " + (dir / "v16.npy") + " --out " + (dir / "o16.npy");
+  CHECK(cli(run16, true).status == 0);
+  r = cli(run16 + " --kv-dtype fp8_e4m3", true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("k16.npy: --kv-dtype fp8_e4m3 needs fp8 codes ('|u1'), the file holds f16") != std::string::npos);
+
   // Without the flags the same files are refused (fp8 codes need their kind), and a short sinks file is named.
   r = cli(run, true);
   CHECK(r.status == 1);

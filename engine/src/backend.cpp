@@ -124,7 +124,7 @@ void expect_per_head(const char* name, const TensorRef& t, std::int64_t heads, c
 void check_dtypes(const AttentionArgs& a) {
   if (is_fp8(a.k.dtype) || is_fp8(a.v.dtype)) {
     if (a.k.dtype != a.v.dtype) {
-      fail(ErrorCategory::InvalidArgument, "fp8 K needs V of the same fp8 kind, got K {} and V {}", to_string(a.k.dtype),
+      fail(ErrorCategory::InvalidArgument, "K and V must both be fp8 of one kind, got K {} and V {}", to_string(a.k.dtype),
            to_string(a.v.dtype));
     }
     if (a.q.dtype != DType::f16 && a.q.dtype != DType::bf16) {

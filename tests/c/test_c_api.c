@@ -233,7 +233,7 @@ static void test_variants(treeattn_context* context, const treeattn_plan* plan, 
               "V is [32, 2, 64] f16");
   const treeattn_tensor e5m2_v = tensor(v8, TREEATTN_DTYPE_FP8_E5M2, 3, SLOTS, HKV, D);
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &e5m2_v, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
-              "fp8 K needs V of the same fp8 kind, got K fp8_e4m3 and V fp8_e5m2");
+              "K and V must both be fp8 of one kind, got K fp8_e4m3 and V fp8_e5m2");
   options.struct_size = 5;
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
               "treeattn_attention_options.struct_size is 5");

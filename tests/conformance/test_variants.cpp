@@ -157,8 +157,9 @@ TEST_CASE("variants: options and dtypes that do not fit the call are rejected by
   AttentionOptions negative_cap;
   negative_cap.logit_softcap = -1.0f;
   expect_refused(with(negative_cap, k.view(), k.view()), "logit_softcap = -1 must be finite and not negative");
-  expect_refused(with({}, k8.view(), k.view()), "fp8 K needs V of the same fp8 kind, got K fp8_e4m3 and V f16");
-  expect_refused(with({}, k8.view(), v8.view()), "fp8 K needs V of the same fp8 kind, got K fp8_e4m3 and V fp8_e5m2");
+  expect_refused(with({}, k8.view(), k.view()), "K and V must both be fp8 of one kind, got K fp8_e4m3 and V f16");
+  expect_refused(with({}, k.view(), k8.view()), "K and V must both be fp8 of one kind, got K f16 and V fp8_e4m3");
+  expect_refused(with({}, k8.view(), v8.view()), "K and V must both be fp8 of one kind, got K fp8_e4m3 and V fp8_e5m2");
   expect_refused(AttentionArgs{q32.view(), k8.view(), k8.view(), o.view(), {}, {}}, "Q must be f16 or bf16 with fp8_e4m3 K and V");
   AttentionOptions f16_scaled;
   f16_scaled.k_scale = 0.5f;

@@ -20,7 +20,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const BackendOptions& options);
   ~CudaBackend() override;
 
-  const char* name() const noexcept override { return "cuda"; }
+  const char* name() const noexcept override { return kBackendName; }
   VariantSupport variants() const noexcept override { return kAttentionVariants; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   void upload(const Plan& plan, void* stream) override;

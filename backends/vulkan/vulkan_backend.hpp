@@ -27,7 +27,7 @@ class VulkanBackend final : public Backend {
   // runs the shaders; null when there is no loader, no device, or only a CPU one.
   static std::unique_ptr<Backend> make_for_gpu(const BackendOptions& options);
 
-  const char* name() const noexcept override { return "vulkan"; }
+  const char* name() const noexcept override { return kBackendName; }
   VariantSupport variants() const noexcept override { return kAttentionVariants; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   // `stream` is the VkCommandBuffer being recorded; tensors are buffer device addresses

@@ -289,6 +289,8 @@ def main():
     parser.add_argument("--logprob-tolerance", type=float, default=1e-3,
                         help="largest log-probability difference accepted before a request's tokens part")
     parser.add_argument("--fp8", action="store_true", help="also decode Llama in float16 with an fp8 e4m3 KV cache")
+    parser.add_argument("--fp8-kernel-tolerance", type=float, default=1e-2,
+                        help="largest log-probability difference of the fp8 decode from float16 K/V rounded through e4m3")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -316,6 +318,7 @@ def main():
                                                                 "attention_seconds", "tokens_per_second")}), flush=True)
     if args.fp8:
         results["fp8"] = compare_fp8(args, prompt, suffixes)
+        ok &= results["fp8"]["against_rounded_kv"]["max_logprob_difference"] <= args.fp8_kernel_tolerance
         print("fp8", json.dumps(results["fp8"]), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -2,29 +2,36 @@
 prefix with the same logits as transformers' sdpa with the tree as a mask, and
 decodes through continuous batching the same greedy tokens, with the same
 log-probabilities, as transformers' own paged attention, on prompts that share
-their cache blocks. Needs torch and transformers (the GPU machine has both; the
-tree test runs on the CPU too); skips saying why where they are missing."""
+their cache blocks. Llama 3, Qwen3, Gemma 2, gpt-oss and DeepSeek-V3, built at
+small sizes through transformers' classes, decode a shared prompt's requests with
+treeattn (continuous batching or the tree path) as with transformers' own
+attention, on the CPU. Needs torch and transformers (and psutil, which continuous
+batching reads the CPU's memory with); skips saying why where they are missing."""
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: transformers integration not tested")
 pytest.importorskip("transformers", reason="transformers is not installed: its integration not tested")
+import argparse
+import importlib
+import importlib.util
 import pathlib
 import subprocess
 import sys
 
 import treeattn.transformers_paged
+import treeattn.transformers_tree
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python"
+needs_psutil = pytest.mark.skipif(importlib.util.find_spec("psutil") is None,
+                                  reason="psutil is not installed: continuous batching cannot size its cache on the CPU")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device: continuous batching sizes its cache from GPU memory")
 
 
-def load_example():
+def load_example(name="transformers_generate"):
     sys.path.insert(0, str(EXAMPLES))
-    import transformers_generate
-
-    return transformers_generate
+    return importlib.import_module(name)
 
 
 def test_a_medusa_tree_scores_as_sdpa_with_the_tree_as_mask():
@@ -90,3 +97,71 @@ def test_a_plain_forward_is_refused():
         treeattn.transformers_paged.paged_attention(None, None, None, None)
     with pytest.raises(ValueError, match="needs transformers' paged cache"):
         treeattn.transformers_paged.head_split_attention(None, None, None, None)
+
+
+def small_run():
+    """The five-architecture script's arguments at a CPU's size: a 200-token prompt
+    (past gpt-oss's 128-token window and the 64-token Gemma 2 window used here), three
+    requests, six tokens each."""
+    example = load_example("transformers_models")
+    args = argparse.Namespace(device="cpu", small=True, layers=2, vocab=None, gemma2_window=64, block_size=32,
+                              new_tokens=6, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(1, 2000, (200,), generator=generator).tolist()
+    suffixes = [torch.randint(1, 2000, (4,), generator=generator).tolist() for _ in range(3)]
+    treeattn.transformers_paged.register()
+    treeattn.transformers_tree.register()
+    return example, args, prompt, suffixes
+
+
+@needs_psutil
+@pytest.mark.parametrize("architecture", ["llama3", "qwen3", "gemma2", "gpt-oss", "deepseek-v3"])
+def test_each_architecture_decodes_as_transformers_own_attention(architecture):
+    """float32, CPU: greedy tokens identical to transformers' default attention and
+    log-probabilities within 1e-3, on distributions far from saturated (a dropped
+    soft-cap, window or sink moves them by 0.03 to 1.2 at this size)."""
+    example, args, prompt, suffixes = small_run()
+    result = example.compare_architecture(args, architecture, torch.float32, prompt, suffixes)
+    assert result["path"] == ("paged|treeattn" if architecture in example.PAGED else "treeattn_tree")
+    assert result["tokens_identical"], result["first_difference"]
+    assert result["max_logprob_difference"] <= 1e-3
+    assert result["distinct_tokens"] > 3 and result["mean_logprob"] < -0.5
+
+
+@needs_psutil
+def test_an_fp8_cache_decodes_as_float16_rows_rounded_through_e4m3():
+    example, args, prompt, suffixes = small_run()
+    result = example.compare_fp8(args, prompt, suffixes)
+    assert result["against_rounded_kv"]["tokens_identical"]
+    assert result["against_rounded_kv"]["max_logprob_difference"] <= 1e-2
+
+
+def test_a_layer_whose_keys_are_not_the_paged_caches_rows_is_refused():
+    """DeepSeek-V3's paged cache would hold latents: its 192-wide keys and 128-wide
+    values do not fit the cache's rows, and the error names the layer and the tree path."""
+
+    class Module:
+        layer_idx, scaling = 1, 0.1
+
+    class Cache:
+        layer_index_to_group_indices, sliding_windows, block_size = {1: (0, 0)}, {1: 1}, 16
+        key_cache = value_cache = [torch.zeros(32, 1, 64)]
+
+    query, key, value = torch.zeros(1, 4, 1, 192), torch.zeros(1, 4, 1, 192), torch.zeros(1, 4, 1, 128)
+    step = {"read_index": [torch.arange(1)], "write_index": [torch.arange(1)]}
+    with pytest.raises(ValueError, match="layer 1 has keys of head dim 192 and values of 128.*transformers_tree"):
+        treeattn.transformers_paged._attend(Module(), query, key, value, Cache(), torch.tensor([0, 1]),
+                                            torch.tensor([0, 1]), step, "flatten", None, 0, 1)
+
+
+def test_a_cache_that_dropped_rows_cannot_hold_a_tree():
+    class Module:
+        scaling = 0.1
+
+    packed = treeattn.transformers_tree.PackedRequests([list(range(10)), [0, 1, 2, 10]], [2, 1])
+    assert packed.position_ids().tolist() == [[8, 9, 3]]
+    query, kv = torch.zeros(1, 2, 3, 64), torch.zeros(1, 1, 8, 64)  # 8 rows kept, as a sliding layer's cache
+    with pytest.raises(ValueError, match="3 queries on 11 rows"):
+        treeattn.transformers_tree.tree_attention(Module(), query, kv, kv, token_tree=packed)
+    with pytest.raises(ValueError, match="request 1: 5 new tokens but 4 rows"):
+        treeattn.transformers_tree.PackedRequests([list(range(10)), [0, 1, 2, 10]], [2, 5])

@@ -105,7 +105,7 @@ def small_run():
     requests, six tokens each."""
     example = load_example("transformers_models")
     args = argparse.Namespace(device="cpu", small=True, layers=2, vocab=None, gemma2_window=64, block_size=32,
-                              new_tokens=6, seed=0)
+                              new_tokens=6, seed=0, path="auto")
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(1, 2000, (200,), generator=generator).tolist()
     suffixes = [torch.randint(1, 2000, (4,), generator=generator).tolist() for _ in range(3)]
@@ -126,6 +126,17 @@ def test_each_architecture_decodes_as_transformers_own_attention(architecture):
     assert result["tokens_identical"], result["first_difference"]
     assert result["max_logprob_difference"] <= 1e-3
     assert result["distinct_tokens"] > 3 and result["mean_logprob"] < -0.5
+
+
+@pytest.mark.parametrize("architecture", ["llama3", "gpt-oss"])
+def test_the_tree_path_decodes_a_paged_architecture_as_transformers_own_attention(architecture):
+    """gpt-oss's sinks and windows on the tree path too (against its eager attention
+    on the requests as a batch), and Llama's plain attention."""
+    example, args, prompt, suffixes = small_run()
+    args.path = "tree"
+    result = example.compare_architecture(args, architecture, torch.float32, prompt, suffixes)
+    assert result["path"] == "treeattn_tree" and result["tokens_identical"], result["first_difference"]
+    assert result["max_logprob_difference"] <= 1e-3 and result["mean_logprob"] < -0.5
 
 
 @needs_psutil
@@ -165,3 +176,28 @@ def test_a_cache_that_dropped_rows_cannot_hold_a_tree():
         treeattn.transformers_tree.tree_attention(Module(), query, kv, kv, token_tree=packed)
     with pytest.raises(ValueError, match="request 1: 5 new tokens but 4 rows"):
         treeattn.transformers_tree.PackedRequests([list(range(10)), [0, 1, 2, 10]], [2, 5])
+
+
+@needs_psutil
+@pytest.mark.parametrize("architecture,left_out", [("gemma2", "softcap"), ("gemma2", "sliding_window"),
+                                                   ("gpt-oss", "s_aux")])
+def test_leaving_a_feature_out_moves_the_log_probabilities(architecture, left_out, monkeypatch):
+    """At these sizes each feature matters: the same decode with the
+    feature dropped from what transformers passes parts from the reference by far more
+    than the 1e-3 the full decode keeps to."""
+    example, args, prompt, suffixes = small_run()
+    path = treeattn.transformers_paged if architecture in example.PAGED else treeattn.transformers_tree
+    function = path.paged_attention if path is treeattn.transformers_paged else path.tree_attention
+
+    def without(*arguments, **kwargs):
+        kwargs.pop(left_out, None)
+        return function(*arguments, **kwargs)
+
+    monkeypatch.setattr(path, "paged_attention" if path is treeattn.transformers_paged else "tree_attention", without)
+    path.register()
+    try:
+        result = example.compare_architecture(args, architecture, torch.float32, prompt, suffixes)
+    finally:
+        monkeypatch.undo()
+        path.register()
+    assert result["max_logprob_difference"] > 1e-2 or not result["tokens_identical"]

@@ -11,7 +11,8 @@ same cache blocks. Each forward pass turns the cache's read indices into one tre
 requests whose rows begin alike share those nodes, and each new token is a query
 that sees its request's rows up to itself. The tree is planned once per distinct
 sliding window per forward pass (a model alternating windowed and full layers
-plans twice), and every layer runs its window's plan on its own cache tensors.
+plans twice; full layers once per cache group, whose blocks are their own), and
+every layer runs its window's plan on its own cache tensors.
 Full-attention layers write the new keys and values into the cache first, as
 transformers' own paged implementations do, and read it in place; sliding layers
 read the window's rows that transformers' cache gathers. The layer's `scaling`,
@@ -81,7 +82,7 @@ def _cache_tensors(cache, in_group, kv_dtype):
 
 def _layer_rows(module, key, value, cache, cu_seq_lens_k, kwargs, kv_dtype=None):
     """The rows this layer's attention reads: (K rows, V rows, the packed batch's row
-    of every request's tokens, its cu_seq_lens_k, the window). A full-attention layer
+    of every request's tokens, its cu_seq_lens_k, the window, the plan's key). A full-attention layer
     writes its new keys and values into the cache first, as transformers' own paged
     implementations do, and reads the cache in place (rows of the whole pool,
     strided). A sliding layer's cache is a ring of the last `window` rows that the
@@ -106,7 +107,7 @@ def _layer_rows(module, key, value, cache, cu_seq_lens_k, kwargs, kv_dtype=None)
     if kind == "sliding_attention":
         k, v = cache.update(key, value, module.layer_idx, kwargs["read_index"], kwargs["write_index"])
         k, v = k.contiguous(), v.contiguous()  # a prefill's are its new rows, a transposed view
-        return k, v, torch.arange(k.shape[0], device=k.device), cu_seq_lens_k, window
+        return k, v, torch.arange(k.shape[0], device=k.device), cu_seq_lens_k, window, ("window", window)
     k_cache, v_cache = _cache_tensors(cache, in_group, kv_dtype)
     for rows, new in ((k_cache, key), (v_cache, value)):
         new = new.transpose(1, 2).squeeze(0).to(rows.dtype)
@@ -114,15 +115,17 @@ def _layer_rows(module, key, value, cache, cu_seq_lens_k, kwargs, kv_dtype=None)
             rows, new = rows.view(torch.uint8), new.view(torch.uint8)
         rows.index_copy_(0, write, new)
     # A batch of prefills only reads nothing: its KV rows are the ones just written.
-    return k_cache, v_cache, read if read.numel() > 0 else write, cu_seq_lens_k, 0
+    # Each group of full layers has its own blocks, so its own tree.
+    return k_cache, v_cache, read if read.numel() > 0 else write, cu_seq_lens_k, 0, ("group", group)
 
 
 def _attend(module, query, key, value, cache, cu_seq_lens_q, cu_seq_lens_k, kwargs, strategy, block_tokens, rank, world,
             kv_dtype=None):
     """The batch's attention on this rank's share of the heads (all of them for
     world 1): [tokens, heads_q / world, head_dim_v]. Planned once per distinct
-    window per forward pass (at the first layer of each), every other layer of the
-    same window running that plan on its own cache."""
+    window per forward pass (at the first layer of each; full layers once per
+    cache group, whose blocks are their own), every other layer of the same window
+    running that plan on its own cache."""
     if cache is None:
         raise ValueError(f"`{NAME}` needs transformers' paged cache: use it through continuous batching "
                          "(generate_batch), or another attention implementation for a plain forward")
@@ -133,20 +136,20 @@ def _attend(module, query, key, value, cache, cu_seq_lens_q, cu_seq_lens_k, kwar
     kv_heads = slice(rank * heads_kv // world, (rank + 1) * heads_kv // world)
     scale, softcap, sinks = variant_arguments(module, kwargs.get("scaling"), kwargs.get("softcap"),
                                               kwargs.get("s_aux"), kwargs.get("sinks"))
-    k_rows, v_rows, rows, cu_k, window = _layer_rows(module, key, value, cache, cu_seq_lens_k, kwargs, kv_dtype)
+    k_rows, v_rows, rows, cu_k, window, plan_key = _layer_rows(module, key, value, cache, cu_seq_lens_k, kwargs, kv_dtype)
     context = context_for(query)
     if module.layer_idx == min(cache.layer_index_to_group_indices) or id(cache) not in _step:
         _step[id(cache)] = {}
     plans = _step[id(cache)]
-    if window not in plans:
+    if plan_key not in plans:
         global heads_seen
         heads_seen = (heads_q // world, heads_kv // world)
         tree = _packed_tree(rows, cu_k, cu_seq_lens_q, cache.block_size, heads_q // world, heads_kv // world,
                             head_dim, scale, value.shape[3])
-        plans[window] = context.plan(tree, strategy, block_tokens, window=window)
+        plans[plan_key] = context.plan(tree, strategy, block_tokens, window=window)
     if sinks is not None:
         sinks = sinks[q_heads].contiguous()
-    out, _ = context.attention(plans[window], query[0, q_heads].transpose(0, 1).contiguous(), k_rows[:, kv_heads],
+    out, _ = context.attention(plans[plan_key], query[0, q_heads].transpose(0, 1).contiguous(), k_rows[:, kv_heads],
                                v_rows[:, kv_heads], sinks=sinks, logit_softcap=softcap)
     return out
 

@@ -201,3 +201,20 @@ def test_leaving_a_feature_out_moves_the_log_probabilities(architecture, left_ou
         monkeypatch.undo()
         path.register()
     assert result["max_logprob_difference"] > 1e-2 or not result["tokens_identical"]
+
+
+@needs_psutil
+def test_full_layers_in_several_cache_groups_each_read_their_own_blocks(monkeypatch):
+    """gpt-oss with layer types sliding, full, full, sliding, full × 4: continuous
+    batching makes four cache groups of two layers, three of them full, each with
+    blocks of its own, so each gets its own tree (one plan for every full group
+    reads the wrong rows: 0.29 apart)."""
+    example, args, prompt, suffixes = small_run()
+    args.layers = 8
+    config_class, kwargs = example.configs(args)["gpt-oss"]
+    kwargs["layer_types"] = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"] + \
+        ["full_attention"] * 4
+    monkeypatch.setattr(example, "configs", lambda _: {"gpt-oss": (config_class, kwargs)})
+    result = example.compare_architecture(args, "gpt-oss", torch.float32, prompt, suffixes)
+    assert result["tokens_identical"], result["first_difference"]
+    assert result["max_logprob_difference"] <= 1e-3

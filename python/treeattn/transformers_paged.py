@@ -134,8 +134,7 @@ def _attend(module, query, key, value, cache, cu_seq_lens_q, cu_seq_lens_k, kwar
         raise ValueError(f"{heads_q} query heads and {heads_kv} KV heads do not split over {world} ranks")
     q_heads = slice(rank * heads_q // world, (rank + 1) * heads_q // world)
     kv_heads = slice(rank * heads_kv // world, (rank + 1) * heads_kv // world)
-    scale, softcap, sinks = variant_arguments(module, kwargs.get("scaling"), kwargs.get("softcap"),
-                                              kwargs.get("s_aux"), kwargs.get("sinks"))
+    scale, softcap, sinks = variant_arguments(module, kwargs.get("scaling"), kwargs.get("softcap"), kwargs.get("s_aux"))
     k_rows, v_rows, rows, cu_k, window, plan_key = _layer_rows(module, key, value, cache, cu_seq_lens_k, kwargs, kv_dtype)
     context = context_for(query)
     if module.layer_idx == min(cache.layer_index_to_group_indices) or id(cache) not in _step:

@@ -129,17 +129,16 @@ class PackedRequests:
         return tree_from_packed_sequences(flat, cu_k, cu_q, heads_q, heads_kv, head_dim, scale, head_dim_v)
 
 
-def variant_arguments(module, scaling, softcap, s_aux, sinks):
+def variant_arguments(module, scaling, softcap, s_aux):
     """The scale, soft-cap and sinks of a layer as transformers passes them to an
     attention function: `scaling` (else the module's), Gemma 2's `softcap`, and
-    gpt-oss's sinks (`s_aux`, or `sinks` as some models name them) as float32."""
+    gpt-oss's sinks (`s_aux`, one logit per query head) as float32."""
     scale = module.scaling if scaling is None else float(scaling)
-    sinks = s_aux if s_aux is not None else sinks
-    return scale, softcap or None, None if sinks is None else sinks.detach().float().contiguous()
+    return scale, softcap or None, None if s_aux is None else s_aux.detach().float().contiguous()
 
 
 def tree_attention(module, query, key, value, attention_mask=None, token_tree=None, strategy="flatten", scaling=None,
-                   sliding_window=None, softcap=None, s_aux=None, sinks=None, **kwargs):
+                   sliding_window=None, softcap=None, s_aux=None, **kwargs):
     """query [1, heads_q, tokens, head_dim]; key [1, heads_kv, rows, head_dim] and value
     [1, heads_kv, rows, head_dim_v] (the cache after this forward's tokens); returns
     ([1, tokens, heads_q, head_dim_v], None)."""
@@ -151,7 +150,7 @@ def tree_attention(module, query, key, value, attention_mask=None, token_tree=No
         raise ValueError(f"`{NAME}`: {tokens} query tokens and {key.shape[2]} cached rows, but the step's tree has "
                          f"{token_tree.queries} queries on {token_tree.rows} rows (a cache that drops rows, as a "
                          "sliding layer's does, cannot hold a tree: make it without the model's config)")
-    scale, softcap, sinks = variant_arguments(module, scaling, softcap, s_aux, sinks)
+    scale, softcap, sinks = variant_arguments(module, scaling, softcap, s_aux)
     context = context_for(query)
     window = sliding_window or 0
     plan_key = (id(context), heads_q, key.shape[1], value.shape[3], scale, window)

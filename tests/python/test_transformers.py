@@ -11,7 +11,7 @@ batching reads the CPU's memory with); skips saying why where they are missing."
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: transformers integration not tested")
-pytest.importorskip("transformers", reason="transformers is not installed: its integration not tested")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed: its integration not tested")
 import argparse
 import importlib
 import importlib.util
@@ -218,3 +218,33 @@ def test_full_layers_in_several_cache_groups_each_read_their_own_blocks(monkeypa
     result = example.compare_architecture(args, "gpt-oss", torch.float32, prompt, suffixes)
     assert result["tokens_identical"], result["first_difference"]
     assert result["max_logprob_difference"] <= 1e-3
+
+
+def test_a_forward_plans_once_per_distinct_window():
+    """gpt-oss of four layers, windowed and full in turn: one forward of the tree
+    path plans twice (the window's plan and the full one), not once per layer, and
+    a model without windows plans once."""
+    example, args, prompt, suffixes = small_run()
+    args.layers = 4
+    for architecture, plans in (("gpt-oss", 2), ("llama3", 1)):
+        model = example.build(args, architecture, torch.float32)
+        model.set_attn_implementation(treeattn.transformers_tree.NAME)
+        planned = []
+        context = treeattn.context_for(torch.zeros(1))
+        plan = context.plan
+
+        def counting(*arguments, **kwargs):
+            planned.append(kwargs.get("window"))
+            return plan(*arguments, **kwargs)
+
+        context.plan = counting
+        try:
+            packed = treeattn.transformers_tree.PackedRequests([list(range(200))], [200])
+            with torch.no_grad():
+                model(torch.tensor([prompt]), past_key_values=transformers.DynamicCache(), token_tree=packed,
+                      position_ids=packed.position_ids())
+        finally:
+            del context.plan
+        assert sorted(planned) == sorted({getattr(layer.self_attn, "sliding_window", None) or 0
+                                          for layer in model.model.layers})
+        assert len(planned) == plans

@@ -46,13 +46,20 @@ def random_llama(layers, hidden, heads, kv_heads, head_dim, vocab, device, dtype
 
 
 class AttentionTimer:
-    """Registers `name` as `function` with CUDA events around every call: the GPU time
-    of the attention alone (its cache write included), read after the run."""
+    """Registers `name` as `function` timed around every call: the time of the
+    attention alone (its cache write included), read after the run. On CUDA, events
+    on the stream (GPU time); on the CPU, the calls' wall time."""
 
-    def __init__(self, name, function):
+    def __init__(self, name, function, cuda=True):
         self.events = []
+        self.host_seconds = 0.0
 
         def timed(module, *args, **kwargs):
+            if not cuda:
+                start = time.perf_counter()
+                result = function(module, *args, **kwargs)
+                self.host_seconds += time.perf_counter() - start
+                return result
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             result = function(module, *args, **kwargs)
@@ -63,10 +70,22 @@ class AttentionTimer:
         AttentionInterface.register(name, timed)
 
     def seconds(self):
-        torch.cuda.synchronize()
-        total = sum(start.elapsed_time(end) for start, end in self.events) / 1e3
-        self.events = []
+        if self.events:
+            torch.cuda.synchronize()
+        total = self.host_seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1e3
+        self.events, self.host_seconds = [], 0.0
         return total
+
+
+def compare(a, b):
+    """(tokens, log-probabilities) of two decodes, request by request: the first step
+    whose token differs in each, and the largest log-probability difference up to it
+    (the same context on both sides, so a difference is the attention's, not a
+    diverged prefix's)."""
+    first = [next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta)) for ta, tb in zip(a[0], b[0])]
+    worst = max((abs(x - y) for la, lb, n in zip(a[1], b[1], first) for x, y in zip(la[:n + 1], lb[:n + 1])),
+                default=0.0)
+    return first, worst
 
 
 def generate(model, implementation, prompts, new_tokens, block_size):
@@ -87,6 +106,10 @@ def generate(model, implementation, prompts, new_tokens, block_size):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     ordered = sorted(outputs.values(), key=lambda o: int(o.request_id.split("_")[-1]))
+    short = [o.request_id for o in ordered if len(o.generated_tokens) != new_tokens]
+    if len(ordered) != len(prompts) or short:  # continuous batching logs a request's failure and goes on
+        raise RuntimeError(f"{implementation}: {len(ordered)} of {len(prompts)} requests came back, "
+                           f"{short} without {new_tokens} tokens (the log above says why)")
     return [o.generated_tokens for o in ordered], [o.logprobs for o in ordered], seconds
 
 
@@ -127,14 +150,6 @@ def main():
     theirs_attention = timers["paged|sdpa"].seconds() if timers else None
     if timers:  # transformers' own function back
         AttentionInterface.register("paged|sdpa", sdpa_attention_paged_forward)
-
-    def compare(a, b):
-        # Per request: the first step whose token differs, and the log-probabilities up to it (the
-        # same context on both sides), where a difference is the attention's, not a diverged prefix's.
-        first = [next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta)) for ta, tb in zip(a[0], b[0])]
-        worst = max((abs(x - y) for la, lb, n in zip(a[1], b[1], first) for x, y in zip(la[:n + 1], lb[:n + 1])),
-                    default=0.0)
-        return first, worst
 
     same_tokens = ours[0] == theirs[0]
     distinct = len({t for tokens in ours[0] for t in tokens})

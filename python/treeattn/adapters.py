@@ -4,7 +4,8 @@ A batch of requests whose prompts share KV becomes one tree without the caller
 describing it: the requests' pages (vLLM's block tables) or slots (SGLang's
 req_to_token) go into a trie, and every run that a set of requests shares
 becomes one node. Request r gets query r, on the node where its sequence ends,
-seeing its whole sequence.
+seeing its whole sequence. Every function takes head_dim_v, the value head dim
+where it differs from the query/key head_dim (None: the same).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _rows(table, lengths, what):
     return rows, lens
 
 
-def _tree(units, heads_q, heads_kv, head_dim, scale, add_node, queries=None, tokens=None):
+def _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queries=None, tokens=None):
     """The tree of the requests' `units` (lists of keys), merged by common leading
     keys; add_node(tree, id, parent, keys) adds a node of a run of keys; tokens(key)
     is how many tokens a key holds (default 1). Request r has `queries[r]` queries
@@ -54,7 +55,7 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, add_node, queries=None, tok
             children = node.children
         node.ends.append(r)
 
-    tree = Tree(heads_q, heads_kv, head_dim, scale)
+    tree = Tree(heads_q, heads_kv, head_dim, scale, head_dim_v)
     query_node = [0] * len(units)
     start = []  # keys before each node on its path, and its own
     length = []
@@ -85,7 +86,12 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, add_node, queries=None, tok
     return tree
 
 
-def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, head_dim, scale=None, new_tokens=None):
+def _add_slots(tree, node_id, parent, slots):
+    tree.add_node(node_id, parent, slots)
+
+
+def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, head_dim, scale=None, new_tokens=None,
+                           head_dim_v=None):
     """A tree from vLLM-style paging: request r's token t lives in KV slot
     block_table[r][t // page_size] * page_size + t % page_size, for t < seq_lens[r].
     Requests that begin with the same pages share them as one node, given to the
@@ -114,10 +120,11 @@ def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, 
         tree.add_node_pages(node_id, parent, [page for page, _ in keys], page_size, keys[-1][1])
 
     queries = None if new_tokens is None else [int(n) for n in _list(new_tokens)]
-    return _tree(units, heads_q, heads_kv, head_dim, scale, add_pages, queries, tokens=lambda key: key[1])
+    return _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_pages, queries, tokens=lambda key: key[1])
 
 
-def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, scale=None, req_pool_indices=None):
+def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, scale=None, req_pool_indices=None,
+                           head_dim_v=None):
     """A tree from SGLang-style token tables: request r's token t lives in KV slot
     req_to_token[req_pool_indices[r]][t] (req_pool_indices defaults to 0, 1, 2, ...)
     for t < seq_lens[r]. Requests that begin with the same slots share them."""
@@ -130,10 +137,11 @@ def tree_from_token_tables(req_to_token, seq_lens, heads_q, heads_kv, head_dim, 
         if n > len(row):
             raise ValueError(f"req_to_token: request {r} has {n} tokens but its row holds {len(row)}")
         units.append([int(slot) for slot in row[:n]])
-    return _tree(units, heads_q, heads_kv, head_dim, scale, lambda tree, node_id, parent, slots: tree.add_node(node_id, parent, slots))
+    return _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, _add_slots)
 
 
-def tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, heads_kv, head_dim, scale=None):
+def tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, heads_kv, head_dim, scale=None,
+                               head_dim_v=None):
     """A tree from a packed (varlen) batch, as continuous batching lays it out:
     request r's KV tokens are the cache rows rows[cu_seq_lens_k[r]:cu_seq_lens_k[r+1]]
     in order, and its last cu_seq_lens_q[r+1] - cu_seq_lens_q[r] tokens are new, one
@@ -149,5 +157,4 @@ def tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, head
     for r, (keys, n) in enumerate(zip(units, queries)):
         if n < 1 or n > len(keys):
             raise ValueError(f"request {r}: {n} new tokens but {len(keys)} KV tokens")
-    return _tree(units, heads_q, heads_kv, head_dim, scale,
-                 lambda tree, node_id, parent, slots: tree.add_node(node_id, parent, slots), queries)
+    return _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, _add_slots, queries)

@@ -11,12 +11,26 @@
 The draft tokens follow the prefix in the cache; token i's parent is token
 parents[i] (-1: the prefix). Token i attends the prefix and its own path in the
 tree, so one forward pass scores every branch, and treeattn reads the prefix's
-KV once for all of them. The tree is planned at the first layer of each forward.
+KV once for all of them.
+
+Branches decoded together (many continuations of one prompt) keep their tokens in
+one cache the same way: `PackedRequests(rows, new_tokens)` names each request's
+cache rows in path order, and the last new_tokens[r] of them are this forward's
+tokens, packed request by request (the cache must keep every row: a
+DynamicCache() made without the model's config, whose sliding layers would drop
+old rows).
+
+The model's attention features come through as transformers passes them:
+`scaling`, a layer's `sliding_window` (planned once per distinct window per
+forward: a model alternating windowed and full layers plans twice), gpt-oss's
+sinks (`s_aux`, one logit per query head), Gemma 2's `softcap`, and values whose
+head dim differs from the queries' (DeepSeek-V3's 192 / 128).
 """
 
 from __future__ import annotations
 
 from . import Tree, context_for
+from .adapters import tree_from_packed_sequences
 
 NAME = "treeattn_tree"
 
@@ -41,9 +55,17 @@ class TokenTree:
 
         return torch.tensor([[self.prefix_tokens + d for d in self.depth]], device=device)
 
-    def tree(self, heads_q, heads_kv, head_dim, scale):
+    @property
+    def queries(self):
+        return len(self.parents)
+
+    @property
+    def rows(self):
+        return self.prefix_tokens + len(self.parents)
+
+    def tree(self, heads_q, heads_kv, head_dim, scale, head_dim_v=None):
         """The treeattn tree: node 0 the prefix (cache rows 0..prefix-1), node i+1 token i (row prefix + i)."""
-        tree = Tree(heads_q, heads_kv, head_dim, scale)
+        tree = Tree(heads_q, heads_kv, head_dim, scale, head_dim_v)
         if self.prefix_tokens > 0:
             tree.add_node_range(0, -1, 0, self.prefix_tokens)
         for i, p in enumerate(self.parents):
@@ -70,22 +92,75 @@ class TokenTree:
         return mask[None, None].to(device)
 
 
-def tree_attention(module, query, key, value, attention_mask=None, token_tree=None, strategy="flatten", **kwargs):
-    """query [1, heads_q, tokens, head_dim]; key and value [1, heads_kv, prefix + tokens,
-    head_dim] (the cache after this forward's tokens); returns ([1, tokens, heads_q, head_dim], None)."""
+class PackedRequests:
+    """Requests decoded together in one cache: request r's KV are the cache rows
+    rows[r], in the order of its path (rows a set of requests begins with alike
+    are their shared prefix, read once), and its last new_tokens[r] rows are this
+    forward's tokens, packed request by request, each seeing its path up to itself."""
+
+    def __init__(self, rows, new_tokens):
+        self.request_rows = [[int(x) for x in r] for r in rows]
+        self.new_tokens = [int(n) for n in new_tokens]
+        if len(self.request_rows) != len(self.new_tokens):
+            raise ValueError(f"{len(self.request_rows)} requests' rows but {len(self.new_tokens)} new-token counts")
+        for r, (keys, n) in enumerate(zip(self.request_rows, self.new_tokens)):
+            if not 1 <= n <= len(keys):
+                raise ValueError(f"request {r}: {n} new tokens but {len(keys)} rows")
+        self.rows = 1 + max(max(keys) for keys in self.request_rows)
+        self._plans = {}
+
+    @property
+    def queries(self):
+        return sum(self.new_tokens)
+
+    def position_ids(self, device=None):
+        """Each new token's position in its request's path, [1, queries]."""
+        import torch
+
+        return torch.tensor([[len(keys) - n + j for keys, n in zip(self.request_rows, self.new_tokens) for j in range(n)]],
+                            device=device)
+
+    def tree(self, heads_q, heads_kv, head_dim, scale, head_dim_v=None):
+        import itertools
+
+        flat = [x for keys in self.request_rows for x in keys]
+        cu_k = [0, *itertools.accumulate(len(keys) for keys in self.request_rows)]
+        cu_q = [0, *itertools.accumulate(self.new_tokens)]
+        return tree_from_packed_sequences(flat, cu_k, cu_q, heads_q, heads_kv, head_dim, scale, head_dim_v)
+
+
+def variant_arguments(module, scaling, softcap, s_aux):
+    """The scale, soft-cap and sinks of a layer as transformers passes them to an
+    attention function: `scaling` (else the module's), Gemma 2's `softcap`, and
+    gpt-oss's sinks (`s_aux`, one logit per query head) as float32."""
+    scale = module.scaling if scaling is None else float(scaling)
+    return scale, softcap or None, None if s_aux is None else s_aux.detach().float().contiguous()
+
+
+def tree_attention(module, query, key, value, attention_mask=None, token_tree=None, strategy="flatten", scaling=None,
+                   sliding_window=None, softcap=None, s_aux=None, **kwargs):
+    """query [1, heads_q, tokens, head_dim]; key [1, heads_kv, rows, head_dim] and value
+    [1, heads_kv, rows, head_dim_v] (the cache after this forward's tokens); returns
+    ([1, tokens, heads_q, head_dim_v], None)."""
     if token_tree is None:
-        raise ValueError(f"`{NAME}` needs the step's token_tree=TokenTree(...) passed to the model's forward")
+        raise ValueError(f"`{NAME}` needs the step's token_tree=TokenTree(...) or PackedRequests(...) passed to the "
+                         "model's forward")
     heads_q, tokens, head_dim = query.shape[1], query.shape[2], query.shape[3]
-    if tokens != len(token_tree.parents) or key.shape[2] != token_tree.prefix_tokens + tokens:
-        raise ValueError(f"`{NAME}`: {tokens} query tokens and {key.shape[2]} cached ones, but the token tree has "
-                         f"{len(token_tree.parents)} tokens on a {token_tree.prefix_tokens}-token prefix")
+    if tokens != token_tree.queries or key.shape[2] < token_tree.rows:
+        raise ValueError(f"`{NAME}`: {tokens} query tokens and {key.shape[2]} cached rows, but the step's tree has "
+                         f"{token_tree.queries} queries on {token_tree.rows} rows (a cache that drops rows, as a "
+                         "sliding layer's does, cannot hold a tree: make it without the model's config)")
+    scale, softcap, sinks = variant_arguments(module, scaling, softcap, s_aux)
     context = context_for(query)
-    plan_key = (id(context), heads_q, key.shape[1])
+    window = sliding_window or 0
+    plan_key = (id(context), heads_q, key.shape[1], value.shape[3], scale, window)
     if plan_key not in token_tree._plans:
-        token_tree._plans[plan_key] = context.plan(token_tree.tree(heads_q, key.shape[1], head_dim, module.scaling), strategy)
+        tree = token_tree.tree(heads_q, key.shape[1], head_dim, scale, value.shape[3])
+        token_tree._plans[plan_key] = context.plan(tree, strategy, window=window)
     k = key.squeeze(0).transpose(0, 1).contiguous()
     v = value.squeeze(0).transpose(0, 1).contiguous()
-    out, _ = context.attention(token_tree._plans[plan_key], query.squeeze(0).transpose(0, 1).contiguous(), k, v)
+    out, _ = context.attention(token_tree._plans[plan_key], query.squeeze(0).transpose(0, 1).contiguous(), k, v,
+                               sinks=sinks, logit_softcap=softcap)
     return out.unsqueeze(0), None
 
 

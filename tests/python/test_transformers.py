@@ -2,29 +2,36 @@
 prefix with the same logits as transformers' sdpa with the tree as a mask, and
 decodes through continuous batching the same greedy tokens, with the same
 log-probabilities, as transformers' own paged attention, on prompts that share
-their cache blocks. Needs torch and transformers (the GPU machine has both; the
-tree test runs on the CPU too); skips saying why where they are missing."""
+their cache blocks. Llama 3, Qwen3, Gemma 2, gpt-oss and DeepSeek-V3, built at
+small sizes through transformers' classes, decode a shared prompt's requests with
+treeattn (continuous batching or the tree path) as with transformers' own
+attention, on the CPU. Needs torch and transformers (and psutil, which continuous
+batching reads the CPU's memory with); skips saying why where they are missing."""
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: transformers integration not tested")
-pytest.importorskip("transformers", reason="transformers is not installed: its integration not tested")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed: its integration not tested")
+import argparse
+import importlib
+import importlib.util
 import pathlib
 import subprocess
 import sys
 
 import treeattn.transformers_paged
+import treeattn.transformers_tree
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python"
+needs_psutil = pytest.mark.skipif(importlib.util.find_spec("psutil") is None,
+                                  reason="psutil is not installed: continuous batching cannot size its cache on the CPU")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device: continuous batching sizes its cache from GPU memory")
 
 
-def load_example():
+def load_example(name="transformers_generate"):
     sys.path.insert(0, str(EXAMPLES))
-    import transformers_generate
-
-    return transformers_generate
+    return importlib.import_module(name)
 
 
 def test_a_medusa_tree_scores_as_sdpa_with_the_tree_as_mask():
@@ -90,3 +97,154 @@ def test_a_plain_forward_is_refused():
         treeattn.transformers_paged.paged_attention(None, None, None, None)
     with pytest.raises(ValueError, match="needs transformers' paged cache"):
         treeattn.transformers_paged.head_split_attention(None, None, None, None)
+
+
+def small_run():
+    """The five-architecture script's arguments at a CPU's size: a 200-token prompt
+    (past gpt-oss's 128-token window and the 64-token Gemma 2 window used here), three
+    requests, six tokens each."""
+    example = load_example("transformers_models")
+    args = argparse.Namespace(device="cpu", small=True, layers=2, vocab=None, gemma2_window=64, block_size=32,
+                              new_tokens=6, seed=0, path="auto")
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(1, 2000, (200,), generator=generator).tolist()
+    suffixes = [torch.randint(1, 2000, (4,), generator=generator).tolist() for _ in range(3)]
+    treeattn.transformers_paged.register()
+    treeattn.transformers_tree.register()
+    return example, args, prompt, suffixes
+
+
+@needs_psutil
+@pytest.mark.parametrize("architecture", ["llama3", "qwen3", "gemma2", "gpt-oss", "deepseek-v3"])
+def test_each_architecture_decodes_as_transformers_own_attention(architecture):
+    """float32, CPU: greedy tokens identical to transformers' default attention and
+    log-probabilities within 1e-3, on distributions far from saturated (a dropped
+    soft-cap, window or sink moves them by 0.03 to 1.2 at this size)."""
+    example, args, prompt, suffixes = small_run()
+    result = example.compare_architecture(args, architecture, torch.float32, prompt, suffixes)
+    assert result["path"] == ("paged|treeattn" if architecture in example.PAGED else "treeattn_tree")
+    assert result["tokens_identical"], result["first_difference"]
+    assert result["max_logprob_difference"] <= 1e-3
+    assert result["distinct_tokens"] > 3 and result["mean_logprob"] < -0.5
+
+
+@pytest.mark.parametrize("architecture", ["llama3", "gpt-oss"])
+def test_the_tree_path_decodes_a_paged_architecture_as_transformers_own_attention(architecture):
+    """gpt-oss's sinks and windows on the tree path too (against its eager attention
+    on the requests as a batch), and Llama's plain attention."""
+    example, args, prompt, suffixes = small_run()
+    args.path = "tree"
+    result = example.compare_architecture(args, architecture, torch.float32, prompt, suffixes)
+    assert result["path"] == "treeattn_tree" and result["tokens_identical"], result["first_difference"]
+    assert result["max_logprob_difference"] <= 1e-3 and result["mean_logprob"] < -0.5
+
+
+@needs_psutil
+def test_an_fp8_cache_decodes_as_float16_rows_rounded_through_e4m3():
+    example, args, prompt, suffixes = small_run()
+    result = example.compare_fp8(args, prompt, suffixes)
+    assert result["against_rounded_kv"]["tokens_identical"]
+    assert result["against_rounded_kv"]["max_logprob_difference"] <= 1e-2
+
+
+def test_a_layer_whose_keys_are_not_the_paged_caches_rows_is_refused():
+    """DeepSeek-V3's paged cache would hold latents: its 192-wide keys and 128-wide
+    values do not fit the cache's rows, and the error names the layer and the tree path."""
+
+    class Module:
+        layer_idx, scaling = 1, 0.1
+
+    class Cache:
+        layer_index_to_group_indices, sliding_windows, block_size = {1: (0, 0)}, {1: 1}, 16
+        key_cache = value_cache = [torch.zeros(32, 1, 64)]
+
+    query, key, value = torch.zeros(1, 4, 1, 192), torch.zeros(1, 4, 1, 192), torch.zeros(1, 4, 1, 128)
+    step = {"read_index": [torch.arange(1)], "write_index": [torch.arange(1)]}
+    with pytest.raises(ValueError, match="layer 1 has keys of head dim 192 and values of 128.*transformers_tree"):
+        treeattn.transformers_paged._attend(Module(), query, key, value, Cache(), torch.tensor([0, 1]),
+                                            torch.tensor([0, 1]), step, "flatten", None, 0, 1)
+
+
+def test_a_cache_that_dropped_rows_cannot_hold_a_tree():
+    class Module:
+        scaling = 0.1
+
+    packed = treeattn.transformers_tree.PackedRequests([list(range(10)), [0, 1, 2, 10]], [2, 1])
+    assert packed.position_ids().tolist() == [[8, 9, 3]]
+    query, kv = torch.zeros(1, 2, 3, 64), torch.zeros(1, 1, 8, 64)  # 8 rows kept, as a sliding layer's cache
+    with pytest.raises(ValueError, match="3 queries on 11 rows"):
+        treeattn.transformers_tree.tree_attention(Module(), query, kv, kv, token_tree=packed)
+    with pytest.raises(ValueError, match="request 1: 5 new tokens but 4 rows"):
+        treeattn.transformers_tree.PackedRequests([list(range(10)), [0, 1, 2, 10]], [2, 5])
+
+
+@needs_psutil
+@pytest.mark.parametrize("architecture,left_out", [("gemma2", "softcap"), ("gemma2", "sliding_window"),
+                                                   ("gpt-oss", "s_aux")])
+def test_leaving_a_feature_out_moves_the_log_probabilities(architecture, left_out, monkeypatch):
+    """At these sizes each feature matters: the same decode with the
+    feature dropped from what transformers passes parts from the reference by far more
+    than the 1e-3 the full decode keeps to."""
+    example, args, prompt, suffixes = small_run()
+    path = treeattn.transformers_paged if architecture in example.PAGED else treeattn.transformers_tree
+    function = path.paged_attention if path is treeattn.transformers_paged else path.tree_attention
+
+    def without(*arguments, **kwargs):
+        kwargs.pop(left_out, None)
+        return function(*arguments, **kwargs)
+
+    monkeypatch.setattr(path, "paged_attention" if path is treeattn.transformers_paged else "tree_attention", without)
+    path.register()
+    try:
+        result = example.compare_architecture(args, architecture, torch.float32, prompt, suffixes)
+    finally:
+        monkeypatch.undo()
+        path.register()
+    assert result["max_logprob_difference"] > 1e-2 or not result["tokens_identical"]
+
+
+@needs_psutil
+def test_full_layers_in_several_cache_groups_each_read_their_own_blocks(monkeypatch):
+    """gpt-oss with layer types sliding, full, full, sliding, full × 4: continuous
+    batching makes four cache groups of two layers, three of them full, each with
+    blocks of its own, so each gets its own tree (one plan for every full group
+    reads the wrong rows: 0.29 apart)."""
+    example, args, prompt, suffixes = small_run()
+    args.layers = 8
+    config_class, kwargs = example.configs(args)["gpt-oss"]
+    kwargs["layer_types"] = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"] + \
+        ["full_attention"] * 4
+    monkeypatch.setattr(example, "configs", lambda _: {"gpt-oss": (config_class, kwargs)})
+    result = example.compare_architecture(args, "gpt-oss", torch.float32, prompt, suffixes)
+    assert result["tokens_identical"], result["first_difference"]
+    assert result["max_logprob_difference"] <= 1e-3
+
+
+def test_a_forward_plans_once_per_distinct_window():
+    """gpt-oss of four layers, windowed and full in turn: one forward of the tree
+    path plans twice (the window's plan and the full one), not once per layer, and
+    a model without windows plans once."""
+    example, args, prompt, suffixes = small_run()
+    args.layers = 4
+    for architecture, plans in (("gpt-oss", 2), ("llama3", 1)):
+        model = example.build(args, architecture, torch.float32)
+        model.set_attn_implementation(treeattn.transformers_tree.NAME)
+        planned = []
+        context = treeattn.context_for(torch.zeros(1))
+        plan = context.plan
+
+        def counting(*arguments, **kwargs):
+            planned.append(kwargs.get("window"))
+            return plan(*arguments, **kwargs)
+
+        context.plan = counting
+        try:
+            packed = treeattn.transformers_tree.PackedRequests([list(range(200))], [200])
+            with torch.no_grad():
+                model(torch.tensor([prompt]), past_key_values=transformers.DynamicCache(), token_tree=packed,
+                      position_ids=packed.position_ids())
+        finally:
+            del context.plan
+        assert sorted(planned) == sorted({getattr(layer.self_attn, "sliding_window", None) or 0
+                                          for layer in model.model.layers})
+        assert len(planned) == plans

@@ -291,8 +291,9 @@ NB_MODULE(_core, m) {
                                 std::move(kv_dtype)});
            },
            nb::arg("plan"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
-           nb::arg("stream"), nb::arg("logit_softcap"), nb::arg("k_scale"), nb::arg("v_scale"), nb::arg("sinks").none(),
-           nb::arg("k_scales").none(), nb::arg("v_scales").none(), nb::arg("kv_dtype").none())
+           nb::arg("stream"), nb::arg("logit_softcap") = 0.0f, nb::arg("k_scale") = 1.0f, nb::arg("v_scale") = 1.0f,
+           nb::arg("sinks").none() = nb::none(), nb::arg("k_scales").none() = nb::none(),
+           nb::arg("v_scales").none() = nb::none(), nb::arg("kv_dtype").none() = nb::none())
       .def("_graph_stable",
            [](ContextHandle& c, const std::vector<const PlanHandle*>& plans, double headroom) {
              std::vector<const Plan*> list;

@@ -6,7 +6,8 @@ replays it. `context` and `plan` are the `handle`s of a treeattn.Context and
 treeattn.Plan, which must stay alive (read them into plain ints outside code
 that torch.compile traces). For replays across decode steps, make the
 context graph-stable (Context.graph_stable) and upload each step's plan before
-replaying (Context.upload)."""
+replaying (Context.upload). It runs plain attention; the attention variants
+(sinks, soft-cap, fp8 K and V) go through Context.attention."""
 
 import torch
 

@@ -38,8 +38,8 @@ struct ReplayCounts {
   std::int64_t held = 0;      // steps on a layout kept from an earlier step (PlanUpdate::held_layout)
 };
 
-// A held plan: valid, every query's tokens covered exactly, and flatten's
-// blocks no longer than the planner holds them to.
+// A held plan: valid, every query's tokens covered exactly, and each of
+// flatten's blocks within the length the planner allows a held block.
 inline std::string held_plan_error(const IncrementalPlanner& planner, const IncrementalOptions& incremental, const Tree& tree,
                             const Plan& held) {
   try {

@@ -111,6 +111,7 @@ void CudaBackend::graph_stable(const WorkspaceLimits& limits) {
 
 AttentionArgs CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a) {
   check_args(plan, a, kAttentionVariants, kBackendName);
+  check_host_scale_values(a.options);
   settle_device_calls();
   upload_if_new(plan, stream_);
   q_.reserve(std::max<std::size_t>(a.q.bytes(), 16));

@@ -725,6 +725,8 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     const int stage = t % kStages;
     gather.prefetch_for(t);
     wait_for_tile<Traits>();
+    // One offset where K's and V's tiles are alike: two compile to another
+    // schedule of the equal-width kernels' address arithmetic.
     const int k_tile = Traits::k_tile(stage);
     const int v_tile = Traits::kKTileBytes == Traits::kVTileBytes ? k_tile : Traits::v_tile(stage);
     // fp8: K widened before S, V while S is computed and published after the

@@ -50,7 +50,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     log_to(options.log, LogLevel::info,
            fmt::format("treeattn: CUDA device {}: {} (sm_{}{}, {} SMs, {:.0f} GB/s)", d.index, d.name, d.sm_major,
                        d.sm_minor, d.sms, d.peak_gbps));
-    const Stage1Occupancy stage1 = stage1_occupancy(128);
+    const Stage1Occupancy stage1 = stage1_occupancy(128, 128);
     log_to(options.log, LogLevel::info,
            fmt::format("treeattn: CUDA stage 1 (head_dim 128): {}, code for sm_{} from compute_{}, {} registers, {} bytes "
                        "spilled, {} KiB shared memory, {} CTAs an SM",

@@ -50,16 +50,8 @@ const uint ROW_QUADS = QUADS + 1u;              // 16-byte pieces per shared K r
 const uint V_ROW_QUADS = V_QUADS + 1u;
 const uint FETCHES = QUADS / FETCH_QUADS;        // 16-byte loads of a K row in memory
 const uint V_FETCHES = V_QUADS / FETCH_QUADS;
-// A gather (the K/V loads every thread issues together, and leaves in flight
-// across the math) carries one chunk, or two where K and V are fp8 and there
-// are two stages: an fp8 load carries twice the elements of a 16-bit one, so
-// the loads of one 16-bit chunk carry two fp8 chunks, one for each stage. The
-// gather, not the bytes read, sets the pace (one fp8 chunk a gather ran 0.75x
-// the f16 speed on the H200, docs/performance.md).
-const uint GATHER_CHUNKS = FETCH_QUADS < KV_STAGES ? FETCH_QUADS : KV_STAGES;
-const uint GATHER_TOKENS = GATHER_CHUNKS * CHUNK;
-const uint LOADS = (GATHER_TOKENS * FETCHES + THREADS - 1u) / THREADS;  // 16-byte K loads per thread per gather
-const uint V_LOADS = (GATHER_TOKENS * V_FETCHES + THREADS - 1u) / THREADS;
+const uint LOADS = (CHUNK * FETCHES + THREADS - 1u) / THREADS;  // 16-byte K loads per thread per chunk
+const uint V_LOADS = (CHUNK * V_FETCHES + THREADS - 1u) / THREADS;
 const uint Q_STRIDE = TILE + 8u;                 // halves per column of a staged Q tile (48 bytes: 16-byte aligned)
 const float kSlack = 8.0;                        // log2 of how far P may exceed 1 before O is rescaled
 const float kNoReference = -1.0e30;              // a row's reference before it sees a token (below any logit)
@@ -91,31 +83,30 @@ void subgroup_sync() {
 // unconditionally: positions past the block read the block's first token,
 // which is cached, and the visibility masks them where they are used.
 
-// The token (x, counted from the gather's first) and 16-byte load (y) of a
-// row of `fetches` loads that a thread's load j of a gather carries: each
-// thread the same part of every few tokens where `fetches` divides the work
-// group (head_dim 64, 128, 256), else the work group's loads laid over the
-// gather in order.
+// The token (x) and 16-byte load (y) of a row of `fetches` loads that a
+// thread's load j of a chunk carries: each thread the same part of every few
+// tokens where `fetches` divides the work group (head_dim 64, 128, 256), else
+// the work group's loads laid over the chunk in order.
 uvec2 gather_place(uint tid, uint j, uint fetches) {
   if (THREADS % fetches == 0u) return uvec2(tid / fetches + j * (THREADS / fetches), tid % fetches);
   return uvec2((tid + j * THREADS) / fetches, (tid + j * THREADS) % fetches);
 }
 
-// The indices of the gather after the one in flight: the pool slot of each
-// token this thread loads (of K's rows, and of V's where they differ).
+// The gather's indices for the chunk after the one in flight: the pool slot of
+// each token this thread loads (of K's rows, and of V's where they differ).
 uint next_slot[LOADS], next_v_slot[V_LOADS];
 
 uint gather_slot(uint token_begin, uint tokens, uint t) {
   return plan_word(kItemTokenSlot, token_begin + (t < tokens ? t : 0u));
 }
 
-void fetch_indices(uint token_begin, uint tokens, uint gather0, uint tid) {
+void fetch_indices(uint token_begin, uint tokens, uint chunk0, uint tid) {
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
-    next_slot[j] = gather_slot(token_begin, tokens, gather0 + gather_place(tid, j, FETCHES).x);
+    next_slot[j] = gather_slot(token_begin, tokens, chunk0 + gather_place(tid, j, FETCHES).x);
   }
   if (V_FETCHES != FETCHES) {
     [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
-      next_v_slot[j] = gather_slot(token_begin, tokens, gather0 + gather_place(tid, j, V_FETCHES).x);
+      next_v_slot[j] = gather_slot(token_begin, tokens, chunk0 + gather_place(tid, j, V_FETCHES).x);
     }
   }
 }
@@ -152,24 +143,23 @@ void gather_rows(uint kv_head, uint tid) {
   }
 }
 
-// The landed rows into stage `stage` of the K/V tiles, and the next where a
-// gather carries two chunks (decoded where fp8). Positions past the block hold
-// its first token's rows: finite, and no row sees them, so their P is exactly
-// 0 and they add nothing to O. (Loads past the gather, where its loads do not
-// fill every thread's last one, are dropped.)
+// The landed rows into stage `stage` of the K/V tiles (decoded where fp8).
+// Positions past the block hold its first token's rows: finite, and no row
+// sees them, so their P is exactly 0 and they add nothing to O. (Loads past
+// the chunk, where its loads do not fill every thread's last one, are dropped.)
 void store_rows(uint tid, uint stage) {
   [[unroll]] for (uint j = 0u; j < LOADS; ++j) {
     const uvec2 place = gather_place(tid, j, FETCHES);
     const uint at = stage * STAGE_QUADS + place.x * ROW_QUADS + place.y * FETCH_QUADS;
     [[unroll]] for (uint part = 0u; part < FETCH_QUADS; ++part) {
-      if ((GATHER_TOKENS * FETCHES) % THREADS == 0u || place.x < GATHER_TOKENS) k_tile[at + part] = fetched_quad(k_rows[j], part);
+      if ((CHUNK * FETCHES) % THREADS == 0u || place.x < CHUNK) k_tile[at + part] = fetched_quad(k_rows[j], part);
     }
   }
   [[unroll]] for (uint j = 0u; j < V_LOADS; ++j) {
     const uvec2 place = gather_place(tid, j, V_FETCHES);
     const uint at = stage * V_STAGE_QUADS + place.x * V_ROW_QUADS + place.y * FETCH_QUADS;
     [[unroll]] for (uint part = 0u; part < FETCH_QUADS; ++part) {
-      if ((GATHER_TOKENS * V_FETCHES) % THREADS == 0u || place.x < GATHER_TOKENS) v_tile[at + part] = fetched_quad(v_rows[j], part);
+      if ((CHUNK * V_FETCHES) % THREADS == 0u || place.x < CHUNK) v_tile[at + part] = fetched_quad(v_rows[j], part);
     }
   }
 }

@@ -64,7 +64,7 @@ void main() {
     own_word[h] = fetch_visible(token_begin, own_tile_query[h], tokens, 0u);
   }
   gather_rows(kv_head, tid);
-  fetch_indices(token_begin, tokens, GATHER_TOKENS, tid);
+  fetch_indices(token_begin, tokens, CHUNK, tid);
   MAT_A q[DTILES];
   stage_q(q_quads, r, half_index, sg, q);
 
@@ -74,82 +74,73 @@ void main() {
   // lane's share of the sum (the four lanes' shares are added at the end).
   float running_max[2] = {kNoReference, kNoReference}, running_sum[2] = {0.0, 0.0};
 
-  // Two K/V stages, one barrier a chunk where a gather carries one: the stage
-  // written at the top of chunk c was last read in chunk c - 2, which every
-  // subgroup left before chunk c - 1's barrier. What needs no stage goes
-  // before the barrier: the next gather's loads (in flight through it) and
-  // lookups, and this chunk's visibility bits (work for the wait). H100: 1.02x
-  // over one stage and two barriers (docs/performance.md). A gather of two
-  // chunks (fp8) fills both stages, so a barrier goes before its stores too
-  // (two a gather, as many a token), and its successor's loads stay in flight
-  // through the math of both chunks.
-  for (uint gather0 = 0u, stage = 0u; gather0 < tokens;
-       gather0 += GATHER_TOKENS, stage = (stage + GATHER_CHUNKS) % KV_STAGES) {
-    if (GATHER_CHUNKS > 1u) barrier();  // every subgroup is done with both stages
+  // Two K/V stages, one barrier a chunk: the stage written at the top of chunk
+  // c was last read in chunk c - 2, which every subgroup left before chunk
+  // c - 1's barrier. What needs no stage goes before the barrier: the next
+  // chunk's loads (in flight through it) and lookups, and this chunk's
+  // visibility bits (work for the wait). H100: 1.02x over one stage and two
+  // barriers (docs/performance.md).
+  for (uint chunk0 = 0u, stage = 0u; chunk0 < tokens; chunk0 += CHUNK, stage ^= 1u) {
     store_rows(tid, stage);
     gather_rows(kv_head, tid);
-    fetch_indices(token_begin, tokens, gather0 + 2u * GATHER_TOKENS, tid);
-    [[unroll]] for (uint sub = 0u; sub < GATHER_CHUNKS; ++sub) {
-      const uint chunk0 = gather0 + sub * CHUNK;
-      if (sub > 0u && chunk0 >= tokens) break;
-      // Bit c of row g + 8h's word: it sees token chunk0 + c (rows past the pass
-      // see nothing). Shifted by 2t, each element tests a constant bit.
-      uint lane_visible[2];
-      [[unroll]] for (uint h = 0u; h < 2u; ++h) lane_visible[h] = own_live[h] ? own_word[h] >> (chunk0 % 32u) : 0u;
-      const bool chunk_unseen = ((lane_visible[0] | lane_visible[1]) << (32u - CHUNK)) == 0u;
-      [[unroll]] for (uint h = 0u; h < 2u; ++h) lane_visible[h] >>= 2u * t;
-      [[unroll]] for (uint h = 0u; h < 2u; ++h) {
-        own_word[h] = fetch_visible(token_begin, own_tile_query[h], tokens, chunk0 + CHUNK);
-      }
-      if (sub == 0u) barrier();
-      if (!subgroup_live) continue;
-      // A chunk that none of the subgroup's rows sees would leave their state as it is.
-      if (subgroupAll(chunk_unseen)) continue;
-
-      ACC s[STILES];
-      compute_s(q, stage + sub, s);
-
-      // Masked online softmax of rows g and g + 8, branch-free: the visibility
-      // bit selects, and a masked logit's exp2(-inf - reference) is exactly 0.
-      float x[STILES][ELEMENTS];
-      float chunk_max[2] = {-1.0 / 0.0, -1.0 / 0.0};
-      [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
-        [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) {
-          const uint h = i >> 2, column = nb * TILE + 8u * ((i >> 1) & 1u) + (i & 1u);
-          float logit = s[nb][i] * logit_scale;
-          if (SOFTCAP) logit = softcap(logit);
-          x[nb][i] = ((lane_visible[h] >> column) & 1u) != 0u ? logit : -1.0 / 0.0;
-          chunk_max[h] = max(chunk_max[h], x[nb][i]);
-        }
-      }
-      float new_max[2], alpha[2];
-      [[unroll]] for (uint h = 0u; h < 2u; ++h) {
-        chunk_max[h] = max(chunk_max[h], subgroupShuffleXor(chunk_max[h], 1u));
-        chunk_max[h] = max(chunk_max[h], subgroupShuffleXor(chunk_max[h], 2u));
-        new_max[h] = chunk_max[h] > running_max[h] + kSlack ? chunk_max[h] : running_max[h];
-        alpha[h] = new_max[h] == running_max[h] || running_max[h] == kNoReference ? 1.0
-                                                                                  : exp2(running_max[h] - new_max[h]);
-      }
-      MAT_A p[STILES];
-      float sum[2] = {0.0, 0.0};
-      [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
-        [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) {
-          const float e = exp2(x[nb][i] - new_max[i >> 2]);
-          sum[i >> 2] += e;
-          p[nb][i] = float16_t(e);
-        }
-      }
-      [[unroll]] for (uint h = 0u; h < 2u; ++h) {
-        running_sum[h] = running_sum[h] * alpha[h] + sum[h];
-        running_max[h] = new_max[h];
-      }
-      // Unconditional, though alpha is 1 on most chunks: skipped under a subgroup
-      // vote, 0.95x (docs/performance.md).
-      [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) {
-        [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) o[n][i] *= alpha[i >> 2];
-      }
-      [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) accumulate_pv(p[nb], nb, stage + sub, o);
+    // Bit c of row g + 8h's word: it sees token chunk0 + c (rows past the pass
+    // see nothing). Shifted by 2t, each element tests a constant bit.
+    uint lane_visible[2];
+    [[unroll]] for (uint h = 0u; h < 2u; ++h) lane_visible[h] = own_live[h] ? own_word[h] >> (chunk0 % 32u) : 0u;
+    const bool chunk_unseen = ((lane_visible[0] | lane_visible[1]) << (32u - CHUNK)) == 0u;
+    [[unroll]] for (uint h = 0u; h < 2u; ++h) lane_visible[h] >>= 2u * t;
+    [[unroll]] for (uint h = 0u; h < 2u; ++h) {
+      own_word[h] = fetch_visible(token_begin, own_tile_query[h], tokens, chunk0 + CHUNK);
     }
+    fetch_indices(token_begin, tokens, chunk0 + 2u * CHUNK, tid);
+    barrier();
+    if (!subgroup_live) continue;
+    // A chunk that none of the subgroup's rows sees would leave their state as it is.
+    if (subgroupAll(chunk_unseen)) continue;
+
+    ACC s[STILES];
+    compute_s(q, stage, s);
+
+    // Masked online softmax of rows g and g + 8, branch-free: the visibility
+    // bit selects, and a masked logit's exp2(-inf - reference) is exactly 0.
+    float x[STILES][ELEMENTS];
+    float chunk_max[2] = {-1.0 / 0.0, -1.0 / 0.0};
+    [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
+      [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) {
+        const uint h = i >> 2, column = nb * TILE + 8u * ((i >> 1) & 1u) + (i & 1u);
+        float logit = s[nb][i] * logit_scale;
+        if (SOFTCAP) logit = softcap(logit);
+        x[nb][i] = ((lane_visible[h] >> column) & 1u) != 0u ? logit : -1.0 / 0.0;
+        chunk_max[h] = max(chunk_max[h], x[nb][i]);
+      }
+    }
+    float new_max[2], alpha[2];
+    [[unroll]] for (uint h = 0u; h < 2u; ++h) {
+      chunk_max[h] = max(chunk_max[h], subgroupShuffleXor(chunk_max[h], 1u));
+      chunk_max[h] = max(chunk_max[h], subgroupShuffleXor(chunk_max[h], 2u));
+      new_max[h] = chunk_max[h] > running_max[h] + kSlack ? chunk_max[h] : running_max[h];
+      alpha[h] = new_max[h] == running_max[h] || running_max[h] == kNoReference ? 1.0
+                                                                                : exp2(running_max[h] - new_max[h]);
+    }
+    MAT_A p[STILES];
+    float sum[2] = {0.0, 0.0};
+    [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) {
+      [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) {
+        const float e = exp2(x[nb][i] - new_max[i >> 2]);
+        sum[i >> 2] += e;
+        p[nb][i] = float16_t(e);
+      }
+    }
+    [[unroll]] for (uint h = 0u; h < 2u; ++h) {
+      running_sum[h] = running_sum[h] * alpha[h] + sum[h];
+      running_max[h] = new_max[h];
+    }
+    // Unconditional, though alpha is 1 on most chunks: skipped under a subgroup
+    // vote, 0.95x (docs/performance.md).
+    [[unroll]] for (uint n = 0u; n < V_DTILES; ++n) {
+      [[unroll]] for (uint i = 0u; i < ELEMENTS; ++i) o[n][i] *= alpha[i >> 2];
+    }
+    [[unroll]] for (uint nb = 0u; nb < STILES; ++nb) accumulate_pv(p[nb], nb, stage, o);
   }
   if (!subgroup_live) return;
 

@@ -169,10 +169,11 @@ TEST_CASE("the variants through a KV pool split into several buffers: fp8 K and 
   check_inputs_against_oracle(*backend, tree, in, tolerance(DType::f16), 16);
 }
 
-TEST_CASE("fp8 blocks of every length around a gather's 32 and 64 tokens, at each head dim, against the oracle") {
-  // The fragments shader gathers fp8 rows two chunks at a time: a block whose
-  // last gather holds one chunk, part of one, or a chunk and part of the next
-  // must see exactly its tokens (the other shaders run the same cases).
+TEST_CASE("fp8 blocks ending around every chunk size, at each head dim, against the oracle") {
+  // fp8 rows arrive 16 elements a load (4 to 16 loads a row, 6 and 12 where a
+  // row's loads do not divide the work group) and are decoded on their way into
+  // shared memory: blocks that end just before, on and just past 16, 32 and 64
+  // tokens see exactly their tokens, on every shader variant.
   auto backend = make_test_backend();
   for (const HeadConfig heads : {HeadConfig{8, 2, 128, 0.0f}, HeadConfig{4, 2, 64, 0.0f}, HeadConfig{4, 2, 256, 0.0f},
                                  HeadConfig{4, 2, 96, 0.0f}, HeadConfig{4, 2, 192, 0.0f, 128}}) {

@@ -8,6 +8,14 @@ void require(const void* pointer, const char* what) {
   if (pointer == nullptr) throw Error(ErrorCategory::InvalidArgument, fmt::format("{} is NULL", what));
 }
 
+std::size_t bytes_to_read(const std::vector<std::size_t>& field_ends, std::size_t struct_size, std::size_t alignment) {
+  std::size_t bytes = 0;
+  for (const std::size_t end : field_ends) {
+    if (end == struct_size || (end + alignment - 1) / alignment * alignment == struct_size) bytes = std::max(bytes, end);
+  }
+  return bytes;
+}
+
 std::vector<std::size_t> field_ends(const treeattn_plan_options*) {
   using O = treeattn_plan_options;
   return {sizeof(O::struct_size),

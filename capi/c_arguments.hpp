@@ -32,6 +32,27 @@ std::vector<std::size_t> field_ends(const treeattn_context_options*);
 std::vector<std::size_t> field_ends(const treeattn_tree_options*);
 std::vector<std::size_t> field_ends(const treeattn_attention_options*);
 
+// `init`'s defaults written for a caller whose struct is `size` bytes (its
+// sizeof): smaller than this library's when the caller was compiled against an
+// older header (the fields it lacks are not written), larger against a newer
+// one (the bytes this library does not know are zeroed, and read_options then
+// refuses that struct_size, naming it).
+template <typename Options>
+void init_sized(Options* o, std::size_t size, void (*init)(Options*)) {
+  if (o == nullptr || size < sizeof(o->struct_size)) return;
+  Options defaults;
+  init(&defaults);
+  std::memset(static_cast<void*>(o), 0, size);
+  std::memcpy(static_cast<void*>(o), &defaults, std::min(size, sizeof(Options)));
+  o->struct_size = size;
+}
+
+// The bytes of a caller's options struct to read, given its struct_size: a
+// field's end, or the sizeof a struct ending at that field has (C pads it to
+// the struct's alignment), whose padding is not read; where two ends round up
+// to one size, the larger (this header's layout). 0: no field ends there.
+std::size_t bytes_to_read(const std::vector<std::size_t>& field_ends, std::size_t struct_size, std::size_t alignment);
+
 // An options struct from a caller that may be older (smaller) than this
 // library: the fields it has, defaults for the rest.
 template <typename Options>
@@ -39,14 +60,14 @@ Options read_options(const Options* given, void (*init)(Options*), const char* w
   Options o;
   init(&o);
   if (given == nullptr) return o;
-  const std::vector<std::size_t> ends = field_ends(given);
-  if (std::find(ends.begin(), ends.end(), given->struct_size) == ends.end()) {
+  const std::size_t bytes = bytes_to_read(field_ends(given), given->struct_size, alignof(Options));
+  if (bytes == 0) {
     throw Error(ErrorCategory::InvalidArgument,
                 fmt::format("{}.struct_size is {}: set it with {}_init (this library's is {}; a smaller one must end "
                             "at a field's end)",
                             what, given->struct_size, what, sizeof(Options)));
   }
-  std::memcpy(&o, given, given->struct_size);
+  std::memcpy(static_cast<void*>(&o), given, bytes);
   o.struct_size = sizeof(Options);
   return o;
 }

@@ -113,11 +113,12 @@ treeattn_status treeattn_tree_create(int32_t heads_q, int32_t heads_kv, int32_t 
   });
 }
 
-void treeattn_tree_options_init(treeattn_tree_options* o) {
+void (treeattn_tree_options_init)(treeattn_tree_options* o) {
   if (o == nullptr) return;
   *o = treeattn_tree_options{};
   o->struct_size = sizeof(*o);
 }
+void treeattn_tree_options_init_sized(treeattn_tree_options* o, size_t size) { init_sized(o, size, (treeattn_tree_options_init)); }
 
 treeattn_status treeattn_tree_create_with(const treeattn_tree_options* given, treeattn_tree** out) {
   return guarded([&] {
@@ -165,13 +166,14 @@ treeattn_status treeattn_tree_add_query(treeattn_tree* tree, int64_t node, int64
 
 void treeattn_tree_destroy(treeattn_tree* tree) { delete tree; }
 
-void treeattn_context_options_init(treeattn_context_options* o) {
+void (treeattn_context_options_init)(treeattn_context_options* o) {
   if (o == nullptr) return;
   *o = treeattn_context_options{};
   o->struct_size = sizeof(*o);
   o->backend = TREEATTN_BACKEND_AUTO;
   o->device = -1;
 }
+void treeattn_context_options_init_sized(treeattn_context_options* o, size_t size) { init_sized(o, size, (treeattn_context_options_init)); }
 
 treeattn_status treeattn_context_create(const treeattn_context_options* given, treeattn_context** out) {
   return guarded([&] {
@@ -203,12 +205,13 @@ treeattn_status treeattn_context_graph_stable(treeattn_context* context, const t
   });
 }
 
-void treeattn_plan_options_init(treeattn_plan_options* o) {
+void (treeattn_plan_options_init)(treeattn_plan_options* o) {
   if (o == nullptr) return;
   *o = treeattn_plan_options{};
   o->struct_size = sizeof(*o);
   o->strategy = TREEATTN_STRATEGY_FLATTEN;
 }
+void treeattn_plan_options_init_sized(treeattn_plan_options* o, size_t size) { init_sized(o, size, (treeattn_plan_options_init)); }
 
 treeattn_status treeattn_plan_create(treeattn_context* context, const treeattn_tree* tree, const treeattn_plan_options* given,
                                      treeattn_plan** out) {
@@ -308,13 +311,14 @@ treeattn_status treeattn_run(treeattn_context* context, const treeattn_plan* pla
   return treeattn_run_with(context, plan, q, k, v, o, lse, nullptr);
 }
 
-void treeattn_attention_options_init(treeattn_attention_options* o) {
+void (treeattn_attention_options_init)(treeattn_attention_options* o) {
   if (o == nullptr) return;
   *o = treeattn_attention_options{};
   o->struct_size = sizeof(*o);
   o->k_scale = 1.0f;
   o->v_scale = 1.0f;
 }
+void treeattn_attention_options_init_sized(treeattn_attention_options* o, size_t size) { init_sized(o, size, (treeattn_attention_options_init)); }
 
 treeattn_status treeattn_run_with(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* q,
                                   const treeattn_tensor* k, const treeattn_tensor* v, const treeattn_tensor* o,

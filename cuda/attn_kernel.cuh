@@ -83,26 +83,32 @@ template <typename Traits>
 struct KvGather {
   using KvStore = typename Traits::KvStore;
   using Smem = SharedTiles<Traits>;
-  static constexpr int D = Traits::kHeadDim;
   static constexpr int kStep = Traits::kGatherRowStep;
   const PassContext& c;
   int tid, chunk, row0;
   const char* k_column;
   const char* v_column;
   std::uint32_t slot_bytes;    // one stride for K and V: one multiply a row
+  std::uint32_t v_slot_bytes;  // V's own, where its rows are narrower than K's (kSplitDims)
   std::uint32_t column_bytes;  // the thread's first row's chunk in a stage
 
   __device__ __forceinline__ KvGather(const PassContext& ctx, int thread) : c(ctx), tid(thread) {
     constexpr int kChunkElements = 16 / int(sizeof(KvStore));
-    const KvStore* k_head = static_cast<const KvStore*>(c.p.k) + std::int64_t(c.kv_head) * D;
-    const KvStore* v_head = static_cast<const KvStore*>(c.p.v) + std::int64_t(c.kv_head) * D;
+    const KvStore* k_head = static_cast<const KvStore*>(c.p.k) + std::int64_t(c.kv_head) * Traits::kHeadDim;
+    const KvStore* v_head = static_cast<const KvStore*>(c.p.v) + std::int64_t(c.kv_head) * Traits::kHeadDimV;
     chunk = tid % Traits::kGatherChunksPerRow;
     row0 = tid / Traits::kGatherChunksPerRow;
+    if constexpr (kIdleThreads) row0 = copies() ? row0 : 0;  // an idle thread's slot reads stay in the map
     k_column = reinterpret_cast<const char*>(k_head + chunk * kChunkElements);
     v_column = reinterpret_cast<const char*>(v_head + chunk * kChunkElements);
     slot_bytes = std::uint32_t(c.p.kv_row_stride) * std::uint32_t(sizeof(KvStore));
+    if constexpr (Traits::kSplitDims) v_slot_bytes = std::uint32_t(c.p.v_row_stride) * std::uint32_t(sizeof(KvStore));
     column_bytes = Traits::gather_offset(row0, chunk);
   }
+  // Whether the thread copies (kGatherThreads), and whether its chunk column is one of V's too.
+  static constexpr bool kIdleThreads = Traits::kGatherThreads < Traits::kThreads;
+  __device__ __forceinline__ bool copies() const { return tid < Traits::kGatherThreads; }
+  __device__ __forceinline__ bool copies_v() const { return !Traits::kSplitDims || chunk < Traits::kGatherChunksPerRowV; }
   // Tile m's token map into its ring entry, a 16-byte piece per thread.
   __device__ __forceinline__ void load_map(int m) const {
     if (m < c.ntiles && tid < Traits::kMapChunks) {
@@ -111,13 +117,20 @@ struct KvGather {
   }
   // The thread's i-th row of a tile (row0 + i * kStep) from KV-pool slot `slot` into `stage`.
   __device__ __forceinline__ void copy_row(int stage, int i, int slot) const {
-    const std::uint32_t k_tile = smem_address(Smem::k_gather() + stage * Traits::kGatherTileBytes);
-    const std::uint32_t v_tile = smem_address(Smem::v_gather() + stage * Traits::kGatherTileBytes);
+    if constexpr (kIdleThreads) {
+      if (!copies()) return;
+    }
+    const std::uint32_t k_tile = smem_address(Smem::k_gather() + stage * Traits::kKGatherBytes);
+    const std::uint32_t v_tile = smem_address(Smem::v_gather() + stage * Traits::kVGatherBytes);
     const std::uint32_t at = kStep % Traits::kGatherSwizzleRows == 0 ? column_bytes + i * kStep * Traits::kGatherRowBytes
                                                                      : Traits::gather_offset(row0 + i * kStep, chunk);
     const std::uint64_t from = std::uint64_t(std::uint32_t(slot)) * slot_bytes;
     cp_async_16(k_tile + at, k_column + from);
-    cp_async_16(v_tile + at, v_column + from);
+    if constexpr (Traits::kSplitDims) {
+      if (copies_v()) cp_async_16(v_tile + at, v_column + std::uint64_t(std::uint32_t(slot)) * v_slot_bytes);
+    } else {
+      cp_async_16(v_tile + at, v_column + from);
+    }
   }
   // Tile t's K and V rows through its map (which has landed). A batch's slots
   // are all read before its copies: a slot read after the previous row's
@@ -225,32 +238,47 @@ __device__ __forceinline__ void wait_for_tile() {
   __syncthreads();
 }
 
-// fp8 K or V: gather stage `stage`'s bytes of one of them widened into the
-// tile the math reads (kTileStages: one), each thread 16 bytes at a time. A
-// thread takes one piece of rows kColumnThreads apart, which share both
-// swizzles' low row bits: its addresses are one base and constant offsets.
-// Consecutive threads take that piece of consecutive rows: both swizzles put
-// those in distinct banks. The caller's barrier (widened) publishes the tile.
-template <typename Traits>
+// fp8 K or V: gather stage `stage`'s bytes of one of them (rows of kRowPieces
+// 16-byte pieces: K's or V's kGatherChunksPerRow) widened into the tile the
+// math reads (kTileStages: one), each thread 16 bytes at a time. Where a
+// row's pieces divide the threads into columns of at least 8, a thread takes
+// one piece of rows kColumnThreads apart, which share both swizzles' low row
+// bits: its addresses are one base and constant offsets. Else (6 and 12
+// pieces: head_dim 96 and 192) step j's thread i takes item i + j threads,
+// row-major by piece. Consecutive threads take one piece of consecutive rows:
+// both swizzles put those in distinct banks. The caller's barrier (widened)
+// publishes the tile.
+template <typename Traits, int kRowPieces>
 __device__ __forceinline__ void widen(const unsigned char* gathered, typename Traits::Element* tile, int stage, int tid) {
-  constexpr int kRowPieces = Traits::kGatherChunksPerRow;  // 16-byte pieces of a row of fp8 bytes
-  constexpr int kColumnThreads = Traits::kThreads / kRowPieces;
-  constexpr int kSteps = Traits::kTileTokens / kColumnThreads;
-  static_assert(kColumnThreads % 8 == 0 && kSteps * kColumnThreads == Traits::kTileTokens, "whole steps of the CTA's threads");
-  const unsigned char* from = gathered + stage * Traits::kGatherTileBytes;
+  constexpr int kTokens = Traits::kTileTokens, kThreads = Traits::kThreads;
+  constexpr bool kColumns = kThreads % kRowPieces == 0 && (kThreads / kRowPieces) % 8 == 0;
+  constexpr int kColumnThreads = kColumns ? kThreads / kRowPieces : kTokens;
+  constexpr int kSteps = kTokens * kRowPieces / kThreads;
+  static_assert(kSteps * kThreads == kTokens * kRowPieces, "whole steps of the CTA's threads");
+  static_assert(Traits::kKGatherBytes == Traits::kVGatherBytes, "K's and V's fp8 stages have one layout");
+  const unsigned char* from = gathered + stage * Traits::kKGatherBytes;
   const int piece = tid / kColumnThreads, row0 = tid % kColumnThreads;
   const int from0 = Traits::gather_offset(row0, piece);
   const int lo0 = Traits::swizzle(row0, 2 * piece), hi0 = Traits::swizzle(row0, 2 * piece + 1);
   // Two pieces in flight: V is widened beside S's live accumulators.
 #pragma unroll 2
   for (int j = 0; j < kSteps; ++j) {
-    const int row = row0 + j * kColumnThreads;
-    const int at = kColumnThreads % Traits::kGatherSwizzleRows == 0 ? from0 + j * kColumnThreads * Traits::kGatherRowBytes
-                                                                    : Traits::gather_offset(row, piece);
-    uint4 lo, hi;
-    widen_fp8x16<typename Traits::KvStore, typename Traits::Element>(*reinterpret_cast<const uint4*>(from + at), lo, hi);
-    *reinterpret_cast<uint4*>(tile + lo0 + j * kColumnThreads * Traits::kPanel) = lo;
-    *reinterpret_cast<uint4*>(tile + hi0 + j * kColumnThreads * Traits::kPanel) = hi;
+    int at, lo, hi;
+    if constexpr (kColumns) {
+      at = kColumnThreads % Traits::kGatherSwizzleRows == 0 ? from0 + j * kColumnThreads * Traits::kGatherRowBytes
+                                                            : Traits::gather_offset(row0 + j * kColumnThreads, piece);
+      lo = lo0 + j * kColumnThreads * Traits::kPanel;
+      hi = hi0 + j * kColumnThreads * Traits::kPanel;
+    } else {
+      const int i = tid + j * kThreads, row = i % kTokens, piece_j = i / kTokens;
+      at = Traits::gather_offset(row, piece_j);
+      lo = Traits::swizzle(row, 2 * piece_j);
+      hi = Traits::swizzle(row, 2 * piece_j + 1);
+    }
+    uint4 wide_lo, wide_hi;
+    widen_fp8x16<typename Traits::KvStore, typename Traits::Element>(*reinterpret_cast<const uint4*>(from + at), wide_lo, wide_hi);
+    *reinterpret_cast<uint4*>(tile + lo) = wide_lo;
+    *reinterpret_cast<uint4*>(tile + hi) = wide_hi;
   }
 }
 // The widened tile for every thread of the CTA (and wgmma's async proxy).
@@ -427,10 +455,10 @@ __device__ __forceinline__ void softmax_finish(float (&row_max)[2], float (&row_
 // `in_flight` runs while wgmma computes it (after the MMAs on mma.sync).
 template <typename Traits, typename InFlight>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[Traits::kNTiles][4], const typename Traits::Element* vs,
-                                              const typename Traits::LaneRow& kv_row, float (&acc)[Traits::kHeadDim / 8][4],
+                                              const typename Traits::LaneRow& kv_row, float (&acc)[Traits::kAccTiles][4],
                                               const InFlight& in_flight) {
   using Element = typename Traits::Element;
-  constexpr int D = Traits::kHeadDim;
+  constexpr int D = Traits::kHeadDimV;
   constexpr int kKSteps = Traits::kKSteps;
   std::uint32_t pf[kKSteps][4];
 #pragma unroll
@@ -443,18 +471,20 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[Traits::kNTiles][
 #if defined(TREEATTN_WGMMA)
   if constexpr (!Traits::kSplitKV) {
     // MN-major (transposed) B: a step's 16 tokens are two 8-row groups of
-    // every panel; one instruction spans two panels (128 dims).
+    // every panel; one instruction spans two panels (128 dims). Its columns
+    // are the accumulator's: V's panels (kAccDim).
+    constexpr int kAccDim = Traits::kAccDim;
     const std::uint32_t v_base = smem_address(vs);
     constexpr int kPanelBytes = Traits::kPanelElements * 2;
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kKSteps; ++j) {
       const std::uint32_t start = v_base + j * 2048;
-      if constexpr (D == 64) {
+      if constexpr (kAccDim == 64) {
         Wgmma<Element>::template m64n64k16<1>(acc, pf[j], wgmma_descriptor(start, kPanelBytes, 1024), true);
       } else {
 #pragma unroll
-        for (int h = 0; h < D / 128; ++h) {
+        for (int h = 0; h < kAccDim / 128; ++h) {
           auto& acc_half = *reinterpret_cast<float(*)[16][4]>(&acc[16 * h]);
           Wgmma<Element>::template m64n128k16<1>(acc_half, pf[j], wgmma_descriptor(start + 2 * h * kPanelBytes, kPanelBytes, 1024), true);
         }
@@ -493,7 +523,7 @@ static_assert(sizeof(RowDest) == 16, "the split-KV path keeps 16 of them in shar
 template <typename Traits>
 __device__ __forceinline__ RowDest make_dest(const KernelParams& p, std::int32_t target, int head, bool direct) {
   const std::int32_t index = target * p.heads_q + head;
-  return RowDest{direct ? std::int64_t(target) * p.o_row_stride + head * Traits::kHeadDim : std::int64_t(index) * Traits::kHeadDim, index, direct};
+  return RowDest{direct ? std::int64_t(target) * p.o_row_stride + head * Traits::kHeadDimV : std::int64_t(index) * Traits::kHeadDimV, index, direct};
 }
 template <typename Traits>
 __device__ __forceinline__ RowDest row_dest(const PassContext& c, int row) {
@@ -547,8 +577,8 @@ __device__ __forceinline__ RowEnd end_row(const KernelParams& p, bool direct, in
 template <typename Traits>
 __device__ __forceinline__ void write_thread_rows(const PassContext& c, const PassLane<Traits>& lane, const ThreadRows& rows,
                                                   const PassScales& scales, const float (&row_max)[2],
-                                                  const float (&row_sum)[2], const float (&acc)[Traits::kHeadDim / 8][4]) {
-  constexpr int D = Traits::kHeadDim;
+                                                  const float (&row_sum)[2], const float (&acc)[Traits::kAccTiles][4]) {
+  constexpr int D = Traits::kHeadDimV;
   const KernelParams& p = c.p;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -580,8 +610,8 @@ __device__ __forceinline__ void write_thread_rows(const PassContext& c, const Pa
 template <typename Traits>
 __device__ __forceinline__ void merge_warps_and_write(const PassContext& c, const PassLane<Traits>& lane,
                                                       const PassScales& scales, const float (&row_max)[2], const float (&row_sum)[2],
-                                                      const float (&acc)[Traits::kHeadDim / 8][4]) {
-  constexpr int D = Traits::kHeadDim;
+                                                      const float (&acc)[Traits::kAccTiles][4]) {
+  constexpr int D = Traits::kHeadDimV;
   constexpr int kAccStride = Traits::kMergeAccStride;
   const KernelParams& p = c.p;
   const int tid = lane.tid, warp = lane.warp, g = lane.g, t4 = lane.t4;
@@ -677,6 +707,7 @@ template <typename Traits>
 __device__ __forceinline__ void attend_pass(const PassContext& c) {
   using Smem = SharedTiles<Traits>;
   constexpr int D = Traits::kHeadDim;
+  constexpr int kAccTiles = Traits::kAccTiles;
   constexpr int kStages = Traits::kStages;
   // The thread's coordinates are the pass's own locals, and the mask's first
   // bit and the ldmatrix row are computed from them here. Built in a PassLane
@@ -732,9 +763,9 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   const int mat = lane_id / 8;
   const auto kv_row = Traits::lane_row(n_base * 8 + (mat & 1) * 8 + lane_id % 8, mat >> 1);
 
-  float acc[D / 8][4];
+  float acc[kAccTiles][4];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  for (int n = 0; n < kAccTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
 
   if constexpr (Traits::kWidenInShared && kStages == 2) {
@@ -746,12 +777,14 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
     // next tile, with P V(t), so V(t + 1) may be widened.
     gather.prefetch_for(0);
     wait_for_tile<Traits>();
-    widen<Traits>(Smem::k_gather(), Smem::k(), 0, tid);
+    widen<Traits, Traits::kGatherChunksPerRow>(Smem::k_gather(), Smem::k(), 0, tid);
     for (int t = 0; t < c.ntiles; ++t) {
       const int stage = t % kStages;
       widened<Traits>();
       float s[Traits::kNTiles][4];
-      compute_scores<Traits>(qf, Smem::k(), kv_row, s, [&] { widen<Traits>(Smem::v_gather(), Smem::v(), stage, tid); });
+      compute_scores<Traits>(qf, Smem::k(), kv_row, s, [&] {
+        widen<Traits, Traits::kGatherChunksPerRowV>(Smem::v_gather(), Smem::v(), stage, tid);
+      });
       cap_scores<Traits>(c.p, scales, s);
       mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
       softmax_update<Traits::kWidened>(row_max, row_sum, s, acc, exp_scale());
@@ -759,7 +792,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       widened<Traits>();
       gather.prefetch_for(t + 1);
       accumulate_pv<Traits>(s, Smem::v(), kv_row, acc, [&] {
-        if (t + 1 < c.ntiles) widen<Traits>(Smem::k_gather(), Smem::k(), stage ^ 1, tid);
+        if (t + 1 < c.ntiles) widen<Traits, Traits::kGatherChunksPerRow>(Smem::k_gather(), Smem::k(), stage ^ 1, tid);
       });
     }
   } else {
@@ -767,30 +800,34 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       const int stage = t % kStages;
       gather.prefetch_for(t);
       wait_for_tile<Traits>();
-      const int tile = Traits::tile_stage(stage) * Traits::kTileTokens * D;
+      // One offset where K's and V's tiles are alike: two compile to another
+      // schedule of the equal-width kernels' address arithmetic.
+      const int k_tile = Traits::k_tile(stage);
+      const int v_tile = Traits::kKTileBytes == Traits::kVTileBytes ? k_tile : Traits::v_tile(stage);
       // fp8 in shared memory: K widened before S, V while S is computed and
       // published after the softmax (the previous tile's P V is done with both:
       // the loop's barrier). fp8 in registers: read from the gathered bytes.
       if constexpr (Traits::kWidenInShared) {
-        widen<Traits>(Smem::k_gather(), Smem::k(), stage, tid);
+        widen<Traits, Traits::kGatherChunksPerRow>(Smem::k_gather(), Smem::k(), stage, tid);
         widened<Traits>();
       }
-      const unsigned char* k_bytes = Smem::k_gather() + stage * Traits::kGatherTileBytes;
-      const unsigned char* v_bytes = Smem::v_gather() + stage * Traits::kGatherTileBytes;
       float s[Traits::kNTiles][4];
       if constexpr (Traits::kKvInRegisters) {
-        Fp8Fragments<Traits>::scores(qf, k_bytes, n_base * 8, g, t4, s);
+        Fp8Fragments<Traits>::scores(qf, Smem::k_gather() + stage * Traits::kKGatherBytes, n_base * 8, g, t4, s);
       } else {
-        compute_scores<Traits>(qf, Smem::k() + tile, kv_row, s, [&] {
-          if constexpr (Traits::kWidenInShared) widen<Traits>(Smem::v_gather(), Smem::v(), stage, tid);
+        compute_scores<Traits>(qf, Smem::k() + k_tile, kv_row, s, [&] {
+          if constexpr (Traits::kWidenInShared) widen<Traits, Traits::kGatherChunksPerRowV>(Smem::v_gather(), Smem::v(), stage, tid);
         });
       }
       cap_scores<Traits>(c.p, scales, s);
       mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
       softmax_update<Traits::kWidened>(row_max, row_sum, s, acc, exp_scale());
       if constexpr (Traits::kWidenInShared) widened<Traits>();
-      if constexpr (Traits::kKvInRegisters) Fp8Fragments<Traits>::accumulate_pv(s, v_bytes, n_base * 8, g, t4, acc);
-      else accumulate_pv<Traits>(s, Smem::v() + tile, kv_row, acc, [] {});
+      if constexpr (Traits::kKvInRegisters) {
+        Fp8Fragments<Traits>::accumulate_pv(s, Smem::v_gather() + stage * Traits::kVGatherBytes, n_base * 8, g, t4, acc);
+      } else {
+        accumulate_pv<Traits>(s, Smem::v() + v_tile, kv_row, acc, [] {});
+      }
       __syncthreads();  // the stage and this tile's map are refilled next
     }
   }
@@ -821,8 +858,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 
 // Stage 2: the log-sum-exp merge of a query's partials, in the plan's order.
 // One warp per (query, query head), kMergeWarps to a CTA, each lane owning
-// head_dim / 32 adjacent channels (one 16-byte load per partial at head_dim
-// 128). The warp reads 32 partials' LSEs at a time (the query's slots are
+// head_dim_v / 32 adjacent channels (one 16-byte load per partial at head_dim_v
+// 128; three 4-byte loads at 96). The warp reads 32 partials' LSEs at a time (the query's slots are
 // merge_begin's range itself: KernelParams), one per lane,
 // takes their maximum with shuffles, and then every lane folds the partials in
 // CSR order with a running max, so the merge is one pass and deterministic; the
@@ -833,17 +870,17 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
 // capped for eight CTAs (64 registers).
 constexpr int kMergeWarps = 4;
 constexpr int kMergeBatch = 8;
-template <int HeadDim, int kBatch>
+template <int HeadDimV, int kBatch>
 constexpr int merge_min_blocks() {
-  if (HeadDim > 128) return 1;
+  if (HeadDimV > 128) return 1;
   return kBatch <= kMergeLeanBatch ? 10 : 8;
 }
 
 // kSinks: the call's sinks (KernelParams::sinks) join each query's
 // denominator and LSE once, after its partials.
-template <int HeadDim, int kBatch, bool kSinks>
-__global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kBatch>()) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
-  constexpr int kChannels = HeadDim / 32;  // per lane: 2, 4 or 8
+template <int HeadDimV, int kBatch, bool kSinks>
+__global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDimV, kBatch>()) tree_attn_merge_kernel(const __grid_constant__ KernelParams p) {
+  constexpr int kChannels = HeadDimV / 32;  // per lane: 2, 3, 4 or 8
   const int lane = threadIdx.x % 32;
   const std::int64_t pair = std::int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
   if (pair >= std::int64_t(p.max_queries) * p.heads_q) return;
@@ -870,12 +907,17 @@ __global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kB
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         const int slot = __shfl_sync(0xffffffffu, my_slot, (i0 + j) % 32);
-        const float* src = p.partial_o + (std::int64_t(slot) * p.heads_q + head) * HeadDim + lane * kChannels;
+        const float* src = p.partial_o + (std::int64_t(slot) * p.heads_q + head) * HeadDimV + lane * kChannels;
+        if constexpr (kChannels % 2 == 0) {
 #pragma unroll
-        for (int c = 0; c < kChannels; c += 2) {
-          const float2 two = i0 + j < n ? *reinterpret_cast<const float2*>(src + c) : make_float2(0.0f, 0.0f);
-          v[j][c] = two.x;
-          v[j][c + 1] = two.y;
+          for (int c = 0; c < kChannels; c += 2) {
+            const float2 two = i0 + j < n ? *reinterpret_cast<const float2*>(src + c) : make_float2(0.0f, 0.0f);
+            v[j][c] = two.x;
+            v[j][c + 1] = two.y;
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < kChannels; ++c) v[j][c] = i0 + j < n ? src[c] : 0.0f;
         }
       }
     };
@@ -911,9 +953,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32, merge_min_blocks<HeadDim, kB
     for (int c = 0; c < kChannels; ++c) acc[c] *= rescale;
     max_lse = m;
   }
-  const std::int64_t out = std::int64_t(query) * p.o_row_stride + head * HeadDim + lane * kChannels;
-#pragma unroll
-  for (int c = 0; c < kChannels; c += 2) store_out_pair(p.o, p.out_type, out + c, acc[c] / sum, acc[c + 1] / sum);
+  const std::int64_t out = std::int64_t(query) * p.o_row_stride + head * HeadDimV + lane * kChannels;
+  store_out_channels<kChannels>(p.o, p.out_type, out, [&](int c) { return acc[c] / sum; });
   if (p.lse != nullptr && lane == 0) p.lse[std::int64_t(query) * p.heads_q + head] = max_lse + __logf(sum);
 }
 

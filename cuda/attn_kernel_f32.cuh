@@ -12,7 +12,7 @@
 // F32Layout::kStepTokens tokens: it gathers their K and V rows into shared
 // memory, then each lane scores tokens lane, lane + 32, ... for each of its
 // warp's rows (online softmax in base 2, as stage 1 and the merge use) and
-// accumulates head_dim / 32 adjacent channels of each row's O. The call's
+// accumulates head_dim_v / 32 adjacent channels of each row's O. The call's
 // soft-cap and sinks (fp8 K and V take f16 or bf16 Q: not here) are read at
 // run time: this kernel is not the tuned path.
 
@@ -23,10 +23,11 @@ namespace treeattn::cuda {
 inline constexpr int kF32Warps = 8;
 inline constexpr int kF32RowsPerWarp = kRowsPerPass / kF32Warps;
 
-template <int HeadDim>
+// HeadDim: Q's and K's columns; HeadDimV: V's and O's.
+template <int HeadDim, int HeadDimV>
 struct F32Layout {
   // Tokens gathered per step: a whole tile up to head_dim 128; half of one
-  // at 256, so K, V and Q fit the A100's 164 KB of shared memory.
+  // above, so K, V and Q fit the A100's 164 KB of shared memory.
   static constexpr int kStepTokens = HeadDim <= 128 ? kTileTokens : kTileTokens / 2;
   static constexpr int kTokensPerLane = kStepTokens / 32;
   // K rows padded by one float: the 32 lanes of a warp read one element of 32
@@ -34,15 +35,16 @@ struct F32Layout {
   static constexpr int kKStride = HeadDim + 1;
   static constexpr int kQOffset = 0;                                    // [kRowsPerPass][HeadDim]
   static constexpr int kKOffset = kQOffset + kRowsPerPass * HeadDim;    // [kStepTokens][kKStride]
-  static constexpr int kVOffset = kKOffset + kStepTokens * kKStride;    // [kStepTokens][HeadDim]
-  static constexpr int kBytes = (kVOffset + kStepTokens * HeadDim) * 4;
+  static constexpr int kVOffset = kKOffset + kStepTokens * kKStride;    // [kStepTokens][HeadDimV]
+  static constexpr int kBytes = (kVOffset + kStepTokens * HeadDimV) * 4;
 };
 
-template <int HeadDim>
+template <int HeadDim, int HeadDimV>
 __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(const __grid_constant__ KernelParams p) {
-  using Layout = F32Layout<HeadDim>;
+  using Layout = F32Layout<HeadDim, HeadDimV>;
   constexpr int D = HeadDim;
-  constexpr int kChannels = D / 32;  // adjacent channels of O per lane
+  constexpr int DV = HeadDimV;
+  constexpr int kChannels = DV / 32;  // adjacent channels of O per lane
   constexpr int kThreads = kF32Warps * 32;
   const int pass = int(blockIdx.x / unsigned(p.heads_kv));
   const int kv_head = int(blockIdx.x % unsigned(p.heads_kv));
@@ -75,17 +77,24 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
   }
 
   const float* k_head = static_cast<const float*>(p.k) + std::int64_t(kv_head) * D;
-  const float* v_head = static_cast<const float*>(p.v) + std::int64_t(kv_head) * D;
+  const float* v_head = static_cast<const float*>(p.v) + std::int64_t(kv_head) * DV;
   const int ntiles = info.tile_end - info.tile_begin;
   for (int t = 0; t < ntiles; ++t) {
     const TileMap& map = p.tile_map[info.tile_begin + t];
     for (int first = 0; first < kTileTokens; first += Layout::kStepTokens) {
       __syncthreads();  // the previous step's rows are read (and, the first time, Q is in)
+      // K's and V's rows together, or V's after K's where they are narrower (and strided apart of their own).
       for (int i = tid; i < Layout::kStepTokens * D; i += kThreads) {
         const int token = i / D, d = i % D;
         const std::int64_t at = std::int64_t(map.slot[first + token]) * p.kv_row_stride + d;
         k_rows[token * Layout::kKStride + d] = k_head[at];
-        v_rows[token * D + d] = v_head[at];
+        if constexpr (DV == D) v_rows[token * D + d] = v_head[at];
+      }
+      if constexpr (DV != D) {
+        for (int i = tid; i < Layout::kStepTokens * DV; i += kThreads) {
+          const int token = i / DV, d = i % DV;
+          v_rows[token * DV + d] = v_head[std::int64_t(map.slot[first + token]) * p.v_row_stride + d];
+        }
       }
       __syncthreads();
 #pragma unroll
@@ -128,7 +137,7 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
 #pragma unroll 8
           for (int k = 0; k < 32; ++k) {
             const float weight = __shfl_sync(0xffffffffu, s[u], k);
-            const float* v_row = v_rows + (32 * u + k) * D + lane * kChannels;
+            const float* v_row = v_rows + (32 * u + k) * DV + lane * kChannels;
 #pragma unroll
             for (int c = 0; c < kChannels; ++c) acc[j][c] = fmaf(weight, v_row[c], acc[j][c]);
           }
@@ -150,11 +159,10 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
     const RowEnd e = end_row<true>(p, direct, head, row_max[j], 0.0f, row_sum[j]);
     const float inv = e.rescale / e.denom;
     if (direct) {
-      const std::int64_t out = std::int64_t(p.tile_query[entry]) * p.o_row_stride + head * D + lane * kChannels;
-#pragma unroll
-      for (int c = 0; c < kChannels; c += 2) store_out_pair(p.o, p.out_type, out + c, acc[j][c] * inv, acc[j][c + 1] * inv);
+      const std::int64_t out = std::int64_t(p.tile_query[entry]) * p.o_row_stride + head * DV + lane * kChannels;
+      store_out_channels<kChannels>(p.o, p.out_type, out, [&](int c) { return acc[j][c] * inv; });
     } else {
-      float* out = p.partial_o + std::int64_t(index) * D + lane * kChannels;
+      float* out = p.partial_o + std::int64_t(index) * DV + lane * kChannels;
 #pragma unroll
       for (int c = 0; c < kChannels; ++c) out[c] = acc[j][c] * inv;
     }

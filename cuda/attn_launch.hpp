@@ -13,7 +13,7 @@ namespace treeattn::cuda {
 // most: a pass of a large tile (plan.hpp, kLargeTileRows).
 inline constexpr int kRowsPerPass = 64;
 
-// What the current device runs for stage 1 (f16, this head_dim): which code,
+// What the current device runs for stage 1 (f16, these head dims): which code,
 // its registers and spills, and how many CTAs fit on an SM. The cost model
 // plans with the CTAs; --verbose prints the rest, since occupancy and spills
 // decide the kernel's speed and are otherwise invisible.
@@ -27,7 +27,7 @@ struct Stage1Occupancy {
   int spill_bytes = 0;   // local memory per thread
   int shared_bytes = 0;  // dynamic shared memory per CTA
 };
-Stage1Occupancy stage1_occupancy(int head_dim);
+Stage1Occupancy stage1_occupancy(int head_dim, int head_dim_v);
 
 // The grids of one call. A growing workspace launches exactly its plan's
 // passes and queries; a graph-stable one launches its capacities, so the grids
@@ -40,11 +40,13 @@ struct LaunchGeometry {
 };
 
 // Stage 1 over every work item and KV head, then the stage-2 merge.
-// head_dim is 64, 128 or 256; `q` is the element type of Q (f16 and bf16 on
-// the tensor cores, f32 on the CUDA cores), `kv` that of K and V: Q's, or fp8
-// beside f16 or bf16 Q. The params' options pick the kernels (attn_launch.cu).
+// head_dim (Q, K) and head_dim_v (V, O) are equal, 64, 96, 128 or 256, or 192
+// and 128 (attn_launch.cu, KernelHeadDims; others: cudaErrorInvalidValue);
+// `q` is the element type of Q (f16 and bf16 on the tensor cores, f32 on the
+// CUDA cores), `kv` that of K and V: Q's, or fp8 beside f16 or bf16 Q. The
+// params' options pick the kernels (attn_launch.cu).
 cudaError_t launch_tree_attention(const KernelParams& params, const LaunchGeometry& geometry, int head_dim,
-                                  ElementType q, ElementType kv, cudaStream_t stream);
+                                  int head_dim_v, ElementType q, ElementType kv, cudaStream_t stream);
 
 // An upload's device work (PlanUpload: the copies, then a CTA of 64 threads
 // per tile map); ordered on `stream` before the layers that read them. At

@@ -90,13 +90,13 @@ struct KernelParams {
   // device path"): row i starts at element i * row stride; heads and head_dim are dense.
   const void* q;      // [num_queries, heads_q, head_dim]  f16, bf16 or f32
   const void* k;      // [slots, heads_kv, head_dim]
-  const void* v;
-  void* o;            // [num_queries, heads_q, head_dim]  out_type
+  const void* v;      // [slots, heads_kv, head_dim_v]
+  void* o;            // [num_queries, heads_q, head_dim_v]  out_type
   float* lse;         // [num_queries, heads_q] or null
   std::int64_t q_row_stride;  // elements between queries' rows of Q (heads_q * head_dim when dense)
   std::int64_t o_row_stride;  // and of O
   std::int64_t kv_row_stride;  // elements between slots' rows of K, and of V (heads_kv * head_dim when dense)
-  float* partial_o;   // [num_partials, heads_q, head_dim]
+  float* partial_o;   // [num_partials, heads_q, head_dim_v]
   float* partial_lse; // [num_partials, heads_q]
 
   // The Plan's arrays the kernels read (plan.hpp documents them).
@@ -130,6 +130,11 @@ struct KernelParams {
   const float* k_scales;     // [heads_kv] per KV head in place of k_scale, or null
   const float* v_scales;     // [heads_kv] per KV head in place of v_scale, or null
   const float* sinks;        // [heads_q] natural-log sink logits, or null
+
+  // Elements between slots' rows of V where its rows are narrower than K's
+  // (head_dim_v < head_dim, heads_kv * head_dim_v when dense); read only by
+  // those kernels, the others take kv_row_stride for both.
+  std::int64_t v_row_stride;
 };
 
 }  // namespace treeattn::cuda

@@ -27,9 +27,13 @@ template <typename Traits>
 struct Fp8Fragments {
   using Element = typename Traits::Element;
   using Fp8 = typename Traits::KvStore;
-  static constexpr int D = Traits::kHeadDim;
+  static constexpr int D = Traits::kHeadDim;  // Q's and K's columns
   static_assert(Traits::kNTiles == 2 && Traits::kKSteps == 1, "a warp's 16 tokens of a tile");
-  static constexpr int kVSpan = D / 8;  // bytes of a V row a lane reads: one per n-tile of O
+  static constexpr int kVSpan = Traits::kHeadDimV / 8;  // bytes of a V row a lane reads: one per n-tile of O
+  static_assert(Traits::kAccTiles == kVSpan, "O's columns are V's");
+  // A lane's loads of V: 16, 8 or 4 bytes (head_dim_v 96: 12 bytes a lane),
+  // never across a 16-byte chunk of the gathered row.
+  static constexpr int kPieceBytes = kVSpan % 16 == 0 ? 16 : kVSpan % 8 == 0 ? 8 : 4;
 
   // Where column `col` (0..7) of n-tile n of O lies in the row: dim kVSpan col + n.
   __device__ __forceinline__ static int o_dim(int n, int col) { return kVSpan * col + n; }
@@ -54,12 +58,10 @@ struct Fp8Fragments {
   // O += P V for the warp's tokens: P's k index 2 t4 + {0, 1, 8, 9} is token
   // token0 + 2 t4 + {0, 1, 8, 9} (the scores' columns).
   __device__ __forceinline__ static void accumulate_pv(const float (&s)[2][4], const unsigned char* v_bytes, int token0, int g,
-                                                       int t4, float (&acc)[D / 8][4]) {
+                                                       int t4, float (&acc)[Traits::kAccTiles][4]) {
     const std::uint32_t pf[4] = {Mma<Element>::pack(s[0][0], s[0][1]), Mma<Element>::pack(s[0][2], s[0][3]),
                                  Mma<Element>::pack(s[1][0], s[1][1]), Mma<Element>::pack(s[1][2], s[1][3])};
-    // A 16-byte piece of each token's span at a time (8 bytes at head_dim 64):
-    // its n-tiles' fragments, then the next piece.
-    constexpr int kPieceBytes = kVSpan < 16 ? kVSpan : 16;
+    // A piece of each token's span at a time: its n-tiles' fragments, then the next piece.
     const int first_byte = g * kVSpan;
 #pragma unroll
     for (int piece = 0; piece < kVSpan / kPieceBytes; ++piece) {
@@ -72,9 +74,11 @@ struct Fp8Fragments {
         if constexpr (kPieceBytes == 16) {
           const uint4 v = *reinterpret_cast<const uint4*>(at);
           raw[q][0] = v.x, raw[q][1] = v.y, raw[q][2] = v.z, raw[q][3] = v.w;
-        } else {
+        } else if constexpr (kPieceBytes == 8) {
           const uint2 v = *reinterpret_cast<const uint2*>(at);
           raw[q][0] = v.x, raw[q][1] = v.y;
+        } else {
+          raw[q][0] = *reinterpret_cast<const std::uint32_t*>(at);
         }
       }
 #pragma unroll

@@ -111,6 +111,29 @@ __device__ __forceinline__ void store_out_pair(void* o, ElementType type, std::i
   }
 }
 
+// Output element `index` alone, for a lane whose elements are not pairs.
+__device__ __forceinline__ void store_out_one(void* o, ElementType type, std::int64_t index, float v) {
+  switch (type) {
+    case ElementType::f16: static_cast<__half*>(o)[index] = __float2half_rn(v); break;
+    case ElementType::bf16: static_cast<__nv_bfloat16*>(o)[index] = __float2bfloat16_rn(v); break;
+    case ElementType::f32: static_cast<float*>(o)[index] = v; break;
+  }
+}
+
+// A lane's kChannels adjacent output elements from `index`, element c being
+// value(c): in pairs, or one at a time where a lane holds an odd number (three
+// at head_dim_v 96, whose odd lanes start at odd elements).
+template <int kChannels, typename Value>
+__device__ __forceinline__ void store_out_channels(void* o, ElementType type, std::int64_t index, const Value& value) {
+  if constexpr (kChannels % 2 == 0) {
+#pragma unroll
+    for (int c = 0; c < kChannels; c += 2) store_out_pair(o, type, index + c, value(c), value(c + 1));
+  } else {
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c) store_out_one(o, type, index + c, value(c));
+  }
+}
+
 // Partials are written to be read once by the merge: kept in L2 ahead of the
 // KV lines streaming past (evict_last), so the merge finds them there — as far
 // as the L2 set-aside for such lines goes (about 10 MB on the H100; larger

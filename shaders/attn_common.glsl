@@ -121,19 +121,24 @@ uvec4 kv_quad_chunked(uint which, uint slot, uint head, uint quad, uint quads_pe
 const uint FETCH_QUADS = 1u + (KV_FP8 + 1u) / 2u;
 
 // Two fp8 elements (bits 0-7 and 8-15 of `bytes`) as two 16-bit ones of Q's
-// type. e5m2 is f16's upper byte; e4m3's exponent and mantissa, moved into
-// f16's places, read as the value / 256 for normal and subnormal numbers alike
-// (kv_scale multiplies the 256 back), and 0x7f / 0xff are NaN. bf16 takes the
-// f16 value's upper half through f32: exact, fp8 has at most 3 mantissa bits.
+// type, each byte first moved to the upper byte of its half: that is e5m2 as
+// f16. e4m3's exponent and mantissa, one bit lower, are f16's and read as the
+// value / 256 for normal and subnormal numbers alike (kv_scale multiplies the
+// 256 back); the NaN magnitude 0x7f carries into bit 15 when 1 is added, and
+// that bit, shifted with the rest, fills the exponent. A few instructions a
+// pair, since every element a work group reads goes through here (e4m3 1.068x
+// over assembling sign, exponent, mantissa and NaN apart on the H200,
+// docs/performance.md). bf16 takes the f16 value's upper half through f32:
+// exact, fp8 has at most 3 mantissa bits.
 uint fp8_pair(uint bytes) {
-  const uint spread = (bytes & 0xffu) | ((bytes & 0xff00u) << 8);  // one byte in each 16-bit half
+  const uint upper = ((bytes << 8) & 0x0000ff00u) | ((bytes << 16) & 0xff000000u);
   uint h;
   if (KV_FP8 == 2u) {
-    h = spread << 8;
+    h = upper;
   } else {
-    const uint magnitude = spread & 0x007f007fu;
-    const uint nan = ((magnitude + 0x00010001u) & 0x00800080u) >> 7;  // 1 in a half whose 7 low bits are all set
-    h = (magnitude << 7) | ((spread & 0x00800080u) << 8) | nan * 0x7c00u;
+    const uint magnitude = upper & 0x7f007f00u;
+    const uint nan = (magnitude + 0x01000100u) & 0x80008000u;
+    h = ((magnitude | nan) >> 1) | (upper & 0x80008000u);
   }
   if (IN_BF16) {
     const vec2 value = unpackHalf2x16(h);

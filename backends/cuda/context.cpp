@@ -77,7 +77,7 @@ Context::Context(int device, const ContextOptions& options) : options_(options) 
   info_.sm_minor = prop.minor;
   info_.sms = prop.multiProcessorCount;
   info_.peak_gbps = device_peak_gbps(device);
-  info_.stage1_ctas_per_sm = stage1_occupancy(128).ctas_per_sm;
+  info_.stage1_ctas_per_sm = stage1_occupancy(128, 128).ctas_per_sm;
 }
 
 CostModel Context::cost_model() const {

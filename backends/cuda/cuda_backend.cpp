@@ -50,7 +50,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     log_to(options.log, LogLevel::info,
            fmt::format("treeattn: CUDA device {}: {} (sm_{}{}, {} SMs, {:.0f} GB/s)", d.index, d.name, d.sm_major,
                        d.sm_minor, d.sms, d.peak_gbps));
-    const Stage1Occupancy stage1 = stage1_occupancy(128);
+    const Stage1Occupancy stage1 = stage1_occupancy(128, 128);
     log_to(options.log, LogLevel::info,
            fmt::format("treeattn: CUDA stage 1 (head_dim 128): {}, code for sm_{} from compute_{}, {} registers, {} bytes "
                        "spilled, {} KiB shared memory, {} CTAs an SM",
@@ -111,6 +111,7 @@ void CudaBackend::graph_stable(const WorkspaceLimits& limits) {
 
 AttentionArgs CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a) {
   check_args(plan, a, kAttentionVariants, kBackendName);
+  check_host_scale_values(a.options);
   settle_device_calls();
   upload_if_new(plan, stream_);
   q_.reserve(std::max<std::size_t>(a.q.bytes(), 16));

@@ -391,15 +391,19 @@ void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
   p.lse = static_cast<float*>(a.lse.data);
   p.q_row_stride = a.q.row_pitch();
   p.o_row_stride = a.o.row_pitch();
-  if (a.k.row_pitch() != a.v.row_pitch()) {
+  // One stride for K and V (one multiply a row) where their rows are equally
+  // wide; V's own where they are narrower than K's (head_dim_v < head_dim).
+  const HeadConfig& heads = s.limits.heads;
+  if (heads.value_dim() == heads.head_dim && a.k.row_pitch() != a.v.row_pitch()) {
     throw Error(ErrorCategory::InvalidArgument,
                 fmt::format("CUDA backend: K and V rows must be equally far apart (got K {}, V {})", describe(a.k),
                             describe(a.v)));
   }
   p.kv_row_stride = a.k.row_pitch();
+  p.v_row_stride = a.v.row_pitch();
   p.out_type = element_type(a.o.dtype);
   set_options(p, a.options);
-  TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, s.limits.heads.head_dim, element_type(a.q.dtype),
+  TREEATTN_CUDA_CHECK(launch_tree_attention(p, s.geometry, heads.head_dim, heads.value_dim(), element_type(a.q.dtype),
                                             element_type(a.k.dtype), stream));
 }
 

@@ -126,6 +126,7 @@ void VulkanBackend::stage(const Plan& plan, const AttentionArgs& a, int kv_pools
                 "host arrays need a context on treeattn's own device");
   }
   check_supported(plan, a);
+  check_host_scale_values(a.options);
   staged_.reset();  // frees the previous call's memory first
   auto s = std::make_unique<Staged>();
   Context::State& ctx = state_of(context_);

@@ -253,7 +253,7 @@ void Workspace::State::record_addresses(VkCommandBuffer commands, const Attentio
                   fmt::format("{} is at device address {:#x}: it must be 16-byte aligned", name, address(*t)));
     }
   }
-  const AttentionOptions& options = a.options;
+  const treeattn::AttentionOptions& options = a.options;
   for (const auto& [name, t] : {std::pair<const char*, const TensorRef*>{"sinks", &options.sinks},
                                 {"k_scales", &options.k_scales}, {"v_scales", &options.v_scales}}) {
     if (address(*t) % 4 != 0) {
@@ -284,7 +284,9 @@ void Workspace::record(VkCommandBuffer commands, const Tensors& t) {
   auto ref = [&](const Tensor& x) {
     return TensorRef{reinterpret_cast<void*>(static_cast<std::uintptr_t>(address_of(device, x))), x.dtype, x.shape};
   };
-  state_->record_addresses(commands, AttentionArgs{ref(t.q), ref(t.k), ref(t.v), ref(t.o), ref(t.lse)});
+  const AttentionOptions& o = t.options;
+  const treeattn::AttentionOptions options{o.logit_softcap, o.k_scale, o.v_scale, ref(o.sinks), ref(o.k_scales), ref(o.v_scales)};
+  state_->record_addresses(commands, AttentionArgs{ref(t.q), ref(t.k), ref(t.v), ref(t.o), ref(t.lse), options});
 }
 
 }  // namespace treeattn::vulkan

@@ -172,6 +172,18 @@ void check_options(const CallShape& plan, const AttentionArgs& a) {
 
 }  // namespace
 
+void check_host_scale_values(const AttentionOptions& options) {
+  for (const auto& [name, t] : {std::pair<const char*, const TensorRef*>{"k_scales", &options.k_scales}, {"v_scales", &options.v_scales}}) {
+    if (t->data == nullptr) continue;
+    const float* values = static_cast<const float*>(t->data);
+    for (std::int64_t h = 0; h < t->numel(); ++h) {
+      if (!(values[h] > 0.0f) || std::isinf(values[h])) {
+        fail(ErrorCategory::InvalidArgument, "{}[{}] = {} must be positive and finite", name, h, values[h]);
+      }
+    }
+  }
+}
+
 void check_head_dims(const HeadConfig& heads, const VariantSupport& supported, const char* backend) {
   refuse_unsupported(unsupported_variant(heads, {}, DType::f16, supported), backend);
 }

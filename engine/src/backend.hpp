@@ -157,6 +157,11 @@ void check_args(const CallShape& shape, const AttentionArgs& args, const Variant
 inline void check_args(const Plan& plan, const AttentionArgs& args, const VariantSupport& supported, const char* backend) {
   check_args(CallShape::of(plan), args, supported, backend);
 }
+// The values of per-KV-head scales in host memory (k_scales, v_scales): each
+// positive and finite, else InvalidArgument naming the tensor and the head. A
+// backend calls it where the scales are host arrays (device memory is not read
+// back to check it: no hidden synchronisation).
+void check_host_scale_values(const AttentionOptions& options);
 // The first variant the call uses that `supported` lacks ("attention sinks",
 // "head_dim 96", ...), or "" when it has them all.
 std::string unsupported_variant(const HeadConfig& heads, const AttentionOptions& options, DType kv,

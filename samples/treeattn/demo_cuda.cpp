@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -78,7 +79,8 @@ class DeviceMemory {
 
 class CudaRunner final : public StepRunner {
  public:
-  CudaRunner(const BackendOptions& options, const HeadConfig& heads, HostArray& k, HostArray& v, std::int64_t max_queries)
+  CudaRunner(const BackendOptions& options, const HeadConfig& heads, HostArray& k, HostArray& v, std::int64_t max_queries,
+             const AttentionOptions& variants)
       : context_(options.device < 0 ? 0 : options.device),
         device_(select(context_.device())),
         k_host_(k),
@@ -87,12 +89,20 @@ class CudaRunner final : public StepRunner {
         k_(k.bytes.size()),
         v_(v.bytes.size()),
         q_(q_bytes_),
-        o_(std::size_t(max_queries * heads.heads_q * heads.head_dim) * 4),  // f32
-        lse_(std::size_t(max_queries * heads.heads_q) * 4) {
+        o_(std::size_t(max_queries * heads.heads_q * heads.value_dim()) * 4),  // f32
+        lse_(std::size_t(max_queries * heads.heads_q) * 4),
+        variants_(variants) {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     for (cudaEvent_t& e : queued_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaMemcpy(k_.get(), k.bytes.data(), k.bytes.size(), cudaMemcpyHostToDevice), "K upload");
     check(cudaMemcpy(v_.get(), v.bytes.data(), v.bytes.size(), cudaMemcpyHostToDevice), "V upload");
+    // The variants' tensors (sinks, per-head scales) copied up once, as the layers' options.
+    for (auto [name, t] : {std::pair{"sinks", &variants_.sinks}, {"k_scales", &variants_.k_scales}, {"v_scales", &variants_.v_scales}}) {
+      if (t->data == nullptr) continue;
+      const DeviceMemory& copy = option_tensors_.emplace_back(t->bytes());
+      check(cudaMemcpy(copy.get(), t->data, t->bytes(), cudaMemcpyHostToDevice), name);
+      t->data = copy.get();
+    }
   }
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);
@@ -167,8 +177,9 @@ class CudaRunner final : public StepRunner {
     last_ = AttentionArgs{TensorRef{q_.get(), q.dtype, q.shape},
                           TensorRef{k_.get(), k_host_.dtype, k_host_.shape},
                           TensorRef{v_.get(), v_host_.dtype, v_host_.shape},
-                          TensorRef{o_.get(), DType::f32, {nq, h.heads_q, h.head_dim}},
-                          TensorRef{lse_.get(), DType::f32, {nq, h.heads_q}}};
+                          TensorRef{o_.get(), DType::f32, {nq, h.heads_q, h.value_dim()}},
+                          TensorRef{lse_.get(), DType::f32, {nq, h.heads_q}},
+                          variants_};
     ++runs_;
     if (regrown || layers != graph_layers_) capture(layers);
     Pending p;
@@ -276,6 +287,8 @@ class CudaRunner final : public StepRunner {
   HostArray &k_host_, &v_host_;
   std::size_t q_bytes_;  // Q of the most queries a step has
   DeviceMemory k_, v_, q_, o_, lse_;
+  AttentionOptions variants_;                // the calls' attention variants, their tensors in device memory
+  std::deque<DeviceMemory> option_tensors_;  // those tensors (a deque: they do not move)
   cudaStream_t stream_ = nullptr;
   Staging kv_staging_[2], q_staging_[2];
   int next_kv_ = 0, next_q_ = 0;
@@ -288,8 +301,8 @@ class CudaRunner final : public StepRunner {
 }  // namespace
 
 std::unique_ptr<StepRunner> make_cuda_step_runner(const BackendOptions& options, const HeadConfig& heads, HostArray& k,
-                                                  HostArray& v, std::int64_t max_queries) {
-  return std::make_unique<CudaRunner>(options, heads, k, v, max_queries);
+                                                  HostArray& v, std::int64_t max_queries, const AttentionOptions& variants) {
+  return std::make_unique<CudaRunner>(options, heads, k, v, max_queries, variants);
 }
 
 }  // namespace treeattn::cli

@@ -9,11 +9,11 @@ namespace treeattn::cli {
 
 #if TREEATTN_HAS_CUDA
 std::unique_ptr<StepRunner> make_cuda_step_runner(const BackendOptions& options, const HeadConfig& heads, HostArray& k,
-                                                  HostArray& v, std::int64_t max_queries);
+                                                  HostArray& v, std::int64_t max_queries, const AttentionOptions& variants);
 #endif
 #if TREEATTN_HAS_VULKAN
 std::unique_ptr<StepRunner> make_vulkan_step_runner(const BackendOptions& options, const HeadConfig& heads, HostArray& k,
-                                                    HostArray& v, std::int64_t max_queries);
+                                                    HostArray& v, std::int64_t max_queries, const AttentionOptions& variants);
 #endif
 
 namespace {
@@ -60,18 +60,16 @@ class HostRunner final : public StepRunner {
 std::unique_ptr<StepRunner> make_step_runner(Backend& backend, const BackendOptions& options, const HeadConfig& heads,
                                              HostArray& k, HostArray& v, std::int64_t max_queries,
                                              const AttentionOptions& variants) {
-  const bool plain = variants.sinks.data == nullptr && variants.logit_softcap == 0.0f && !is_fp8(k.dtype);
 #if TREEATTN_HAS_CUDA
-  if (plain && std::string(backend.name()) == "cuda") return make_cuda_step_runner(options, heads, k, v, max_queries);
+  if (std::string(backend.name()) == "cuda") return make_cuda_step_runner(options, heads, k, v, max_queries, variants);
 #endif
 #if TREEATTN_HAS_VULKAN
-  if (plain && std::string(backend.name()) == "vulkan") return make_vulkan_step_runner(options, heads, k, v, max_queries);
+  if (std::string(backend.name()) == "vulkan") return make_vulkan_step_runner(options, heads, k, v, max_queries, variants);
 #endif
 #if !TREEATTN_HAS_CUDA && !TREEATTN_HAS_VULKAN
   (void)options;
   (void)heads;
   (void)max_queries;
-  (void)plain;
 #endif
   return std::make_unique<HostRunner>(backend, k, v, variants);
 }

@@ -65,9 +65,8 @@ class StepRunner {
 };
 
 // The CUDA or Vulkan device runner where the backend is one of those, else layers through `backend`.
-// `k` and `v` are the host's KV pool; Q has at most `max_queries` rows. The
-// device runners run plain attention only: `variants` other than the
-// defaults go through `backend` on host arrays (its check_args refuses what it does not run).
+// `k` and `v` are the host's KV pool; Q has at most `max_queries` rows; every
+// layer's call takes `variants` (a device runner copies their tensors up once).
 std::unique_ptr<StepRunner> make_step_runner(Backend& backend, const BackendOptions& options, const HeadConfig& heads,
                                              HostArray& k, HostArray& v, std::int64_t max_queries,
                                              const AttentionOptions& variants);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -125,7 +126,8 @@ class Buffer {
 
 class VulkanRunner final : public StepRunner {
  public:
-  VulkanRunner(const BackendOptions& options, const HeadConfig& heads, HostArray& k, HostArray& v, std::int64_t max_queries)
+  VulkanRunner(const BackendOptions& options, const HeadConfig& heads, HostArray& k, HostArray& v, std::int64_t max_queries,
+               const AttentionOptions& variants)
       : context_(vulkan::context_options(options)),
         vk_(context_.device()),
         device_(context_.device()),
@@ -134,7 +136,7 @@ class VulkanRunner final : public StepRunner {
         row_bytes_(k.bytes.size() / std::size_t(std::max<std::int64_t>(k.shape[0], 1))),
         workspace_(context_, DType::f16) {
     try {
-      allocate(heads, max_queries);
+      allocate(heads, max_queries, variants);
     } catch (...) {
       release();
       throw;
@@ -191,8 +193,9 @@ class VulkanRunner final : public StepRunner {
     const vulkan::Tensors tensors{{q_.handle(), 0, DType::f16, q.shape},
                                   {k_.handle(), 0, k_host_.dtype, k_host_.shape},
                                   {v_.handle(), 0, v_host_.dtype, v_host_.shape},
-                                  {o_.handle(), 0, DType::f32, {nq, h.heads_q, h.head_dim}},
-                                  {lse_.handle(), 0, DType::f32, {nq, h.heads_q}}};
+                                  {o_.handle(), 0, DType::f32, {nq, h.heads_q, h.value_dim()}},
+                                  {lse_.handle(), 0, DType::f32, {nq, h.heads_q}},
+                                  variants_};
     vk_.CmdWriteTimestamp(f.commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, f.first_query);
     for (int layer = 0; layer < layers; ++layer) workspace_.record(f.commands, tensors);
     vk_.CmdWriteTimestamp(f.commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, f.first_query + 1);
@@ -271,11 +274,12 @@ class VulkanRunner final : public StepRunner {
     bool in_flight = false;
   };
 
-  // The device buffers, command buffers, fences and timestamps; the KV pool copied up.
-  void allocate(const HeadConfig& heads, std::int64_t max_queries) {
+  // The device buffers, command buffers, fences and timestamps; the KV pool
+  // and the variants' tensors copied up.
+  void allocate(const HeadConfig& heads, std::int64_t max_queries, const AttentionOptions& variants) {
     read_device_properties();
     const std::size_t q_bytes = std::size_t(max_queries * heads.heads_q * heads.head_dim) * 2;  // f16
-    const std::size_t o_bytes = std::size_t(max_queries * heads.heads_q * heads.head_dim) * 4;  // f32
+    const std::size_t o_bytes = std::size_t(max_queries * heads.heads_q * heads.value_dim()) * 4;  // f32
     const std::size_t lse_bytes = std::size_t(max_queries * heads.heads_q) * 4;
     k_ = device_buffer(k_host_.bytes.size(), false, "K pool");
     v_ = device_buffer(v_host_.bytes.size(), false, "V pool");
@@ -305,8 +309,19 @@ class VulkanRunner final : public StepRunner {
     query_info.queryCount = 4;  // each frame's start and stop
     check(vk_.CreateQueryPool(device_, &query_info, nullptr, &queries_), "vkCreateQueryPool");
     frames_[1].first_query = 2;
-    upload_pool(k_, k_host_, "K pool");
-    upload_pool(v_, v_host_, "V pool");
+    upload(k_, k_host_.bytes.data(), k_host_.bytes.size(), "K pool");
+    upload(v_, v_host_.bytes.data(), v_host_.bytes.size(), "V pool");
+    variants_.logit_softcap = variants.logit_softcap;
+    variants_.k_scale = variants.k_scale;
+    variants_.v_scale = variants.v_scale;
+    for (auto [name, from, to] : {std::tuple{"sinks", &variants.sinks, &variants_.sinks},
+                                  {"k_scales", &variants.k_scales, &variants_.k_scales},
+                                  {"v_scales", &variants.v_scales, &variants_.v_scales}}) {
+      if (from->data == nullptr) continue;
+      Buffer& copy = option_tensors_.emplace_back(device_buffer(from->bytes(), false, name));
+      upload(copy, from->data, from->bytes(), name);
+      *to = vulkan::Tensor{copy.handle(), 0, from->dtype, from->shape};
+    }
   }
 
   // The Vulkan objects the runner made itself, once the GPU is done with them.
@@ -373,17 +388,17 @@ class VulkanRunner final : public StepRunner {
     check(vk_.WaitForFences(device_, 1, &once_done_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
   }
 
-  // The host's KV pool copied into `pool` through staging of at most 64 MiB at a time.
-  void upload_pool(Buffer& pool, const HostArray& host, const char* what) {
-    const std::size_t chunk = std::min<std::size_t>(host.bytes.size(), std::size_t(64) << 20);
+  // `size` bytes of host memory copied into `buffer` through staging of at most 64 MiB at a time.
+  void upload(Buffer& buffer, const void* host, std::size_t size, const char* what) {
+    const std::size_t chunk = std::min<std::size_t>(size, std::size_t(64) << 20);
     if (chunk == 0) return;
     Buffer staging = device_buffer(chunk, true, what);
-    for (std::size_t at = 0; at < host.bytes.size(); at += chunk) {
-      const std::size_t bytes = std::min(chunk, host.bytes.size() - at);
-      std::memcpy(staging.mapped(), host.bytes.data() + at, bytes);
+    for (std::size_t at = 0; at < size; at += chunk) {
+      const std::size_t bytes = std::min(chunk, size - at);
+      std::memcpy(staging.mapped(), static_cast<const unsigned char*>(host) + at, bytes);
       submit_once([&](VkCommandBuffer commands) {
         const VkBufferCopy region{0, at, bytes};
-        vk_.CmdCopyBuffer(commands, staging.handle(), pool.handle(), 1, &region);
+        vk_.CmdCopyBuffer(commands, staging.handle(), buffer.handle(), 1, &region);
       });
     }
   }
@@ -480,6 +495,8 @@ class VulkanRunner final : public StepRunner {
   std::size_t row_bytes_;
   std::size_t reserved_staging_ = 0;  // a frame's staging for the largest step reserved ahead
   Buffer k_, v_, q_, o_, lse_, readback_;
+  vulkan::AttentionOptions variants_;  // the calls' attention variants, their tensors in option_tensors_
+  std::deque<Buffer> option_tensors_;
   vulkan::Workspace workspace_;
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkCommandBuffer once_ = VK_NULL_HANDLE;  // the initial KV upload, the reserved plans and the outputs' readback
@@ -497,8 +514,8 @@ class VulkanRunner final : public StepRunner {
 }  // namespace
 
 std::unique_ptr<StepRunner> make_vulkan_step_runner(const BackendOptions& options, const HeadConfig& heads, HostArray& k,
-                                                    HostArray& v, std::int64_t max_queries) {
-  return std::make_unique<VulkanRunner>(options, heads, k, v, max_queries);
+                                                    HostArray& v, std::int64_t max_queries, const AttentionOptions& variants) {
+  return std::make_unique<VulkanRunner>(options, heads, k, v, max_queries, variants);
 }
 
 }  // namespace treeattn::cli

@@ -288,6 +288,46 @@ static void test_head_dim_v(treeattn_context* context) {
   CHECK_FAILS(treeattn_tree_create_with(NULL, &bad), TREEATTN_ERROR_INVALID_ARGUMENT, "options is NULL");
 }
 
+/* A program compiled against an older header, whose treeattn_attention_options
+ * ended at v_scale (its sizeof padded to 24 bytes): treeattn_attention_options_init,
+ * the header's macro, passes that sizeof to treeattn_attention_options_init_sized,
+ * so the library writes none of the bytes after the program's struct, and a call
+ * reads the fields up to v_scale (not the padding) and the defaults of the rest. */
+typedef struct older_attention_options {
+  size_t struct_size;
+  float logit_softcap;
+  float k_scale;
+  float v_scale;
+} older_attention_options;
+
+static void test_older_struct(treeattn_context* context, const treeattn_plan* plan, const treeattn_tensor* tq,
+                              const treeattn_tensor* tk, const treeattn_tensor* tv, const treeattn_tensor* to) {
+  union {
+    older_attention_options older;
+    unsigned char bytes[sizeof(treeattn_attention_options) + 16];
+  } memory;
+  memset(memory.bytes, 0xAB, sizeof memory.bytes);
+  treeattn_attention_options_init_sized((treeattn_attention_options*)&memory.older, sizeof memory.older);
+  CHECK(memory.older.struct_size == sizeof memory.older && memory.older.k_scale == 1.0f && memory.older.v_scale == 1.0f &&
+        memory.older.logit_softcap == 0.0f);
+  int untouched = 1;
+  for (size_t i = sizeof memory.older; i < sizeof memory.bytes; ++i) untouched = untouched && memory.bytes[i] == 0xAB;
+  CHECK(untouched);
+  memory.older.logit_softcap = -2.0f; /* read from the older struct: refused by name */
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, tk, tv, to, NULL, (const treeattn_attention_options*)&memory.older),
+              TREEATTN_ERROR_INVALID_ARGUMENT, "logit_softcap = -2");
+  memory.older.logit_softcap = 0.0f; /* the fields after it are not read: the bytes there are 0xAB */
+  CHECK(treeattn_run_with(context, plan, tq, tk, tv, to, NULL, (const treeattn_attention_options*)&memory.older) ==
+        TREEATTN_OK);
+  /* A struct larger than the library's (a newer header): zeroed past it, then refused naming its size. */
+  unsigned char newer[sizeof(treeattn_attention_options) + 8];
+  memset(newer, 0xAB, sizeof newer);
+  treeattn_attention_options_init_sized((treeattn_attention_options*)newer, sizeof newer);
+  CHECK(newer[sizeof newer - 1] == 0);
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, tk, tv, to, NULL, (const treeattn_attention_options*)newer),
+              TREEATTN_ERROR_INVALID_ARGUMENT, "treeattn_attention_options.struct_size is");
+}
+
 int main(void) {
   printf("test_c_api: treeattn %s\n", treeattn_version_string());
   CHECK(strcmp(treeattn_version_string(), TREEATTN_VERSION_STRING) == 0);
@@ -393,6 +433,7 @@ int main(void) {
 
   test_variants(context, plan, &tq, &to, &tl);
   test_head_dim_v(context);
+  test_older_struct(context, plan, &tq, &tk, &tv, &to);
 
   treeattn_plan_destroy(plan);
   treeattn_context_destroy(context);

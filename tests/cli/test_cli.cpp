@@ -622,6 +622,28 @@ TEST_CASE("demo soak on the Vulkan device path: checks pass within tolerance and
   CHECK(r.output.find("(tolerance 0; 0 checks passed before)") != std::string::npos);
   CHECK(!exists(dir / "soak.json"));
 }
+
+// The variants on the Vulkan device path: the runner copies the sinks up once
+// and records every layer with them, so its steps agree with the CPU
+// backend's run of the same variants (a device that dropped the sinks or the
+// soft-cap would be off by far more than the tolerance).
+TEST_CASE("demo soak with fp8 K/V, soft-cap and sinks on the Vulkan device path agrees with the CPU backend") {
+  TempDir dir;
+  HostArray sinks(DType::f32, {32});  // llama3-8b's query heads
+  for (std::size_t h = 0; h < 32; ++h) store_from_float(sinks.bytes.data(), DType::f32, h, float(h % 7) - 2.0f);
+  write_npy(dir / "sinks.npy", sinks.view());
+  const Result r = cli("demo --backend vulkan --workload serving --seed 5 --steps 30 --layers 1 --live-tokens 1000 "
+                       "--check-every 10 --kv-dtype fp8_e5m2 --softcap 5 --sinks " + (dir / "sinks.npy") +
+                           " --json " + (dir / "soak.json"),
+                       false, "TREEATTN_VK_VALIDATION=1 ");
+  REQUIRE_MESSAGE(r.status == 0, r.output);
+  CHECK(r.output.find("fp8_e5m2 K/V, soft-cap 5, sinks") != std::string::npos);
+  const nlohmann::json summary = read_json(dir / "soak.json");
+  CHECK(summary["runner"] == "Vulkan device path");
+  CHECK(summary["soak"]["checks"] == 3);
+  CHECK(summary["soak"]["max_o_error"].get<double>() <= 2e-3);
+  CHECK(summary["soak"]["max_lse_error"].get<double>() <= 2e-3);
+}
 #endif
 
 TEST_CASE("bf16 inputs travel as <u2 and run end to end") {

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -177,6 +178,16 @@ TEST_CASE("variants: options and dtypes that do not fit the call are rejected by
   AttentionOptions zero_scale;
   zero_scale.v_scale = 0.0f;
   expect_refused(with(zero_scale, k8.view(), k8.view()), "v_scale = 0 must be positive and finite");
+  // Per-head scales in host memory are read and checked (heads_kv's are 0 here).
+  AttentionOptions zero_head;
+  zero_head.k_scales = heads_kv.view();
+  expect_refused(with(zero_head, k8.view(), k8.view()), "k_scales[0] = 0 must be positive and finite");
+  HostArray nan_second(DType::f32, {2});
+  store_from_float(nan_second.bytes.data(), DType::f32, 0, 1.0f);
+  store_from_float(nan_second.bytes.data(), DType::f32, 1, std::nanf(""));
+  AttentionOptions nan_head;
+  nan_head.v_scales = nan_second.view();
+  expect_refused(with(nan_head, k8.view(), k8.view()), "v_scales[1] = nan must be positive and finite");
   expect_refused(AttentionArgs{q.view(), k.view(), HostArray(DType::f16, {10, 2, 32}).view(), o.view(), {}, {}},
                  "V is [10, 2, 32] f16, expected [10, 2, 64] (the shape of K)");
 }

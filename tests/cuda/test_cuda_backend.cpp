@@ -9,6 +9,8 @@
 #include <cmath>
 #include <string>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "../backends/cuda/cuda_backend.hpp"
 #include "../cuda/attn_launch.hpp"
@@ -24,11 +26,13 @@ std::unique_ptr<Backend> treeattn::test::make_test_backend() { return make_backe
 
 // f32 inputs run stage 1 on the CUDA cores (attn_kernel_f32.cuh): every head
 // dimension, blocks of one partial tile to several tiles (and a half-tile step
-// at head_dim 256), query tiles of 7 to 64 rows, groups of 1 and 4.
+// at head_dim 256 and 192), query tiles of 7 to 64 rows, groups of 1 and 4.
 TEST_CASE("f32 inputs at every head dimension agree with the oracle to f32 precision") {
   auto backend = make_test_backend();
-  for (const HeadConfig heads : {HeadConfig{8, 2, 64}, HeadConfig{32, 8, 128}, HeadConfig{4, 4, 256}}) {
-    CAPTURE(heads.head_dim);
+  for (const HeadConfig heads : {HeadConfig{8, 2, 64}, HeadConfig{8, 2, 96}, HeadConfig{32, 8, 128},
+                                 HeadConfig{8, 2, 192, 0.0f, 128}, HeadConfig{4, 4, 256}}) {
+    const std::string heads_name = describe(heads);
+    CAPTURE(heads_name);
     RandomForestOptions o;
     o.seed = std::uint64_t(heads.head_dim);
     o.nodes = 40;
@@ -37,6 +41,42 @@ TEST_CASE("f32 inputs at every head dimension agree with the oracle to f32 preci
     for (const std::int32_t block_tokens : {16, 64, 200}) {
       CAPTURE(block_tokens);
       check_against_oracle(*backend, random_forest(o), DType::f32, 31, 1.0f, block_tokens, block_tokens == 64 ? 7 : 64);
+    }
+  }
+}
+
+// head_dim 96 (its last swizzle panel half full, O's wgmma columns padded to
+// 128) and 192 with head_dim_v 128 (K's gather wider than V's) in bf16 and
+// f16, through 64-row passes (wgmma on sm_90a) and split-KV passes of at most
+// 16 rows (mma.sync), over blocks of part of a tile to several tiles, with O
+// in bf16 (odd merge lanes start at odd elements at 96). The conformance
+// suite's head-dim case runs them in f16 with every variant.
+TEST_CASE("head_dim 96 and head_dim 192 with head_dim_v 128 agree with the oracle through every pass shape") {
+  auto backend = make_test_backend();
+  for (const HeadConfig heads : {HeadConfig{8, 2, 96}, HeadConfig{4, 4, 96}, HeadConfig{8, 2, 192, 0.0f, 128},
+                                 HeadConfig{16, 1, 192, 0.0f, 128}}) {
+    const std::string heads_name = describe(heads);
+    CAPTURE(heads_name);
+    RandomForestOptions o;
+    o.seed = std::uint64_t(heads.head_dim + heads.heads_q);
+    o.nodes = 40;
+    o.queries = 70;
+    o.heads = heads;
+    const Tree tree = random_forest(o);
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+      CAPTURE(to_string(dtype));
+      Inputs in = make_inputs(tree, dtype, 21);
+      const OracleResult expected = oracle_attention(tree, in.q.view(), in.k.view(), in.v.view());
+      for (const std::int32_t block_tokens : {16, 64, 200}) {
+        for (const std::int32_t query_tile : {4, 64}) {
+          CAPTURE(block_tokens);
+          CAPTURE(query_tile);
+          Outputs out = run_backend(*backend, tree, in, PlanOptions{Strategy::flatten, block_tokens, query_tile, 0},
+                                          DType::bf16);
+          CHECK(max_abs_error(out.o.view(), expected.o) <= tolerance(DType::bf16));
+          CHECK(max_abs_error(out.lse.view(), expected.lse) <= tolerance(dtype));
+        }
+      }
     }
   }
 }
@@ -108,14 +148,16 @@ TEST_CASE("the cost model's slots are the device's: SMs x stage-1 CTAs per SM") 
   CHECK(slots <= 8.0 * sms);
 }
 
-TEST_CASE("stage 1's occupancy: the code the device runs, no spills at head_dim 64 and 128, the cost model's CTAs") {
+TEST_CASE("stage 1's occupancy: the code the device runs, no spills at head_dim 64, 96 and 128, the cost model's CTAs") {
   int sms = 0, major = 0, minor = 0;
   REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess);
-  for (int head_dim : {64, 128, 256}) {
+  for (const auto& [head_dim, head_dim_v] : {std::pair{64, 64}, std::pair{96, 96}, std::pair{128, 128},
+                                           std::pair{192, 128}, std::pair{256, 256}}) {
     CAPTURE(head_dim);
-    const cuda::Stage1Occupancy o = cuda::stage1_occupancy(head_dim);
+    CAPTURE(head_dim_v);
+    const cuda::Stage1Occupancy o = cuda::stage1_occupancy(head_dim, head_dim_v);
     REQUIRE(o.ctas_per_sm >= 1);
     CHECK(o.binary_arch / 10 == major);  // machine code runs within its major version only
     CHECK(o.binary_arch <= major * 10 + minor);
@@ -131,7 +173,10 @@ TEST_CASE("stage 1's occupancy: the code the device runs, no spills at head_dim 
     const CostModel model = make_test_backend()->cost_model();
     if (head_dim == 128 && model.source.rfind("calibrated", 0) != 0) CHECK(model.slots == double(sms) * o.ctas_per_sm);
   }
-  CHECK(cuda::stage1_occupancy(96).ctas_per_sm == 0);  // no such kernel
+  // No such kernels: the engine takes no other head dims.
+  CHECK(cuda::stage1_occupancy(80, 80).ctas_per_sm == 0);
+  CHECK(cuda::stage1_occupancy(192, 192).ctas_per_sm == 0);
+  CHECK(cuda::stage1_occupancy(128, 64).ctas_per_sm == 0);
 }
 
 TEST_CASE("the device's cost model: the H100 fit on an H100 or H200, calibrated once per process elsewhere") {

@@ -169,6 +169,39 @@ TEST_CASE("the variants through a KV pool split into several buffers: fp8 K and 
   check_inputs_against_oracle(*backend, tree, in, tolerance(DType::f16), 16);
 }
 
+TEST_CASE("fp8 blocks ending around every chunk size, at each head dim, against the oracle") {
+  // fp8 rows arrive 16 elements a load (4 to 16 loads a row, 6 and 12 where a
+  // row's loads do not divide the work group) and are decoded on their way into
+  // shared memory: blocks that end just before, on and just past 16, 32 and 64
+  // tokens see exactly their tokens, on every shader variant.
+  auto backend = make_test_backend();
+  for (const HeadConfig heads : {HeadConfig{8, 2, 128, 0.0f}, HeadConfig{4, 2, 64, 0.0f}, HeadConfig{4, 2, 256, 0.0f},
+                                 HeadConfig{4, 2, 96, 0.0f}, HeadConfig{4, 2, 192, 0.0f, 128}}) {
+    const std::string heads_name = describe(heads);
+    CAPTURE(heads_name);
+    Tree tree(heads);
+    tree.add_node_range(0, kNoParent, 0, 97);
+    std::int64_t token = 97;
+    for (const std::int64_t length : {1, 15, 31, 32, 33, 47, 63, 64, 65, 96, 127, 129}) {
+      const std::int64_t node = std::int64_t(tree.node_count());
+      tree.add_node_range(node, 0, token, length);
+      tree.add_query(node);
+      token += length;
+    }
+    tree.add_query(0, 40);
+    for (const Variant& variant : all_variants()) {
+      if (!is_fp8(variant.kv) || variant.per_head_scales) continue;
+      const std::string variant_name = variant.name;
+      CAPTURE(variant_name);
+      Inputs in = make_variant_inputs(tree, variant, 41);
+      for (const std::int32_t block_tokens : {64, 1024}) {
+        CAPTURE(block_tokens);
+        check_inputs_against_oracle(*backend, tree, in, tolerance(DType::f16), block_tokens);
+      }
+    }
+  }
+}
+
 TEST_CASE("fp8 K and V beside bf16 Q: decoded into bf16 for the shaders, against the oracle") {
   auto backend = make_test_backend();
   RandomForestOptions o;

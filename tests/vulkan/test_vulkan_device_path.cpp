@@ -280,7 +280,7 @@ TEST_CASE("the C API on an application's Vulkan device: treeattn_enqueue records
   treeattn_context_destroy(context);
 }
 
-TEST_CASE("treeattn_enqueue_with on an application's Vulkan device: fp8 K and V, per-head scales, sinks and soft-cap in its buffers") {
+TEST_CASE("fp8 K and V, per-head scales, sinks and soft-cap in an application's buffers: treeattn_enqueue_with and vulkan::Workspace::record") {
   const vulkan::Context own(vulkan::context_options(harness_options()));  // stands in for the application's device
   const vulkan::Device& device = *state_of(own).device;
   test::AppDevice app(own);
@@ -307,7 +307,8 @@ TEST_CASE("treeattn_enqueue_with on an application's Vulkan device: fp8 K and V,
   REQUIRE(variant.per_head_scales);
   test::Inputs in = test::make_variant_inputs(same, variant, 4);
   DeviceArrays arrays(device, {&in.q, &in.k, &in.v, &in.sinks, &in.k_scales, &in.v_scales});
-  vulkan::Buffer o(device, 2 * 8 * 64 * 2, vulkan::Buffer::Kind::device_local);
+  // O of the C call, then O of the C++ call.
+  vulkan::Buffer o(device, 2 * 2 * 8 * 64 * 2, vulkan::Buffer::Kind::device_local);
   vulkan::Buffer readback(device, o.bytes(), vulkan::Buffer::Kind::staging);
   const treeattn_tensor tq = test::c_tensor(arrays.address(0), TREEATTN_DTYPE_F16, 3, 2, 8, 64);
   const treeattn_tensor tk = test::c_tensor(arrays.address(1), TREEATTN_DTYPE_FP8_E4M3, 3, in.k.shape[0], 2, 64);
@@ -331,14 +332,34 @@ TEST_CASE("treeattn_enqueue_with on an application's Vulkan device: fp8 K and V,
   REQUIRE_MESSAGE(treeattn_enqueue_with(context, plan, &tq, &tk, &tv, &to, nullptr, &options, sequence.handle()) ==
                       TREEATTN_OK,
                   treeattn_last_error());
+  // The same call through the C++ device path, on the buffers themselves.
+  vulkan::Workspace workspace(own, DType::f16);
+  workspace.upload(treeattn::plan(same, PlanOptions{}), sequence.handle());
+  using vulkan::Tensor;
+  const std::int64_t slots = in.k.shape[0];
+  vulkan::Tensors tensors{Tensor{arrays.buffers[0].handle(), 0, DType::f16, {2, 8, 64}},
+                          Tensor{arrays.buffers[1].handle(), 0, DType::fp8_e4m3, {slots, 2, 64}},
+                          Tensor{arrays.buffers[2].handle(), 0, DType::fp8_e4m3, {slots, 2, 64}},
+                          Tensor{o.handle(), 2 * 8 * 64 * 2, DType::f16, {2, 8, 64}},
+                          {}};
+  tensors.options.logit_softcap = in.logit_softcap;
+  tensors.options.sinks = Tensor{arrays.buffers[3].handle(), 0, DType::f32, {8}};
+  tensors.options.k_scales = Tensor{arrays.buffers[4].handle(), 0, DType::f32, {2}};
+  tensors.options.v_scales = Tensor{arrays.buffers[5].handle(), 0, DType::f32, {3}};
+  CHECK_THROWS_WITH_AS(workspace.record(sequence.handle(), tensors), doctest::Contains("v_scales"), Error);
+  tensors.options.v_scales.shape = {2};
+  workspace.record(sequence.handle(), tensors);
   sequence.barrier();
   sequence.copy(o, readback, o.bytes());
   sequence.end();
   sequence.submit_and_wait();
-  HostArray got(DType::f16, {2, 8, 64});
-  std::memcpy(got.bytes.data(), readback.mapped(), got.bytes.size());
   const test::OracleResult want = test::oracle_attention(same, in.q.view(), in.k.view(), in.v.view(), in.options());
-  CHECK(test::max_abs_error(got.view(), want.o) <= test::tolerance(DType::f16));
+  for (int call = 0; call < 2; ++call) {
+    CAPTURE(call);
+    HostArray got(DType::f16, {2, 8, 64});
+    std::memcpy(got.bytes.data(), static_cast<const unsigned char*>(readback.mapped()) + call * got.bytes.size(), got.bytes.size());
+    CHECK(test::max_abs_error(got.view(), want.o) <= test::tolerance(DType::f16));
+  }
   treeattn_plan_destroy(plan);
   treeattn_tree_destroy(tree);
   treeattn_context_destroy(context);

@@ -5,7 +5,12 @@
  * is 0) and, on failure, treeattn_last_error() gives the calling thread's
  * message: which node, which tensor, which limit. No exception crosses it.
  * Options structs begin with struct_size: fill them with the *_init function,
- * which sets it, so that fields added later keep old callers working.
+ * which sets it, so that fields added later keep old callers working. Each
+ * *_init is a macro over the exported *_init_sized(options, size), passing the
+ * caller's own sizeof: a library newer than the header a program was compiled
+ * against writes only the bytes of the struct the program has. Languages that
+ * bind the exported symbols call *_init_sized with their struct's size (or the
+ * exported *_init, which fills this header's struct).
  *
  *   treeattn_tree* tree;
  *   treeattn_tree_create(32, 8, 128, 0.0f, &tree);
@@ -126,6 +131,8 @@ typedef struct treeattn_tree_options {
   float scale;        /* 0: 1/sqrt(head_dim) */
 } treeattn_tree_options;
 TREEATTN_C_API void treeattn_tree_options_init(treeattn_tree_options* options);
+TREEATTN_C_API void treeattn_tree_options_init_sized(treeattn_tree_options* options, size_t size);
+#define treeattn_tree_options_init(options) treeattn_tree_options_init_sized((options), sizeof(*(options)))
 TREEATTN_C_API treeattn_status treeattn_tree_create_with(const treeattn_tree_options* options, treeattn_tree** out);
 TREEATTN_C_API treeattn_status treeattn_tree_add_node(treeattn_tree* tree, int64_t id, int64_t parent /* -1: root */,
                                                       const int64_t* slots, int64_t count);
@@ -159,6 +166,8 @@ typedef struct treeattn_context_options {
                                    without a fitted one, per device and driver (NULL: this process only) */
 } treeattn_context_options;
 TREEATTN_C_API void treeattn_context_options_init(treeattn_context_options* options);
+TREEATTN_C_API void treeattn_context_options_init_sized(treeattn_context_options* options, size_t size);
+#define treeattn_context_options_init(options) treeattn_context_options_init_sized((options), sizeof(*(options)))
 TREEATTN_C_API treeattn_status treeattn_context_create(const treeattn_context_options* options /* NULL: defaults */,
                                                        treeattn_context** out);
 /* "cpu", "cuda" or "vulkan": the backend a context runs. */
@@ -189,6 +198,8 @@ typedef struct treeattn_plan_options {
                                    A planner under a window keeps no layout between updates */
 } treeattn_plan_options;
 TREEATTN_C_API void treeattn_plan_options_init(treeattn_plan_options* options);
+TREEATTN_C_API void treeattn_plan_options_init_sized(treeattn_plan_options* options, size_t size);
+#define treeattn_plan_options_init(options) treeattn_plan_options_init_sized((options), sizeof(*(options)))
 /* Validates the tree (the message names the node or query) and plans it with
  * the context's device model. The plan keeps what it needs: the tree may be destroyed. */
 TREEATTN_C_API treeattn_status treeattn_plan_create(treeattn_context* context, const treeattn_tree* tree,
@@ -272,6 +283,8 @@ typedef struct treeattn_attention_options {
 } treeattn_attention_options;
 /* Scales 1, the rest off. */
 TREEATTN_C_API void treeattn_attention_options_init(treeattn_attention_options* options);
+TREEATTN_C_API void treeattn_attention_options_init_sized(treeattn_attention_options* options, size_t size);
+#define treeattn_attention_options_init(options) treeattn_attention_options_init_sized((options), sizeof(*(options)))
 /* treeattn_run and treeattn_enqueue with attention variants (NULL options: none).
  * A backend without kernels for a variant refuses it, naming both. */
 TREEATTN_C_API treeattn_status treeattn_run_with(treeattn_context* context, const treeattn_plan* plan,

@@ -164,8 +164,18 @@ struct Tensor {
   DType dtype = DType::f16;
   std::vector<std::int64_t> shape;
 };
+// The attention variants of one recorded call (treeattn::AttentionOptions,
+// DESIGN.md §8) with their tensors in buffers: sinks [heads_q] f32, k_scales
+// and v_scales [heads_kv] f32, each 4-byte aligned; a null buffer is none.
+struct AttentionOptions {
+  float logit_softcap = 0.0f;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+  Tensor sinks, k_scales, v_scales;
+};
 struct Tensors {
   Tensor q, k, v, o, lse;
+  AttentionOptions options{};
 };
 
 // A plan on the device, the partial-result buffers and the staging of the

@@ -22,6 +22,7 @@
 
 #include "attn_params.hpp"
 #include "attn_traits.cuh"
+#include "fp8_fragments.cuh"
 #include "fp8_widen.cuh"
 #include "instructions.cuh"
 #include "wgmma.cuh"
@@ -239,25 +240,45 @@ __device__ __forceinline__ void wait_for_tile() {
 
 // fp8 K or V: gather stage `stage`'s bytes of one of them (rows of kRowPieces
 // 16-byte pieces: K's or V's kGatherChunksPerRow) widened into the tile the
-// math reads (kTileStages: one), each thread 16 bytes at a time.
-// Consecutive threads take one piece of consecutive rows: both swizzles put
-// those in distinct banks. The caller's barrier (widened) publishes the tile.
+// math reads (kTileStages: one), each thread 16 bytes at a time. Where a
+// row's pieces divide the threads into columns of at least 8, a thread takes
+// one piece of rows kColumnThreads apart, which share both swizzles' low row
+// bits: its addresses are one base and constant offsets. Else (6 and 12
+// pieces: head_dim 96 and 192) step j's thread i takes item i + j threads,
+// row-major by piece. Consecutive threads take one piece of consecutive rows:
+// both swizzles put those in distinct banks. The caller's barrier (widened)
+// publishes the tile.
 template <typename Traits, int kRowPieces>
 __device__ __forceinline__ void widen(const unsigned char* gathered, typename Traits::Element* tile, int stage, int tid) {
-  constexpr int kSteps = Traits::kTileTokens * kRowPieces / Traits::kThreads;
-  static_assert(kSteps * Traits::kThreads == Traits::kTileTokens * kRowPieces, "whole steps of the CTA's threads");
+  constexpr int kTokens = Traits::kTileTokens, kThreads = Traits::kThreads;
+  constexpr bool kColumns = kThreads % kRowPieces == 0 && (kThreads / kRowPieces) % 8 == 0;
+  constexpr int kColumnThreads = kColumns ? kThreads / kRowPieces : kTokens;
+  constexpr int kSteps = kTokens * kRowPieces / kThreads;
+  static_assert(kSteps * kThreads == kTokens * kRowPieces, "whole steps of the CTA's threads");
   static_assert(Traits::kKGatherBytes == Traits::kVGatherBytes, "K's and V's fp8 stages have one layout");
   const unsigned char* from = gathered + stage * Traits::kKGatherBytes;
+  const int piece = tid / kColumnThreads, row0 = tid % kColumnThreads;
+  const int from0 = Traits::gather_offset(row0, piece);
+  const int lo0 = Traits::swizzle(row0, 2 * piece), hi0 = Traits::swizzle(row0, 2 * piece + 1);
   // Two pieces in flight: V is widened beside S's live accumulators.
 #pragma unroll 2
   for (int j = 0; j < kSteps; ++j) {
-    const int i = tid + j * Traits::kThreads;
-    const int row = i % Traits::kTileTokens, piece = i / Traits::kTileTokens;
-    uint4 lo, hi;
-    widen_fp8x16<typename Traits::KvStore, typename Traits::Element>(
-        *reinterpret_cast<const uint4*>(from + Traits::gather_offset(row, piece)), lo, hi);
-    *reinterpret_cast<uint4*>(tile + Traits::swizzle(row, 2 * piece)) = lo;
-    *reinterpret_cast<uint4*>(tile + Traits::swizzle(row, 2 * piece + 1)) = hi;
+    int at, lo, hi;
+    if constexpr (kColumns) {
+      at = kColumnThreads % Traits::kGatherSwizzleRows == 0 ? from0 + j * kColumnThreads * Traits::kGatherRowBytes
+                                                            : Traits::gather_offset(row0 + j * kColumnThreads, piece);
+      lo = lo0 + j * kColumnThreads * Traits::kPanel;
+      hi = hi0 + j * kColumnThreads * Traits::kPanel;
+    } else {
+      const int i = tid + j * kThreads, row = i % kTokens, piece_j = i / kTokens;
+      at = Traits::gather_offset(row, piece_j);
+      lo = Traits::swizzle(row, 2 * piece_j);
+      hi = Traits::swizzle(row, 2 * piece_j + 1);
+    }
+    uint4 wide_lo, wide_hi;
+    widen_fp8x16<typename Traits::KvStore, typename Traits::Element>(*reinterpret_cast<const uint4*>(from + at), wide_lo, wide_hi);
+    *reinterpret_cast<uint4*>(tile + lo) = wide_lo;
+    *reinterpret_cast<uint4*>(tile + hi) = wide_hi;
   }
 }
 // The widened tile for every thread of the CTA (and wgmma's async proxy).
@@ -376,8 +397,10 @@ __device__ __forceinline__ void mask_invisible(const TileMap& map, const int (&t
 // a struct of the four compiles to another register assignment.
 //
 // softmax_update takes a tile's masked scores: it rescales the rows' sums and
-// O to the new maxima and turns the scores into P.
-template <int kNTiles, int kAccTiles>
+// O to the new maxima and turns the scores into P. kSkipUnchanged: a warp whose
+// rows all keep their maxima leaves O as it is (the factors are exactly 1), a
+// branch that saves the fp8 kernels head_dim / 2 multiplies a thread and tile.
+template <bool kSkipUnchanged = false, int kNTiles, int kAccTiles>
 __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_sum)[2], float (&s)[kNTiles][4],
                                                float (&acc)[kAccTiles][4], float exp_scale) {
   // The row maxima as trees: S -> max -> exponents -> P V is the tile's
@@ -400,12 +423,14 @@ __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_
     row_max[h] = new_max;
     row_sum[h] *= correction[h];
   }
+  if (!kSkipUnchanged || __any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
 #pragma unroll
-  for (int n = 0; n < kAccTiles; ++n) {
-    acc[n][0] *= correction[0];
-    acc[n][1] *= correction[0];
-    acc[n][2] *= correction[1];
-    acc[n][3] *= correction[1];
+    for (int n = 0; n < kAccTiles; ++n) {
+      acc[n][0] *= correction[0];
+      acc[n][1] *= correction[0];
+      acc[n][2] *= correction[1];
+      acc[n][3] *= correction[1];
+    }
   }
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) {
@@ -427,9 +452,11 @@ __device__ __forceinline__ void softmax_finish(float (&row_max)[2], float (&row_
 }
 
 // O += P V: P's accumulators become A fragments (16 tokens per k-step).
-template <typename Traits>
+// `in_flight` runs while wgmma computes it (after the MMAs on mma.sync).
+template <typename Traits, typename InFlight>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[Traits::kNTiles][4], const typename Traits::Element* vs,
-                                              const typename Traits::LaneRow& kv_row, float (&acc)[Traits::kAccTiles][4]) {
+                                              const typename Traits::LaneRow& kv_row, float (&acc)[Traits::kAccTiles][4],
+                                              const InFlight& in_flight) {
   using Element = typename Traits::Element;
   constexpr int D = Traits::kHeadDimV;
   constexpr int kKSteps = Traits::kKSteps;
@@ -464,6 +491,7 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[Traits::kNTiles][
       }
     }
     wgmma_commit();
+    in_flight();
     wgmma_wait_all();
     wgmma_fence_operands(acc);
   } else
@@ -479,6 +507,7 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[Traits::kNTiles][
         Mma<Element>::run(acc[n + 1], pf[j], b[2], b[3]);
       }
     }
+    in_flight();
   }
 }
 
@@ -589,12 +618,26 @@ __device__ __forceinline__ void merge_warps_and_write(const PassContext& c, cons
   float* red_acc = reinterpret_cast<float*>(smem);              // [4][16][kAccStride]
   float* red_max = red_acc + Traits::kWarps * 16 * kAccStride;  // [4][16]
   float* red_sum = red_max + Traits::kWarps * 16;               // [4][16], then each warp's row weight
+  if constexpr (Traits::kKvInRegisters) {
+    // O's columns in dim order (Fp8Fragments::o_dim): the thread's dims of
+    // n-tiles n and n + 1 are adjacent, stored at the dim XOR 2 t4 so that a
+    // half-warp's stores fall in distinct banks (undone when read below).
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
+    for (int n = 0; n < D / 8; n += 2) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      *reinterpret_cast<float2*>(red_acc + (warp * 16 + g + h * 8) * kAccStride + n * 8 + t4 * 2) =
-          make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+      for (int e = 0; e < 4; ++e) {
+        const int dim = Fp8Fragments<Traits>::o_dim(n, 2 * t4 + e % 2) ^ (2 * t4);
+        *reinterpret_cast<float2*>(red_acc + (warp * 16 + g + (e / 2) * 8) * kAccStride + dim) = make_float2(acc[n][e], acc[n + 1][e]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<float2*>(red_acc + (warp * 16 + g + h * 8) * kAccStride + n * 8 + t4 * 2) =
+            make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+      }
     }
   }
   if (t4 == 0) {
@@ -634,16 +677,20 @@ __device__ __forceinline__ void merge_warps_and_write(const PassContext& c, cons
   const std::uint64_t keep = l2_keep_policy();
   for (int i = tid; i < rows_here * D / 4; i += Traits::kThreads) {
     const int row = i / (D / 4), col = i % (D / 4) * 4;
+    // fp8 in registers: dims col .. col + 3 were stored XOR 2 t4, t4 = col / (D / 4).
+    const int t4_of_col = Traits::kKvInRegisters ? col / (D / 4) : 0;
+    const int at = Traits::kKvInRegisters ? col ^ ((t4_of_col & 2) << 1) : col;
     float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int w = 0; w < Traits::kWarps; ++w) {
       const float f = red_sum[w * 16 + row];
-      const float4 a = *reinterpret_cast<const float4*>(red_acc + (w * 16 + row) * kAccStride + col);
+      const float4 a = *reinterpret_cast<const float4*>(red_acc + (w * 16 + row) * kAccStride + at);
       value.x += a.x * f;
       value.y += a.y * f;
       value.z += a.z * f;
       value.w += a.w * f;
     }
+    if (Traits::kKvInRegisters && (t4_of_col & 1) != 0) value = make_float4(value.z, value.w, value.x, value.y);
     const RowDest d = dests[row];
     if (d.direct) {
       store_out_pair(p.o, p.out_type, d.out + col, value.x, value.y);
@@ -721,30 +768,68 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   for (int n = 0; n < kAccTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   float row_max[2] = {TREEATTN_NEG_INF, TREEATTN_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
 
-  for (int t = 0; t < c.ntiles; ++t) {
-    const int stage = t % kStages;
-    gather.prefetch_for(t);
+  if constexpr (Traits::kWidenInShared && kStages == 2) {
+    // fp8 widened in shared memory, two barriers a tile: the first publishes
+    // K(t) (widened while tile t - 1's P V ran), the second V(t) (widened
+    // while S ran) and tile t + 1's bytes. By the second every warp is done
+    // with S(t), so K(t + 1) is widened while P V(t) runs, and with tile t's
+    // bytes, so tile t + 2's gather refills its stage; by the first, of the
+    // next tile, with P V(t), so V(t + 1) may be widened.
+    gather.prefetch_for(0);
     wait_for_tile<Traits>();
-    // One offset where K's and V's tiles are alike: two compile to another
-    // schedule of the equal-width kernels' address arithmetic.
-    const int k_tile = Traits::k_tile(stage);
-    const int v_tile = Traits::kKTileBytes == Traits::kVTileBytes ? k_tile : Traits::v_tile(stage);
-    // fp8: K widened before S, V while S is computed and published after the
-    // softmax (the previous tile's P V is done with both: the loop's barrier).
-    if constexpr (Traits::kWidened) {
-      widen<Traits, Traits::kGatherChunksPerRow>(Smem::k_gather(), Smem::k(), stage, tid);
+    widen<Traits, Traits::kGatherChunksPerRow>(Smem::k_gather(), Smem::k(), 0, tid);
+    for (int t = 0; t < c.ntiles; ++t) {
+      const int stage = t % kStages;
       widened<Traits>();
+      float s[Traits::kNTiles][4];
+      compute_scores<Traits>(qf, Smem::k(), kv_row, s, [&] {
+        widen<Traits, Traits::kGatherChunksPerRowV>(Smem::v_gather(), Smem::v(), stage, tid);
+      });
+      cap_scores<Traits>(c.p, scales, s);
+      mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
+      softmax_update<Traits::kWidened>(row_max, row_sum, s, acc, exp_scale());
+      cp_async_wait<0>();  // tile t + 1 (and its successor's map)
+      widened<Traits>();
+      gather.prefetch_for(t + 1);
+      accumulate_pv<Traits>(s, Smem::v(), kv_row, acc, [&] {
+        if (t + 1 < c.ntiles) widen<Traits, Traits::kGatherChunksPerRow>(Smem::k_gather(), Smem::k(), stage ^ 1, tid);
+      });
     }
-    float s[Traits::kNTiles][4];
-    compute_scores<Traits>(qf, Smem::k() + k_tile, kv_row, s, [&] {
-      if constexpr (Traits::kWidened) widen<Traits, Traits::kGatherChunksPerRowV>(Smem::v_gather(), Smem::v(), stage, tid);
-    });
-    cap_scores<Traits>(c.p, scales, s);
-    mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
-    softmax_update(row_max, row_sum, s, acc, exp_scale());
-    if constexpr (Traits::kWidened) widened<Traits>();
-    accumulate_pv<Traits>(s, Smem::v() + v_tile, kv_row, acc);
-    __syncthreads();  // the stage and this tile's map are refilled next
+  } else {
+    for (int t = 0; t < c.ntiles; ++t) {
+      const int stage = t % kStages;
+      gather.prefetch_for(t);
+      wait_for_tile<Traits>();
+      // One offset where K's and V's tiles are alike: two compile to another
+      // schedule of the equal-width kernels' address arithmetic.
+      const int k_tile = Traits::k_tile(stage);
+      const int v_tile = Traits::kKTileBytes == Traits::kVTileBytes ? k_tile : Traits::v_tile(stage);
+      // fp8 in shared memory: K widened before S, V while S is computed and
+      // published after the softmax (the previous tile's P V is done with both:
+      // the loop's barrier). fp8 in registers: read from the gathered bytes.
+      if constexpr (Traits::kWidenInShared) {
+        widen<Traits, Traits::kGatherChunksPerRow>(Smem::k_gather(), Smem::k(), stage, tid);
+        widened<Traits>();
+      }
+      float s[Traits::kNTiles][4];
+      if constexpr (Traits::kKvInRegisters) {
+        Fp8Fragments<Traits>::scores(qf, Smem::k_gather() + stage * Traits::kKGatherBytes, n_base * 8, g, t4, s);
+      } else {
+        compute_scores<Traits>(qf, Smem::k() + k_tile, kv_row, s, [&] {
+          if constexpr (Traits::kWidenInShared) widen<Traits, Traits::kGatherChunksPerRowV>(Smem::v_gather(), Smem::v(), stage, tid);
+        });
+      }
+      cap_scores<Traits>(c.p, scales, s);
+      mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
+      softmax_update<Traits::kWidened>(row_max, row_sum, s, acc, exp_scale());
+      if constexpr (Traits::kWidenInShared) widened<Traits>();
+      if constexpr (Traits::kKvInRegisters) {
+        Fp8Fragments<Traits>::accumulate_pv(s, Smem::v_gather() + stage * Traits::kVGatherBytes, n_base * 8, g, t4, acc);
+      } else {
+        accumulate_pv<Traits>(s, Smem::v() + v_tile, kv_row, acc, [] {});
+      }
+      __syncthreads();  // the stage and this tile's map are refilled next
+    }
   }
 
   // A 64-row pass with options keeps its raw maxima (RowEnd).

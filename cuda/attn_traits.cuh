@@ -140,6 +140,14 @@ struct AttnTraits {
   // (the one being masked, kStages - 1 whose gathers are queued, kStages arriving).
   static constexpr int kMapStages = 2 * kStages;
   static constexpr int kMapOffset = kVGatherOffset + kStages * kVGatherBytes;  // TileMap ring
+  // A split-KV pass over fp8 K and V reads them from the gathered bytes
+  // (PassTraits::kKvInRegisters) and no tile: its gather stages take all of
+  // the tiles' and stages' shared memory, K's then V's, and its map ring
+  // follows. Four stages at head_dim <= 128, so as many bytes are in flight
+  // as in two f16 stages: a split-KV pass does little math per tile and waits
+  // on its gathers.
+  static constexpr int kSplitStages = (kMapOffset - kKOffset) / (kKGatherBytes + kVGatherBytes);
+  static constexpr int kSplitMapOffset = kSplitStages * (kKGatherBytes + kVGatherBytes);
   // The split-KV merge reuses the tiles and maps for every warp's 16 x
   // head_dim_v accumulators (rows padded by 8 floats, so a half-warp's float2
   // stores of 4 rows x 4 lanes fall in distinct banks), their row maxima and
@@ -147,7 +155,8 @@ struct AttnTraits {
   // than they hold.
   static constexpr int kMergeAccStride = kHeadDimV + 8;
   static constexpr int kMergeBytes = kWarps * 16 * (kMergeAccStride + 2) * 4 + 16 * 16;
-  static constexpr int kSmemBytes = std::max(kMapOffset + kMapStages * int(sizeof(TileMap)), kMergeBytes);
+  static constexpr int kSmemBytes = std::max({kMapOffset + kMapStages * int(sizeof(TileMap)),
+                                              kSplitMapOffset + 2 * kSplitStages * int(sizeof(TileMap)), kMergeBytes});
   // CTAs per SM the registers are capped for. With wgmma three: 170
   // registers, of which the kernel takes 165 (capped for two it takes 183 and
   // runs 0.97-0.99x). The mma.sync build's fragments need more: capped for
@@ -167,9 +176,20 @@ struct AttnTraits {
 // token of a tile. A pass of at most 16 rows (true): every warp owns rows
 // 0..15 and tokens 16w..16w+15 of each tile, and the warps' softmax states are
 // merged in shared memory at the end.
+// fp8 K and V: a 64-row pass widens each tile into shared memory once for the
+// four warps (wgmma reads B there); a split-KV pass, whose warps read disjoint
+// tokens, widens its fragments in registers (fp8_fragments.cuh).
 template <typename Base, bool SplitKV_>
 struct PassTraits : Base {
   static constexpr bool kSplitKV = SplitKV_;
+  static constexpr bool kWidenInShared = Base::kWidened && !kSplitKV;
+  static constexpr bool kKvInRegisters = Base::kWidened && kSplitKV;
+  // Gather stages and the shared-memory layout (AttnTraits: kSplitStages).
+  static constexpr int kStages = kKvInRegisters ? Base::kSplitStages : Base::kStages;
+  static constexpr int kMapStages = 2 * kStages;
+  static constexpr int kKGatherOffset = kKvInRegisters ? 0 : Base::kKGatherOffset;
+  static constexpr int kVGatherOffset = kKvInRegisters ? kStages * Base::kKGatherBytes : Base::kVGatherOffset;
+  static constexpr int kMapOffset = kKvInRegisters ? Base::kSplitMapOffset : Base::kMapOffset;
   static constexpr int kWarpTokens = kSplitKV ? Base::kTileTokens / Base::kWarps : Base::kTileTokens;
   static constexpr int kNTiles = kWarpTokens / 8;   // 8-token n-tiles of S per warp and tile
   static constexpr int kKSteps = kWarpTokens / 16;  // 16-token k-steps of P V per warp and tile

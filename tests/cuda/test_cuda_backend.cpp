@@ -5,7 +5,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -190,6 +192,74 @@ TEST_CASE("the device's cost model: the H100 fit on an H100 or H200, calibrated 
   const CostModel again = cuda::Context(0).cost_model();
   CHECK(again.to_string() == model.to_string());
   CHECK(again.source == model.source);
+}
+
+// fp8 K and V take two paths through stage 1 (docs/cuda.md, "Attention
+// variants"): a 64-row pass widens each tile into shared memory (two barriers
+// a tile, K widened while the previous tile's P V runs), a split-KV pass
+// widens its fragments in registers from a ring of four gather stages. Blocks
+// of up to 16 tiles run both through many turns of their rings; with unit
+// scales each must give the f16 run of the same values bit for bit, as the
+// MMAs see the same products in the same order.
+TEST_CASE("fp8 K and V over long blocks, in 64-row and split-KV passes: bitwise the f16 run of the same values") {
+  auto backend = make_test_backend();
+  for (const HeadConfig heads : {HeadConfig{8, 2, 64}, HeadConfig{32, 8, 128}, HeadConfig{4, 4, 256}}) {
+    CAPTURE(heads.head_dim);
+    RandomForestOptions o;
+    o.seed = 40 + std::uint64_t(heads.head_dim);
+    o.nodes = 10;
+    o.queries = 48;
+    o.min_tokens = 100;
+    o.max_tokens = 400;
+    o.heads = heads;
+    const Tree tree = random_forest(o);
+    // Blocks of up to 1024 tokens; query tiles of 64 (passes of up to 64 rows,
+    // a large tile's last rows split-KV) and of 4 (split-KV passes alone). The
+    // longest blocks of each kind of pass (a pass of at most kSmallTileRows
+    // rows is split-KV) reach well past their stage rings.
+    std::int32_t split_tiles = 0, large_tiles = 0;
+    for (const std::int32_t query_tile : {64, 4}) {
+      CAPTURE(query_tile);
+      PlanOptions options;
+      options.block_tokens = 1024;
+      options.query_tile = query_tile;
+      const Plan plan = treeattn::plan(tree, options);
+      for (std::size_t i = 0; i < plan.item_block.size(); ++i) {
+        const std::size_t block = std::size_t(plan.item_block[i]);
+        std::int32_t tokens = 0;
+        for (std::int32_t g = plan.block_segment_begin[block]; g < plan.block_segment_begin[block + 1]; ++g) {
+          tokens += plan.segment_token_end[std::size_t(g)] - plan.segment_token_begin[std::size_t(g)];
+        }
+        const std::int32_t rows = (plan.item_query_begin[i + 1] - plan.item_query_begin[i]) * heads.group_size();
+        const std::int32_t tile_rows = plan.item_tile_rows[i];
+        for (std::int32_t row = 0; row < rows; row += tile_rows) {
+          std::int32_t& longest = std::min(tile_rows, rows - row) <= kSmallTileRows ? split_tiles : large_tiles;
+          longest = std::max(longest, (tokens + 63) / 64);
+        }
+      }
+      for (const DType fp8 : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+        const std::string fp8_name = to_string(fp8);
+        CAPTURE(fp8_name);
+        Variant variant;
+        variant.kv = fp8;
+        Inputs as_fp8 = make_variant_inputs(tree, variant, 9);
+        as_fp8.k_scale = as_fp8.v_scale = 1.0f;
+        Inputs as_f16 = make_inputs(tree, DType::f16, 9);
+        as_f16.q = as_fp8.q;
+        for (auto [from, to] : {std::pair{&as_fp8.k, &as_f16.k}, std::pair{&as_fp8.v, &as_f16.v}}) {
+          for (std::size_t i = 0; i < std::size_t(from->numel()); ++i) {
+            store_from_float(to->bytes.data(), DType::f16, i, load_as_float(from->bytes.data(), fp8, i));
+          }
+        }
+        const Outputs want = run_backend(*backend, tree, as_f16, options);
+        const Outputs got = run_backend(*backend, tree, as_fp8, options);
+        CHECK(got.o.bytes == want.o.bytes);
+        CHECK(got.lse.bytes == want.lse.bytes);
+      }
+    }
+    CHECK(split_tiles >= 9);
+    CHECK(large_tiles >= 9);
+  }
 }
 
 int main(int argc, char** argv) {

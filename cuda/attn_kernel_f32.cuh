@@ -16,7 +16,10 @@
 // soft-cap and sinks (fp8 K and V take f16 or bf16 Q: not here) are read at
 // run time: this kernel is not the tuned path.
 
-#include "attn_kernel.cuh"
+#include "attn_epilogue.cuh"
+#include "attn_params.hpp"
+#include "attn_pass_context.cuh"
+#include "instructions.cuh"
 
 namespace treeattn::cuda {
 
@@ -57,7 +60,7 @@ __global__ void __launch_bounds__(kF32Warps * 32) tree_attn_partial_f32_kernel(c
   float* v_rows = reinterpret_cast<float*>(smem) + Layout::kVOffset;
 
   // Row r of the pass (r counted from the item's first row, as in
-  // attn_kernel.cuh) is the item's tile query r / group under query head
+  // attn_pass_context.cuh) is the item's tile query r / group under query head
   // kv_head * group + r % group.
   auto entry_of = [&](int r) { return info.query_begin + (info.row_begin + r) / p.group; };
   auto head_of = [&](int r) { return kv_head * p.group + (info.row_begin + r) % p.group; };

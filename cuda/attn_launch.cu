@@ -5,6 +5,7 @@
 #include "attn_kernel.cuh"
 #include "attn_kernel_f32.cuh"
 #include "attn_launch.hpp"
+#include "attn_merge.cuh"
 
 #include <tuple>
 #include <type_traits>

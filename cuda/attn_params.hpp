@@ -9,7 +9,7 @@ namespace treeattn::cuda {
 
 // The merge's lean variant takes a query's partials four at a time (half the
 // registers in flight, more CTAs an SM): launched for plans whose queries
-// merge at most that many (attn_kernel.cuh, tree_attn_merge_kernel).
+// merge at most that many (attn_merge.cuh, tree_attn_merge_kernel).
 inline constexpr int kMergeLeanBatch = 4;
 
 // The elements of Q, K and V and, separately, of O. K and V are Q's type, or

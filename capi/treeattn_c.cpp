@@ -113,6 +113,9 @@ treeattn_status treeattn_tree_create(int32_t heads_q, int32_t heads_kv, int32_t 
   });
 }
 
+// Each *_init is defined with its name in parentheses, which treeattn.h's
+// function-like macro of the same name does not expand: the exported function
+// fills this header's struct, the macro calls *_init_sized with the caller's sizeof.
 void (treeattn_tree_options_init)(treeattn_tree_options* o) {
   if (o == nullptr) return;
   *o = treeattn_tree_options{};

@@ -82,7 +82,7 @@ double CpuBackend::peak_gbps() {
 }
 
 void CpuBackend::run(const Plan& plan, const AttentionArgs& args) {
-  check_args(plan, args, variants(), name());
+  check_args(plan, args);
   check_host_scale_values(args.options);
   const int hq = plan.heads.heads_q, hkv = plan.heads.heads_kv, dv = plan.heads.value_dim();
   partial_o_.resize(std::size_t(plan.num_partials) * std::size_t(hq) * std::size_t(dv));

@@ -20,7 +20,6 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& options);
   const char* name() const noexcept override { return "cpu"; }
-  VariantSupport variants() const noexcept override { return VariantSupport::all(); }
   void run(const Plan& plan, const AttentionArgs& args) override;
   // Host read bandwidth, measured once (a quarter second) on first use.
   double peak_gbps() override;

@@ -110,7 +110,7 @@ void CudaBackend::graph_stable(const WorkspaceLimits& limits) {
 }
 
 AttentionArgs CudaBackend::stage_inputs(const Plan& plan, const AttentionArgs& a) {
-  check_args(plan, a, kAttentionVariants, kBackendName);
+  check_args(plan, a);
   check_host_scale_values(a.options);
   settle_device_calls();
   upload_if_new(plan, stream_);

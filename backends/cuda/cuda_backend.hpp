@@ -6,7 +6,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include "attention_variants.hpp"
 #include "device_buffer.hpp"
 #include "backend.hpp"
 #include "treeattn/cuda.hpp"
@@ -20,8 +19,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const BackendOptions& options);
   ~CudaBackend() override;
 
-  const char* name() const noexcept override { return kBackendName; }
-  VariantSupport variants() const noexcept override { return kAttentionVariants; }
+  const char* name() const noexcept override { return "cuda"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   void upload(const Plan& plan, void* stream) override;
   void enqueue(const Plan& plan, const AttentionArgs& device_tensors, void* stream) override;

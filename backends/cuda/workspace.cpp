@@ -14,7 +14,6 @@
 #include "../../cuda/attn_launch.hpp"
 #include "device_buffer.hpp"
 #include "device_scope.hpp"
-#include "attention_variants.hpp"
 #include "lowering.hpp"
 #include "backend.hpp"
 #include "treeattn/cuda.hpp"
@@ -263,7 +262,6 @@ void Workspace::upload(const Plan& plan, Stream stream) {
   // A failure below leaves no plan to run: enqueue refuses until an upload succeeds.
   s.uploaded = false;
   DeviceScope scope(s.context.device());
-  check_head_dims(plan.heads, kAttentionVariants, kBackendName);
   const WorkspaceLimits need = WorkspaceLimits::of(plan);
   if (s.graph_stable) {
     if (!s.limits.heads.same_as(plan.heads)) {
@@ -381,7 +379,7 @@ void Workspace::upload(const Plan& plan, Stream stream) {
 void Workspace::enqueue(const AttentionArgs& a, Stream stream) const {
   const State& s = *state_;
   if (!s.uploaded) throw Error(ErrorCategory::InvalidArgument, "enqueue before any plan was uploaded to the workspace");
-  check_args(s.shape, a, kAttentionVariants, kBackendName);
+  check_args(s.shape, a);
   DeviceScope scope(s.context.device());
   KernelParams p = s.params;
   p.q = a.q.data;

@@ -17,7 +17,7 @@ std::size_t align16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
 // check_args, then what the shaders lack: f32 inputs (no f32 stage-1 shader;
 // fp8 K and V come with f16 or bf16 Q, which check_args enforces).
 void check_inputs(const Plan& plan, const AttentionArgs& args) {
-  check_args(plan, args, kAttentionVariants, kBackendName);
+  check_args(plan, args);
   if (args.q.dtype == DType::f32) {
     throw Error(ErrorCategory::InvalidArgument, "Vulkan backend: Q, K and V must be f16 or bf16 (got f32)");
   }

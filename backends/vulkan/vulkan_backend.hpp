@@ -7,7 +7,6 @@
 
 #include <memory>
 
-#include "attention_variants.hpp"
 #include "backend.hpp"
 #include "context_options.hpp"
 #include "treeattn/vulkan.hpp"
@@ -27,8 +26,7 @@ class VulkanBackend final : public Backend {
   // runs the shaders; null when there is no loader, no device, or only a CPU one.
   static std::unique_ptr<Backend> make_for_gpu(const BackendOptions& options);
 
-  const char* name() const noexcept override { return kBackendName; }
-  VariantSupport variants() const noexcept override { return kAttentionVariants; }
+  const char* name() const noexcept override { return "vulkan"; }
   void run(const Plan& plan, const AttentionArgs& args) override;
   // `stream` is the VkCommandBuffer being recorded; tensors are buffer device addresses
   // (the plan's upload is recorded there too, when the workspace does not hold it).

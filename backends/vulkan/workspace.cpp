@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "attention_variants.hpp"
 #include "vk_check.hpp"
 #include "vk_sequence.hpp"
 #include "workspace_state.hpp"
@@ -169,7 +168,6 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
   Context::State& ctx = *s.context;
   const Device& device = *ctx.device;
   const DeviceCaps& caps = device.caps();
-  check_head_dims(plan.heads, kAttentionVariants, kBackendName);
   // A failure below leaves no plan to record: record() refuses until an upload succeeds.
   s.uploaded = false;
   std::string reason;
@@ -235,7 +233,7 @@ void Workspace::upload(const Plan& plan, VkCommandBuffer commands) {
 
 void Workspace::State::record_addresses(VkCommandBuffer commands, const AttentionArgs& a) {
   if (!uploaded) throw Error(ErrorCategory::InvalidArgument, "record before any plan was uploaded to the workspace");
-  check_args(shape, a, kAttentionVariants, kBackendName);
+  check_args(shape, a);
   if (a.q.dtype != inputs) {
     throw Error(ErrorCategory::InvalidArgument, fmt::format("Q is {}, but the workspace was made for {} inputs",
                                                             to_string(a.q.dtype), to_string(inputs)));

@@ -95,23 +95,7 @@ void expect_addressable(const char* name, const TensorRef& t) {
 
 CallShape CallShape::of(const Plan& plan) { return CallShape{plan.heads, plan.num_queries, plan.min_kv_slots}; }
 
-std::string unsupported_variant(const HeadConfig& heads, const AttentionOptions& options, DType kv,
-                                const VariantSupport& supported) {
-  if (heads.value_dim() != heads.head_dim && !supported.head_dim_v) {
-    return fmt::format("head_dim_v {} beside head_dim {}", heads.value_dim(), heads.head_dim);
-  }
-  if ((heads.head_dim == 96 || heads.value_dim() == 96) && !supported.head_dim_96) return "head_dim 96";
-  if (is_fp8(kv) && !supported.fp8_kv) return fmt::format("{} K and V", to_string(kv));
-  if (options.sinks.data != nullptr && !supported.sinks) return "attention sinks";
-  if (options.logit_softcap != 0.0f && !supported.logit_softcap) return "logit soft-capping";
-  return "";
-}
-
 namespace {
-
-void refuse_unsupported(const std::string& variant, const char* backend) {
-  if (!variant.empty()) fail(ErrorCategory::InvalidArgument, "{} is not supported by the {} backend", variant, backend);
-}
 
 // An options tensor of one f32 per head (sinks: query heads; scales: KV heads), dense.
 void expect_per_head(const char* name, const TensorRef& t, std::int64_t heads, const char* meaning) {
@@ -184,11 +168,7 @@ void check_host_scale_values(const AttentionOptions& options) {
   }
 }
 
-void check_head_dims(const HeadConfig& heads, const VariantSupport& supported, const char* backend) {
-  refuse_unsupported(unsupported_variant(heads, {}, DType::f16, supported), backend);
-}
-
-void check_args(const CallShape& plan, const AttentionArgs& a, const VariantSupport& supported, const char* backend) {
+void check_args(const CallShape& plan, const AttentionArgs& a) {
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, hkv = plan.heads.heads_kv,
                      d = plan.heads.head_dim, dv = plan.heads.value_dim();
   expect_shape("Q", a.q, {nq, hq, d}, "queries, heads_q, head_dim");
@@ -218,7 +198,6 @@ void check_args(const CallShape& plan, const AttentionArgs& a, const VariantSupp
   expect_row_stride("O", a.o, true);
   expect_row_stride("LSE", a.lse, false);
   check_options(plan, a);
-  refuse_unsupported(unsupported_variant(plan.heads, a.options, a.k.dtype, supported), backend);
 }
 
 }  // namespace treeattn

@@ -42,25 +42,10 @@ struct BackendOptions {
   double cuda_graph_headroom = 0.0;
 };
 
-// The attention variants (DESIGN.md §8) a backend's kernels run. check_args
-// refuses a call that uses another, naming the variant and the backend, so
-// nothing runs silently wrong; a backend turns one on by declaring it here.
-struct VariantSupport {
-  bool fp8_kv = false;         // K and V in fp8_e4m3 / fp8_e5m2, with k_scale/v_scale or k_scales/v_scales
-  bool sinks = false;          // AttentionOptions::sinks
-  bool logit_softcap = false;  // AttentionOptions::logit_softcap
-  bool head_dim_v = false;     // V and O columns other than head_dim (192 / 128)
-  bool head_dim_96 = false;    // head_dim 96
-
-  static constexpr VariantSupport all() noexcept { return {true, true, true, true, true}; }
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const noexcept = 0;
-  // The variants this backend runs; the others are refused by name.
-  virtual VariantSupport variants() const noexcept { return {}; }
   // Computes O (and LSE when args.lse.data is set) for every query of the plan.
   // The tensors live in host memory. Throws InvalidArgument when a tensor's
   // shape or dtype does not match the plan.
@@ -150,24 +135,16 @@ struct CallShape {
 // Checks every tensor of `args` against the plan (shapes, dtypes, KV rows the
 // plan reads, row strides: Q, K, V and O rows at least a row apart and
 // 16-byte aligned, LSE dense), the attention options (their tensors' lengths
-// and dtypes, the soft-cap's sign, scales only with fp8 K and V) and that
-// `backend`, running `supported`, runs every variant the call uses. Backends
-// call it first; throws InvalidArgument naming the tensor or the variant.
-void check_args(const CallShape& shape, const AttentionArgs& args, const VariantSupport& supported, const char* backend);
-inline void check_args(const Plan& plan, const AttentionArgs& args, const VariantSupport& supported, const char* backend) {
-  check_args(CallShape::of(plan), args, supported, backend);
-}
+// and dtypes, the soft-cap's sign, scales only with fp8 K and V). Every
+// backend runs every variant (DESIGN.md §8) at every head dim the planner
+// takes. Backends call it first; throws InvalidArgument naming the tensor or
+// the option.
+void check_args(const CallShape& shape, const AttentionArgs& args);
+inline void check_args(const Plan& plan, const AttentionArgs& args) { check_args(CallShape::of(plan), args); }
 // The values of per-KV-head scales in host memory (k_scales, v_scales): each
 // positive and finite, else InvalidArgument naming the tensor and the head. A
 // backend calls it where the scales are host arrays (device memory is not read
 // back to check it: no hidden synchronisation).
 void check_host_scale_values(const AttentionOptions& options);
-// The first variant the call uses that `supported` lacks ("attention sinks",
-// "head_dim 96", ...), or "" when it has them all.
-std::string unsupported_variant(const HeadConfig& heads, const AttentionOptions& options, DType kv,
-                                const VariantSupport& supported);
-// The head dims' part of check_args, for a workspace taking a plan: throws
-// InvalidArgument when `backend` does not run head_dim 96 or a head_dim_v of its own.
-void check_head_dims(const HeadConfig& heads, const VariantSupport& supported, const char* backend);
 
 }  // namespace treeattn

@@ -166,8 +166,8 @@ class Context:
         The attention variants (off by default): sinks [heads_q] float32, a logit per
         query head in the softmax's denominator and LSE (gpt-oss); logit_softcap, the
         cap of s = cap * tanh(s / cap) (Gemma 2); fp8 k and v dequantized as k * k_scale
-        and v * v_scale, or per KV head by k_scales and v_scales [heads_kv] float32. A
-        backend without kernels for a variant raises ValueError naming it.
+        and v * v_scale, or per KV head by k_scales and v_scales [heads_kv] float32. Every
+        backend runs them; an option that does not fit the call raises ValueError naming it.
         """
         _namespace(q)  # a TypeError naming what was given, before its shape is read
         k, v, kv_dtype = _fp8_bytes(k, v, kv_dtype)

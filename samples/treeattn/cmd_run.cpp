@@ -46,10 +46,6 @@ void run(const RunOptions& o) {
   std::unique_ptr<Backend> backend = make_backend(kind, backend_options);
   HostArray sinks = o.attention.read_sinks();
   const AttentionOptions variants = o.attention.options(sinks);
-  if (kind == BackendKind::automatic &&
-      !unsupported_variant(tree.heads, variants, k.dtype, backend->variants()).empty()) {
-    backend = make_backend(BackendKind::cpu, backend_options);  // auto: the first backend that runs the call
-  }
   const Plan plan = Planner(o.plan.plan_threads).plan(tree, o.plan.options(k.shape[0], backend->cost_model()));
 
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, dv = plan.heads.value_dim();

@@ -57,7 +57,7 @@ DemoLoop::DemoLoop(const DemoOptions& o, DemoSetup& setup, const PeakSizes& peak
       v_(k_.dtype, {cache_.slots(), heads_.heads_kv, heads_.head_dim}),
       sinks_(o.attention.read_sinks()),
       variants_(o.attention.options(sinks_)),
-      backend_(backend_for(o, heads_, variants_, k_.dtype)),
+      backend_(make_backend(parse_backend(o.backend), backend_options(o))),
       runner_(make_step_runner(*backend_, backend_options(o), heads_, k_, v_, peak.queries, variants_)),
       options_(o.plan.options(cache_.slots(), backend_->cost_model())),
       // The plan each step runs comes from an IncrementalPlanner fed the tree's
@@ -77,16 +77,6 @@ BackendOptions DemoLoop::backend_options(const DemoOptions& o) {
   BackendOptions b = o.backend_flags.options;
   b.verbose = o.verbose;
   return b;
-}
-
-std::unique_ptr<Backend> DemoLoop::backend_for(const DemoOptions& o, const HeadConfig& heads,
-                                               const AttentionOptions& variants, DType kv) {
-  const BackendKind kind = parse_backend(o.backend);
-  std::unique_ptr<Backend> backend = make_backend(kind, backend_options(o));
-  if (kind == BackendKind::automatic && !unsupported_variant(heads, variants, kv, backend->variants()).empty()) {
-    backend = make_backend(BackendKind::cpu, backend_options(o));
-  }
-  return backend;
 }
 
 void DemoLoop::size_runner() {

@@ -69,9 +69,6 @@ class DemoLoop {
 
  private:
   static BackendOptions backend_options(const DemoOptions& o);
-  // --backend's, where "auto" is the first backend that runs the attention variants asked for.
-  static std::unique_ptr<Backend> backend_for(const DemoOptions& o, const HeadConfig& heads,
-                                              const AttentionOptions& variants, DType kv);
   void size_runner();
   void run_step(std::int64_t step);
   const Plan& update_plan(StepRecord& record);

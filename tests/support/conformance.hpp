@@ -53,11 +53,6 @@ std::vector<Variant> all_variants();
 // f16 Q; K and V as the variant says; its options' tensors.
 Inputs make_variant_inputs(const Tree& tree, const Variant& variant, std::uint64_t seed);
 
-// Whether `backend` runs every variant the call uses (VariantSupport). Where
-// it does not, a doctest MESSAGE says which case is skipped, and the call is
-// checked to be refused with the backend's name in the message.
-bool runs_variant(Backend& backend, const Tree& tree, Inputs& in);
-
 struct Outputs {
   HostArray o, lse;
 };
@@ -71,7 +66,7 @@ Outputs run_plan(Backend& backend, const Tree& tree, Inputs& in, const Plan& pla
 void check_against_oracle(Backend& backend, const Tree& tree, DType dtype, std::uint64_t seed, float q_amplitude = 1.0f,
                           std::int32_t block_tokens = 64, std::int32_t query_tile = kMaxQueryTile,
                           std::int32_t window = 0);
-// The same with `in`'s variants (none checked where runs_variant says the backend does not run them).
+// The same with `in`'s variants.
 void check_inputs_against_oracle(Backend& backend, const Tree& tree, Inputs& in, double tolerance,
                                  std::int32_t block_tokens = 64, std::int32_t query_tile = kMaxQueryTile,
                                  std::int32_t window = 0);

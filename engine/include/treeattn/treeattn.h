@@ -285,8 +285,8 @@ typedef struct treeattn_attention_options {
 TREEATTN_C_API void treeattn_attention_options_init(treeattn_attention_options* options);
 TREEATTN_C_API void treeattn_attention_options_init_sized(treeattn_attention_options* options, size_t size);
 #define treeattn_attention_options_init(options) treeattn_attention_options_init_sized((options), sizeof(*(options)))
-/* treeattn_run and treeattn_enqueue with attention variants (NULL options: none).
- * A backend without kernels for a variant refuses it, naming both. */
+/* treeattn_run and treeattn_enqueue with attention variants (NULL options: none),
+ * which every backend runs; an option that does not fit the call is refused, naming it. */
 TREEATTN_C_API treeattn_status treeattn_run_with(treeattn_context* context, const treeattn_plan* plan,
                                                  const treeattn_tensor* q, const treeattn_tensor* k,
                                                  const treeattn_tensor* v, const treeattn_tensor* o,

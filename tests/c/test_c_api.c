@@ -306,6 +306,8 @@ static void test_older_struct(treeattn_context* context, const treeattn_plan* pl
     older_attention_options older;
     unsigned char bytes[sizeof(treeattn_attention_options) + 16];
   } memory;
+  treeattn_attention_options_init(NULL); /* the macro takes a literal NULL: nothing to fill */
+  treeattn_plan_options_init_sized(NULL, sizeof(treeattn_plan_options));
   memset(memory.bytes, 0xAB, sizeof memory.bytes);
   treeattn_attention_options_init_sized((treeattn_attention_options*)&memory.older, sizeof memory.older);
   CHECK(memory.older.struct_size == sizeof memory.older && memory.older.k_scale == 1.0f && memory.older.v_scale == 1.0f &&

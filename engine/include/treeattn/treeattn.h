@@ -132,7 +132,7 @@ typedef struct treeattn_tree_options {
 } treeattn_tree_options;
 TREEATTN_C_API void treeattn_tree_options_init(treeattn_tree_options* options);
 TREEATTN_C_API void treeattn_tree_options_init_sized(treeattn_tree_options* options, size_t size);
-#define treeattn_tree_options_init(options) treeattn_tree_options_init_sized((options), sizeof(*(options)))
+#define treeattn_tree_options_init(options) treeattn_tree_options_init_sized((options), sizeof(treeattn_tree_options))
 TREEATTN_C_API treeattn_status treeattn_tree_create_with(const treeattn_tree_options* options, treeattn_tree** out);
 TREEATTN_C_API treeattn_status treeattn_tree_add_node(treeattn_tree* tree, int64_t id, int64_t parent /* -1: root */,
                                                       const int64_t* slots, int64_t count);
@@ -167,7 +167,7 @@ typedef struct treeattn_context_options {
 } treeattn_context_options;
 TREEATTN_C_API void treeattn_context_options_init(treeattn_context_options* options);
 TREEATTN_C_API void treeattn_context_options_init_sized(treeattn_context_options* options, size_t size);
-#define treeattn_context_options_init(options) treeattn_context_options_init_sized((options), sizeof(*(options)))
+#define treeattn_context_options_init(options) treeattn_context_options_init_sized((options), sizeof(treeattn_context_options))
 TREEATTN_C_API treeattn_status treeattn_context_create(const treeattn_context_options* options /* NULL: defaults */,
                                                        treeattn_context** out);
 /* "cpu", "cuda" or "vulkan": the backend a context runs. */
@@ -199,7 +199,7 @@ typedef struct treeattn_plan_options {
 } treeattn_plan_options;
 TREEATTN_C_API void treeattn_plan_options_init(treeattn_plan_options* options);
 TREEATTN_C_API void treeattn_plan_options_init_sized(treeattn_plan_options* options, size_t size);
-#define treeattn_plan_options_init(options) treeattn_plan_options_init_sized((options), sizeof(*(options)))
+#define treeattn_plan_options_init(options) treeattn_plan_options_init_sized((options), sizeof(treeattn_plan_options))
 /* Validates the tree (the message names the node or query) and plans it with
  * the context's device model. The plan keeps what it needs: the tree may be destroyed. */
 TREEATTN_C_API treeattn_status treeattn_plan_create(treeattn_context* context, const treeattn_tree* tree,
@@ -284,7 +284,7 @@ typedef struct treeattn_attention_options {
 /* Scales 1, the rest off. */
 TREEATTN_C_API void treeattn_attention_options_init(treeattn_attention_options* options);
 TREEATTN_C_API void treeattn_attention_options_init_sized(treeattn_attention_options* options, size_t size);
-#define treeattn_attention_options_init(options) treeattn_attention_options_init_sized((options), sizeof(*(options)))
+#define treeattn_attention_options_init(options) treeattn_attention_options_init_sized((options), sizeof(treeattn_attention_options))
 /* treeattn_run and treeattn_enqueue with attention variants (NULL options: none),
  * which every backend runs; an option that does not fit the call is refused, naming it. */
 TREEATTN_C_API treeattn_status treeattn_run_with(treeattn_context* context, const treeattn_plan* plan,

@@ -664,14 +664,15 @@ TEST_CASE("--kv-dtype, --softcap and --sinks: demo's step equals `run` with them
   for (std::size_t h = 0; h < 32; ++h) store_from_float(sinks.bytes.data(), DType::f32, h, float(h % 5) - 1.0f);
   write_npy(dir / "sinks.npy", sinks.view());
   const std::string variants = " --kv-dtype fp8_e4m3 --softcap 2 --sinks " + (dir / "sinks.npy");
-  Result r = cli("demo --workload fewshot --branches 3 --prompt 100 --generated 6 --layers 1 --block-tokens 32 "
-                 "--bitwise-updates --dump-step 5 --dump-dir " + dir.path + variants);
+  // Both on the CPU backend, named: `auto` would pick a GPU where the machine has one.
+  Result r = cli("demo --backend cpu --workload fewshot --branches 3 --prompt 100 --generated 6 --layers 1 "
+                 "--block-tokens 32 --bitwise-updates --dump-step 5 --dump-dir " + dir.path + variants);
   REQUIRE_MESSAGE(r.status == 0, r.output);
   CHECK(r.output.find("fp8_e4m3 K/V, soft-cap 2, sinks") != std::string::npos);
-  CHECK(r.output.find("backend cpu") != std::string::npos);  // auto: the first backend that runs the variants
-  const std::string run = "run --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") +
-                          " --v " + (dir / "v.npy") + " --out " + (dir / "o_run.npy") + " --lse " + (dir / "lse_run.npy") +
-                          " --block-tokens 32";
+  CHECK(r.output.find("backend cpu") != std::string::npos);
+  const std::string run = "run --backend cpu --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " +
+                          (dir / "k.npy") + " --v " + (dir / "v.npy") + " --out " + (dir / "o_run.npy") + " --lse " +
+                          (dir / "lse_run.npy") + " --block-tokens 32";
   r = cli(run + variants);
   REQUIRE_MESSAGE(r.status == 0, r.output);
   CHECK(read_npy(dir / "o_run.npy").bytes == read_npy(dir / "o.npy").bytes);

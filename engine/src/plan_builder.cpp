@@ -1,6 +1,7 @@
 #include "plan_builder.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "fail.hpp"
@@ -82,20 +83,41 @@ void PlanBuilder::add_segment_viewers(const Piece& piece) {
 // With a window a segment's viewers are the positions of its range whose
 // window reaches it: the block's viewers are those of its intervals that see
 // one of its segments, so no tile holds a query that sees none of the block.
+// They are found in the window starts' segment tree, beside which each
+// block keeps the earliest window start among the positions it has not
+// listed yet: a walk enters only subtrees holding a new viewer, so a chain's
+// prefill, whose segments each have every later query in their range, costs
+// the viewers listed (times the tree's depth), not the ranges.
 void PlanBuilder::window_viewers() {
   window_positions_.clear();
-  window_seen_.assign(std::size_t(viewers_), 0);  // by index in the intervals' list
+  const std::size_t n = vis_.window_start.size();
+  const std::int64_t* min = vis_.window_start_min.data();
+  if (unlisted_.empty()) unlisted_.assign(2 * n, Unlisted{});
+  ++stamp_;
+  auto unlisted_min = [&](std::size_t k) { return unlisted_[k].stamp == stamp_ ? unlisted_[k].min : min[k]; };
+  std::vector<std::size_t>& stack = walk_;
   for (const OpenSegment& s : open_) {
-    for (std::int32_t k = 0; k < s.hi - s.lo; ++k) {
-      std::uint8_t& seen = window_seen_[std::size_t(s.first_viewer + k)];
-      seen = seen || sees(vis_, s.lo + k, s.path_begin);
+    const std::int64_t reach = s.path_begin;
+    stack.clear();
+    for (std::size_t l = std::size_t(s.lo) + n, r = std::size_t(s.hi) + n; l < r; l >>= 1, r >>= 1) {
+      if ((l & 1) != 0) stack.push_back(l++);
+      if ((r & 1) != 0) stack.push_back(--r);
+    }
+    while (!stack.empty()) {
+      const std::size_t k = stack.back();
+      stack.pop_back();
+      if (unlisted_min(k) > reach) continue;
+      if (k < n) {
+        stack.push_back(2 * k);
+        stack.push_back(2 * k + 1);
+        continue;
+      }
+      window_positions_.push_back(std::int32_t(k - n));
+      unlisted_[k] = Unlisted{stamp_, std::numeric_limits<std::int64_t>::max()};
+      for (std::size_t j = k >> 1; j >= 1; j >>= 1) unlisted_[j] = Unlisted{stamp_, std::min(unlisted_min(2 * j), unlisted_min(2 * j + 1))};
     }
   }
-  for (const Interval& i : intervals_) {
-    for (std::int32_t position = i.begin; position < i.end; ++position) {
-      if (window_seen_[std::size_t(i.offset + position - i.begin)]) window_positions_.push_back(position);
-    }
-  }
+  std::sort(window_positions_.begin(), window_positions_.end());
 }
 
 void PlanBuilder::close_block() {

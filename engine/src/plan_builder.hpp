@@ -71,7 +71,16 @@ class PlanBuilder {
   // With a window, the open block's viewers are those of intervals_ that see
   // one of its segments (window_viewers()): their positions, ascending.
   std::vector<std::int32_t> window_positions_;
-  std::vector<std::uint8_t> window_seen_;  // window_viewers()' scratch
+  // window_viewers()' scratch: per entry of the window starts' segment tree,
+  // the earliest window start of its positions not yet listed for the block
+  // stamp_ (an entry of an earlier block: none listed, the tree's own minimum).
+  struct Unlisted {
+    std::uint32_t stamp = 0;
+    std::int64_t min = 0;
+  };
+  std::vector<Unlisted> unlisted_;
+  std::uint32_t stamp_ = 0;
+  std::vector<std::size_t> walk_;
 };
 
 }  // namespace treeattn

@@ -213,14 +213,19 @@ GreedyCandidate candidate_of(const GreedyDecision& d) {
   return d.own ? GreedyCandidate::own : d.one_item_block > 0 ? GreedyCandidate::one_item_per_query : GreedyCandidate::flatten;
 }
 
-// The KV tokens each query sees, in query order: its sequence run's length.
-std::vector<std::int64_t> query_path_tokens(const Topology& topo, const Visibility& vis) {
+// The KV tokens each query sees, in query order: its sequence run's length,
+// which is its path up to its last token (every ancestor's tokens and `upto`
+// of its own node's), the last `window` of them with a window.
+std::vector<std::int64_t> query_path_tokens(const Tree& tree, const Topology& topo, const Visibility& vis) {
+  std::vector<std::int64_t> depth(tree.node_count(), 0);
+  for (std::int32_t v : topo.preorder) {  // parents first
+    const std::int32_t p = topo.parent[std::size_t(v)];
+    if (p >= 0) depth[std::size_t(v)] = depth[std::size_t(p)] + tree.nodes()[std::size_t(p)].length;
+  }
   std::vector<std::int64_t> tokens(topo.query_node.size(), 0);
-  std::vector<std::int32_t> path;
-  std::vector<Piece> run;
-  for (std::size_t q = 0; q < topo.query_node.size(); ++q) {
-    query_run(topo, vis, q, path, run);
-    for (const Piece& piece : run) tokens[q] += piece.token_end - piece.token_begin;
+  for (std::size_t q = 0; q < tokens.size(); ++q) {
+    tokens[q] = depth[std::size_t(topo.query_node[q])] + topo.query_upto[q];
+    if (vis.window > 0) tokens[q] = std::min<std::int64_t>(tokens[q], vis.window);
   }
   return tokens;
 }
@@ -238,7 +243,7 @@ void consider_one_item_per_query(const Tree& tree, const Topology& topo, const V
                  options.cost.switch_gain == 0.0)) {
     return;  // switch_gain 0: greedy's own layout, always
   }
-  const std::vector<std::int64_t> paths = query_path_tokens(topo, vis);
+  const std::vector<std::int64_t> paths = query_path_tokens(tree, topo, vis);
   const std::int64_t longest = paths.empty() ? 0 : *std::max_element(paths.begin(), paths.end());
   if (given) {  // its block as long as the longest path, or flatten's layout where none holds it
     decision.one_item_block = longest > 0 && longest <= kMaxBlockTokens ? std::int32_t(longest) : 0;

@@ -164,8 +164,13 @@ void check_total(std::int64_t total_visible) {
 bool narrow_viewers(const Visibility& vis, Piece& piece, std::int32_t lo, std::int32_t hi) {
   piece.viewer_lo = std::max(piece.viewer_lo, lo);
   piece.viewer_hi = std::min(piece.viewer_hi, hi);
-  for (std::int32_t position = piece.viewer_lo; position < piece.viewer_hi; ++position) {
-    if (sees(vis, position, piece.path_begin)) return true;
+  if (vis.window == 0) return piece.viewer_lo < piece.viewer_hi;
+  // The range's minimum window start, from the segment tree's cover of it.
+  const std::size_t n = vis.window_start.size();
+  for (std::size_t l = std::size_t(piece.viewer_lo) + n, r = std::size_t(std::max(piece.viewer_lo, piece.viewer_hi)) + n;
+       l < r; l >>= 1, r >>= 1) {
+    if ((l & 1) != 0 && vis.window_start_min[l++] <= piece.path_begin) return true;
+    if ((r & 1) != 0 && vis.window_start_min[--r] <= piece.path_begin) return true;
   }
   return false;
 }
@@ -273,6 +278,11 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo, std::int32
     offset += vis.node_visible[i];
   }
   vis.token_slot.resize(std::size_t(offset));  // a window leaves tokens out
+  if (window > 0) {
+    vis.window_start_min.assign(2 * nq, 0);
+    std::copy(vis.window_start.begin(), vis.window_start.end(), vis.window_start_min.begin() + std::ptrdiff_t(nq));
+    for (std::size_t k = nq; k-- > 1;) vis.window_start_min[k] = std::min(vis.window_start_min[2 * k], vis.window_start_min[2 * k + 1]);
+  }
   return vis;
 }
 

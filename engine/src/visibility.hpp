@@ -57,6 +57,11 @@ struct Visibility {
   std::int32_t window = 0;
   std::vector<std::int64_t> window_start;  // [queries] by position
   std::vector<std::int64_t> node_depth;    // [nodes]
+  // window_start's minima over position ranges, a segment tree (leaves at
+  // [queries, 2 * queries), entry k the minimum of 2k and 2k + 1): a range's
+  // viewers are found in time of how many there are, not of the range (a
+  // chain prefill's pieces each have every later query in their range).
+  std::vector<std::int64_t> window_start_min;
 };
 
 Visibility compute_visibility(const Tree& tree, const Topology& topo, std::int32_t window = 0);

@@ -13,15 +13,6 @@ from __future__ import annotations
 from ._core import Tree
 
 
-class _TrieNode:
-    __slots__ = ("children", "key", "ends")
-
-    def __init__(self, key):
-        self.children = {}
-        self.key = key
-        self.ends = []  # requests whose sequence ends here
-
-
 def _list(values):
     """A Python list of an array's values (numpy, torch, a list)."""
     return values.tolist() if hasattr(values, "tolist") else list(values)
@@ -38,42 +29,86 @@ def _rows(table, lengths, what):
     return rows, lens
 
 
+def _common_prefix(a, b):
+    """How many leading keys the lists a and b share: slices compared at C speed,
+    the mismatch found by halving."""
+    hi = min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    lo = 0  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class _Run:
+    """A node of the trie: keys [start, end) of request `owner`'s list."""
+    __slots__ = ("owner", "start", "end", "children", "ends", "first")
+
+    def __init__(self, owner, start, end, first):
+        self.owner, self.start, self.end = owner, start, end
+        self.children = []
+        self.ends = []  # requests whose sequence ends here
+        self.first = first  # the smallest request index below it: children are added in that order
+
+
 def _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queries=None, tokens=None):
     """The tree of the requests' `units` (lists of keys), merged by common leading
     keys; add_node(tree, id, parent, keys) adds a node of a run of keys; tokens(key)
     is how many tokens a key holds (default 1). Request r has `queries[r]` queries
     (default 1) on its last tokens, causal: its j-th of n sees its first
-    total - n + j + 1 tokens."""
-    weight = tokens or (lambda key: 1)
-    roots = {}
-    for r, keys in enumerate(units):
-        children, node = roots, None
-        for key in keys:
-            node = children.get(key)
-            if node is None:
-                node = children[key] = _TrieNode(key)
-            children = node.children
-        node.ends.append(r)
+    total - n + j + 1 tokens.
+
+    The requests are sorted, so those sharing a prefix are neighbours and the
+    trie follows from each one's common prefix with the one before: its nodes
+    are runs of keys, cut where requests part or end (a run no request ends
+    inside and that does not branch is one node). Nodes are numbered depth
+    first, children in the order of their first request."""
+    order = sorted(range(len(units)), key=units.__getitem__)
+    root = _Run(-1, 0, 0, -1)
+    path = [root]  # the previous request's nodes, root first
+    for i, r in enumerate(order):
+        keys = units[r]
+        shared = _common_prefix(units[order[i - 1]], keys) if i > 0 else 0
+        while path[-1].start >= shared and len(path) > 1:
+            path.pop()
+        top = path[-1]
+        if top.end > shared:  # the request parts inside top: cut it where
+            below = _Run(top.owner, shared, top.end, top.first)
+            below.children, below.ends, top.children, top.ends = top.children, top.ends, [below], []
+            top.end = shared
+        if len(keys) > shared:
+            node = _Run(r, shared, len(keys), r)
+            top.children.append(node)
+            path.append(node)
+            node.ends.append(r)
+        else:
+            top.ends.append(r)
+    # Children in the order of their first request; each node's own smallest request below it.
+    for node in reversed(_preorder(root)):
+        for child in node.children:
+            node.first = child.first if node.first < 0 else min(node.first, child.first)
+        node.children.sort(key=lambda child: child.first)
 
     tree = Tree(heads_q, heads_kv, head_dim, scale, head_dim_v)
     query_node = [0] * len(units)
-    start = []  # keys before each node on its path, and its own
+    start = []  # tokens before each node on its path
     length = []
+    stack = [(child, -1) for child in reversed(root.children)]
     next_id = 0
-    stack = [(node, -1) for node in reversed(list(roots.values()))]
     while stack:
         node, parent = stack.pop()
-        keys = [node.key]
-        # A chain that no request ends inside and that does not branch is one node.
-        while not node.ends and len(node.children) == 1:
-            node = next(iter(node.children.values()))
-            keys.append(node.key)
+        keys = units[node.owner][node.start:node.end]
         add_node(tree, next_id, parent, keys)
         start.append(0 if parent < 0 else start[parent] + length[parent])
-        length.append(sum(weight(key) for key in keys))
+        length.append(len(keys) if tokens is None else sum(map(tokens, keys)))
         for r in node.ends:
             query_node[r] = next_id
-        stack.extend((child, next_id) for child in reversed(list(node.children.values())))
+        stack.extend((child, next_id) for child in reversed(node.children))
         next_id += 1
     for r, node_id in enumerate(query_node):
         n = 1 if queries is None else queries[r]
@@ -84,6 +119,15 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queri
             upto = total - n + j + 1 - start[node_id]
             tree.add_query(node_id, None if upto == length[node_id] else upto)
     return tree
+
+
+def _preorder(root):
+    nodes, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.children)
+    return nodes
 
 
 def _add_slots(tree, node_id, parent, slots):
@@ -147,7 +191,7 @@ def tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, head
     in order, and its last cu_seq_lens_q[r+1] - cu_seq_lens_q[r] tokens are new, one
     query each (row cu_seq_lens_q[r] + j of Q), causal. Requests that begin with the
     same rows share them (prefix sharing)."""
-    flat, cu_k, cu_q = ([int(x) for x in _list(a)] for a in (rows, cu_seq_lens_k, cu_seq_lens_q))
+    flat, cu_k, cu_q = (list(map(int, _list(a))) for a in (rows, cu_seq_lens_k, cu_seq_lens_q))
     if len(cu_k) != len(cu_q):
         raise ValueError(f"cu_seq_lens_k has {len(cu_k)} entries, cu_seq_lens_q {len(cu_q)}")
     if cu_k[-1] > len(flat):
@@ -157,4 +201,11 @@ def tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, head
     for r, (keys, n) in enumerate(zip(units, queries)):
         if n < 1 or n > len(keys):
             raise ValueError(f"request {r}: {n} new tokens but {len(keys)} KV tokens")
-    return _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, _add_slots, queries)
+    return _requests_tree(units, queries, heads_q, heads_kv, head_dim, scale, head_dim_v)
+
+
+def _requests_tree(rows, new_tokens, heads_q, heads_kv, head_dim, scale=None, head_dim_v=None):
+    """The tree of requests given as lists of KV rows (ints, in path order), request
+    r's last new_tokens[r] (at least 1, at most its rows) one query each, causal:
+    tree_from_packed_sequences without the packing, for callers that hold them so."""
+    return _tree(rows, heads_q, heads_kv, head_dim, scale, head_dim_v, _add_slots, new_tokens)

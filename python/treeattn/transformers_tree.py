@@ -30,7 +30,7 @@ head dim differs from the queries' (DeepSeek-V3's 192 / 128).
 from __future__ import annotations
 
 from . import Tree, context_for
-from .adapters import tree_from_packed_sequences
+from .adapters import _requests_tree
 
 NAME = "treeattn_tree"
 
@@ -99,14 +99,15 @@ class PackedRequests:
     forward's tokens, packed request by request, each seeing its path up to itself."""
 
     def __init__(self, rows, new_tokens):
-        self.request_rows = [[int(x) for x in r] for r in rows]
+        self.request_rows = [list(map(int, r)) for r in rows]
         self.new_tokens = [int(n) for n in new_tokens]
         if len(self.request_rows) != len(self.new_tokens):
             raise ValueError(f"{len(self.request_rows)} requests' rows but {len(self.new_tokens)} new-token counts")
         for r, (keys, n) in enumerate(zip(self.request_rows, self.new_tokens)):
             if not 1 <= n <= len(keys):
                 raise ValueError(f"request {r}: {n} new tokens but {len(keys)} rows")
-        self.rows = 1 + max(max(keys) for keys in self.request_rows)
+        self.rows = 1 + max(map(max, self.request_rows))
+        self._trees = {}
         self._plans = {}
 
     @property
@@ -121,12 +122,13 @@ class PackedRequests:
                             device=device)
 
     def tree(self, heads_q, heads_kv, head_dim, scale, head_dim_v=None):
-        import itertools
-
-        flat = [x for keys in self.request_rows for x in keys]
-        cu_k = [0, *itertools.accumulate(len(keys) for keys in self.request_rows)]
-        cu_q = [0, *itertools.accumulate(self.new_tokens)]
-        return tree_from_packed_sequences(flat, cu_k, cu_q, heads_q, heads_kv, head_dim, scale, head_dim_v)
+        """The treeattn tree, built once per head configuration (a model alternating
+        windowed and full layers plans it twice, one tree)."""
+        key = (heads_q, heads_kv, head_dim, scale, head_dim_v)
+        if key not in self._trees:
+            self._trees[key] = _requests_tree(self.request_rows, self.new_tokens, heads_q, heads_kv, head_dim, scale,
+                                             head_dim_v)
+        return self._trees[key]
 
 
 def variant_arguments(module, scaling, softcap, s_aux):

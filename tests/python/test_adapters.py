@@ -109,3 +109,40 @@ def test_block_tables_with_new_tokens_query_causally(rng):
     paths = [slots0[:8], slots0[:9], slots0[:10], slots1]
     o_error, _ = errors_against_sequences(rng, tree, paths, 20)
     assert o_error <= 1e-5
+
+
+def compacted_trie_nodes(sequences):
+    """The nodes a tree of `sequences` needs: every prefix at which one of them
+    ends or two of them part (a run that neither ends nor branches is one node)."""
+    prefixes = {tuple(s[:n]) for s in sequences for n in range(1, len(s) + 1)}
+    ends = {tuple(s) for s in sequences}
+    following = {}
+    for p in prefixes:
+        following.setdefault(p[:-1], set()).add(p[-1])
+    return sum(1 for p in prefixes if p in ends or len(following.get(p, ())) > 1)
+
+
+def test_requests_in_any_order_share_every_common_prefix(rng):
+    # Requests that repeat one another, end inside one another, or part anywhere,
+    # given in any order: one node per run, and each query sees its own sequence.
+    for case in range(40):
+        stem = list(rng.integers(0, 60, 12))
+        sequences = []
+        for r in range(int(rng.integers(1, 9))):
+            kind = rng.integers(0, 3)
+            if kind == 0 and sequences:
+                s = list(sequences[int(rng.integers(0, len(sequences)))])
+            elif kind == 1 and sequences:
+                other = sequences[int(rng.integers(0, len(sequences)))]
+                s = other[:int(rng.integers(1, len(other) + 1))]
+            else:
+                s = stem[:int(rng.integers(0, len(stem) + 1))]
+            s = s + list(rng.integers(60, 120, int(rng.integers(0 if s else 1, 4))))
+            sequences.append([int(x) for x in s])
+        lengths = [len(s) for s in sequences]
+        table = [s + [0] * (16 - len(s)) for s in sequences]
+        tree = treeattn.tree_from_token_tables(table, lengths, 8, 2, 64)
+        assert tree.num_nodes == compacted_trie_nodes(sequences), f"case {case}: {sequences}"
+        assert tree.num_queries == len(sequences)
+        o_error, lse_error = errors_against_sequences(rng, tree, sequences, 120)
+        assert o_error <= 1e-5 and lse_error <= 1e-5, f"case {case}: {sequences}"

@@ -1,6 +1,7 @@
 // treeattn run: tree JSON + Q/K/V .npy -> O (and LSE) .npy
 
 #include <memory>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -42,8 +43,10 @@ void run(const RunOptions& o) {
   BackendOptions backend_options = o.backend_flags.options;
   backend_options.verbose = o.verbose;
   BackendKind kind = parse_backend(o.backend);
-  if (kind == BackendKind::automatic && q.dtype == DType::f32) kind = BackendKind::cpu;  // GPU kernels take f16/bf16
   std::unique_ptr<Backend> backend = make_backend(kind, backend_options);
+  if (kind == BackendKind::automatic && q.dtype == DType::f32 && std::string_view(backend->name()) == "vulkan") {
+    backend = make_backend(BackendKind::cpu, backend_options);  // Vulkan's shaders take f16/bf16; CUDA has f32 kernels
+  }
   HostArray sinks = o.attention.read_sinks();
   const AttentionOptions variants = o.attention.options(sinks);
   const Plan plan = Planner(o.plan.plan_threads).plan(tree, o.plan.options(k.shape[0], backend->cost_model()));
@@ -83,7 +86,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--v", o->v, "Values .npy [slots, heads_kv, head_dim_v]")->required();
   sub->add_option("--out", o->out, "Output O .npy (<f4)")->required();
   sub->add_option("--lse", o->lse, "Also write the log-sum-exp .npy (<f4)");
-  sub->add_option("--backend", o->backend, "auto picks CUDA, then Vulkan, then the CPU")
+  sub->add_option("--backend", o->backend, "auto picks CUDA, then Vulkan (f16/bf16 only), then the CPU")
       ->check(CLI::IsMember(backend_names()))
       ->capture_default_str();
   o->plan.add_to(*sub);

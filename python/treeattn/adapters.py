@@ -131,7 +131,7 @@ def _preorder(root):
 
 
 def _add_slots(tree, node_id, parent, slots):
-    tree.add_node(node_id, parent, slots)
+    tree.add_node(node_id, parent, list(map(int, slots)))
 
 
 def tree_from_block_tables(block_table, seq_lens, page_size, heads_q, heads_kv, head_dim, scale=None, new_tokens=None,

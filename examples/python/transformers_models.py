@@ -40,8 +40,9 @@ quantizing K and V moves it), and against float16 K and V rounded through e4m3
 Exits 1 when an architecture's tokens differ (float32) or a log-probability differs
 by more than --logprob-tolerance before the tokens part; in bfloat16, when treeattn's
 decode is farther from the float32 decode of the same weights than transformers' own
-by more than --logprob-tolerance, over the steps where both decodes still follow the
-float32 one. Each attention decodes two tokens untimed before its timed decode (its
+by more than --logprob-tolerance, on average over the steps where both decodes still
+follow the float32 one (the largest difference is reported too: one step near a tie
+sets it, so it says little about a rounding). Each attention decodes two tokens untimed before its timed decode (its
 kernels loaded, its workspaces made).
 """
 
@@ -211,16 +212,18 @@ def paged_decode(block_size):
 
 def distance_from(exact, decodes):
     """How far each decode is from `exact`: the step where its tokens part from it,
-    per request, and the largest log-probability difference over the steps every
-    decode still follows it (the same steps for all, each a token of the same
-    context: a decode that follows `exact` longer is not measured over more steps)."""
+    per request, and the log-probability differences over the steps every decode
+    still follows it (the same steps for all, each a token of the same context: a
+    decode that follows `exact` longer is not measured over more steps), as their
+    mean and largest."""
     firsts = {name: paged_example.compare(decoded, exact)[0] for name, decoded in decodes.items()}
     shared = [min(steps) for steps in zip(*firsts.values())]
     result = {"shared_steps": sum(shared)}
     for name, decoded in decodes.items():
-        worst = max((abs(x - y) for ld, le, n in zip(decoded[1], exact[1], shared) for x, y in zip(ld[:n], le[:n])),
-                    default=0.0)
-        result[name] = {"first_difference": firsts[name], "max_logprob_difference": worst}
+        differences = [abs(x - y) for ld, le, n in zip(decoded[1], exact[1], shared) for x, y in zip(ld[:n], le[:n])]
+        result[name] = {"first_difference": firsts[name], "max_logprob_difference": max(differences, default=0.0),
+                        "mean_logprob_difference": sum(differences) / max(len(differences), 1),
+                        "logprob_differences": differences}
     return result
 
 
@@ -323,8 +326,9 @@ def main():
                         help="float32: the largest log-probability difference from the reference accepted (default "
                              "1e-3; the tokens must be identical). bfloat16 and float16, where two attentions round "
                              "differently and requests part at near-ties: both decodes are compared with the float32 "
-                             "decode of the same weights, and treeattn may be at most this much farther from it than "
-                             "the reference (default 0.1), over the steps where both still follow it")
+                             "decode of the same weights, and treeattn's mean log-probability difference from it may be "
+                             "at most this much more than the reference's (default 0.02), over the steps where both "
+                             "still follow it")
     parser.add_argument("--fp8", action="store_true", help="also decode Llama in float16 with an fp8 e4m3 KV cache")
     parser.add_argument("--fp8-kernel-tolerance", type=float, default=1e-2,
                         help="largest log-probability difference of the fp8 decode from float16 K/V rounded through e4m3")
@@ -334,7 +338,7 @@ def main():
 
     dtype = getattr(torch, args.dtype)
     if args.logprob_tolerance is None:
-        args.logprob_tolerance = 1e-3 if args.dtype == "float32" else 0.1
+        args.logprob_tolerance = 1e-3 if args.dtype == "float32" else 0.02
     vocab = args.vocab or (2000 if args.small else 32000)
     generator = torch.Generator().manual_seed(args.seed + 1)
     prompt = torch.randint(1, vocab, (args.prompt_tokens,), generator=generator).tolist()
@@ -356,11 +360,15 @@ def main():
             ok &= result["tokens_identical"] and result["max_logprob_difference"] <= args.logprob_tolerance
         else:
             far = result["from_float32"]
-            ok &= far["treeattn"]["max_logprob_difference"] <= far["reference"]["max_logprob_difference"] + \
+            ok &= far["treeattn"]["mean_logprob_difference"] <= far["reference"]["mean_logprob_difference"] + \
                 args.logprob_tolerance
         shown = ("path", "tokens_identical", "max_logprob_difference", "from_float32", "attention_seconds",
                  "tokens_per_second")
-        print(architecture, json.dumps({k: result[k] for k in shown if k in result}), flush=True)
+        summary = {k: result[k] for k in shown if k in result}
+        if "from_float32" in summary:  # the per-step differences stay in --json
+            summary["from_float32"] = {name: {k: v for k, v in far.items() if k != "logprob_differences"}
+                                       if isinstance(far, dict) else far for name, far in summary["from_float32"].items()}
+        print(architecture, json.dumps(summary), flush=True)
     if args.fp8:
         results["fp8"] = compare_fp8(args, prompt, suffixes)
         ok &= results["fp8"]["against_rounded_kv"]["max_logprob_difference"] <= args.fp8_kernel_tolerance

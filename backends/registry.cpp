@@ -41,6 +41,14 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& op
   fail(ErrorCategory::Backend, "unknown backend kind {}", int(kind));
 }
 
+BackendKind automatic_for(DType q_dtype) {
+  if (q_dtype != DType::f32) return BackendKind::automatic;
+#ifdef TREEATTN_HAVE_CUDA
+  if (cuda::device_count() > 0) return BackendKind::cuda;
+#endif
+  return BackendKind::cpu;
+}
+
 }  // namespace treeattn
 
 #ifndef TREEATTN_HAVE_VULKAN

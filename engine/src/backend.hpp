@@ -88,6 +88,11 @@ class Backend {
 // Throws Backend when `kind` is not built into this library or has no device here.
 std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options = {});
 
+// What `automatic` is for Q of `q_dtype`: itself (CUDA, a Vulkan GPU, the CPU),
+// except that f32 skips Vulkan, whose shaders take f16 and bf16: CUDA where a
+// device is there, else the CPU.
+BackendKind automatic_for(DType q_dtype);
+
 // A Vulkan device as `treeattn devices` reports it: what it is and the
 // capabilities that choose the shader variant.
 struct VulkanDeviceReport {

@@ -91,10 +91,10 @@ void PlanBuilder::add_segment_viewers(const Piece& piece) {
 void PlanBuilder::window_viewers() {
   window_positions_.clear();
   const std::size_t n = vis_.window_start.size();
-  const std::int64_t* min = vis_.window_start_min.data();
+  const std::int64_t* tree_min = vis_.window_start_min.data();
   if (unlisted_.empty()) unlisted_.assign(2 * n, Unlisted{});
   ++stamp_;
-  auto unlisted_min = [&](std::size_t k) { return unlisted_[k].stamp == stamp_ ? unlisted_[k].min : min[k]; };
+  auto unlisted_min = [&](std::size_t k) { return unlisted_[k].stamp == stamp_ ? unlisted_[k].min : tree_min[k]; };
   std::vector<std::size_t>& stack = walk_;
   for (const OpenSegment& s : open_) {
     const std::int64_t reach = s.path_begin;
@@ -114,7 +114,9 @@ void PlanBuilder::window_viewers() {
       }
       window_positions_.push_back(std::int32_t(k - n));
       unlisted_[k] = Unlisted{stamp_, std::numeric_limits<std::int64_t>::max()};
-      for (std::size_t j = k >> 1; j >= 1; j >>= 1) unlisted_[j] = Unlisted{stamp_, std::min(unlisted_min(2 * j), unlisted_min(2 * j + 1))};
+      for (std::size_t j = k >> 1; j >= 1; j >>= 1) {
+        unlisted_[j] = Unlisted{stamp_, std::min(unlisted_min(2 * j), unlisted_min(2 * j + 1))};
+      }
     }
   }
   std::sort(window_positions_.begin(), window_positions_.end());

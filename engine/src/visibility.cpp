@@ -281,7 +281,9 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo, std::int32
   if (window > 0) {
     vis.window_start_min.assign(2 * nq, 0);
     std::copy(vis.window_start.begin(), vis.window_start.end(), vis.window_start_min.begin() + std::ptrdiff_t(nq));
-    for (std::size_t k = nq; k-- > 1;) vis.window_start_min[k] = std::min(vis.window_start_min[2 * k], vis.window_start_min[2 * k + 1]);
+    for (std::size_t k = nq; k-- > 1;) {
+      vis.window_start_min[k] = std::min(vis.window_start_min[2 * k], vis.window_start_min[2 * k + 1]);
+    }
   }
   return vis;
 }

@@ -1,7 +1,6 @@
 // treeattn run: tree JSON + Q/K/V .npy -> O (and LSE) .npy
 
 #include <memory>
-#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -43,10 +42,8 @@ void run(const RunOptions& o) {
   BackendOptions backend_options = o.backend_flags.options;
   backend_options.verbose = o.verbose;
   BackendKind kind = parse_backend(o.backend);
+  if (kind == BackendKind::automatic) kind = automatic_for(q.dtype);
   std::unique_ptr<Backend> backend = make_backend(kind, backend_options);
-  if (kind == BackendKind::automatic && q.dtype == DType::f32 && std::string_view(backend->name()) == "vulkan") {
-    backend = make_backend(BackendKind::cpu, backend_options);  // Vulkan's shaders take f16/bf16; CUDA has f32 kernels
-  }
   HostArray sinks = o.attention.read_sinks();
   const AttentionOptions variants = o.attention.options(sinks);
   const Plan plan = Planner(o.plan.plan_threads).plan(tree, o.plan.options(k.shape[0], backend->cost_model()));

@@ -21,9 +21,10 @@ up to the first step where a request's tokens part (in float32 they must not).
 
 Continuous batching (paged|treeattn against paged|sdpa or paged|eager) shares the
 prompt's cache blocks between requests; the tree path keeps the prompt and every
-request's tokens in one cache (treeattn.transformers_tree.PackedRequests), and its
-reference decodes the requests as a batch, each with its own copy of the prompt.
-Windows are planned once per distinct window per forward pass. Gemma 2's real
+request's tokens in one cache (treeattn.transformers_tree.GrowingRequests: each
+step's rows appended to a treeattn.Planner), and its reference decodes the requests
+as a batch, each with its own copy of the prompt. Windows are planned once per
+distinct window per forward pass. Gemma 2's real
 window (4096) does not bind on a 2000-token prompt, so it takes --gemma2-window.
 
 With --fp8 the Llama model also decodes in float16 with its cache in fp8 e4m3
@@ -144,8 +145,9 @@ def next_tokens(logits):
 
 def decode_tree(model, prompt, suffixes, new_tokens):
     """treeattn's tree path: the prompt once, then every request's suffix and tokens
-    in the same cache (each request's rows: the prompt's and its own). Returns each
-    request's generated tokens and their log-probabilities."""
+    in the same cache (each request's rows: the prompt's and its own), the decode's
+    steps planned incrementally (GrowingRequests). Returns each request's generated
+    tokens and their log-probabilities."""
     device = model.device
     cache, length = DynamicCache(), 0  # no config: every layer keeps every row
 
@@ -160,12 +162,12 @@ def decode_tree(model, prompt, suffixes, new_tokens):
     forward(prompt, tt.PackedRequests([prompt_rows], [len(prompt)]), [len(prompt) - 1])
     rows = [prompt_rows + list(range(length + r * len(s), length + (r + 1) * len(s))) for r, s in enumerate(suffixes)]
     ends = [(r + 1) * len(s) - 1 for r, s in enumerate(suffixes)]
-    token, logprob = forward([t for s in suffixes for t in s], tt.PackedRequests(rows, [len(s) for s in suffixes]), ends)
+    requests = tt.GrowingRequests(rows, [len(s) for s in suffixes])  # planned step by step from here on
+    token, logprob = forward([t for s in suffixes for t in s], requests, ends)
     generated, logprobs = [token.tolist()], [logprob.tolist()]
     for _ in range(new_tokens - 1):
-        for r in range(len(rows)):
-            rows[r].append(length + r)
-        token, logprob = forward(generated[-1], tt.PackedRequests(rows, [1] * len(rows)), list(range(len(rows))))
+        requests.step([[length + r] for r in range(len(suffixes))])
+        token, logprob = forward(generated[-1], requests, list(range(len(suffixes))))
         generated.append(token.tolist())
         logprobs.append(logprob.tolist())
     return [list(t) for t in zip(*generated)], [list(p) for p in zip(*logprobs)]

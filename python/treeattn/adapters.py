@@ -53,10 +53,22 @@ class _Run:
         self.owner, self.start, self.end = owner, start, end
         self.children = []
         self.ends = []  # requests whose sequence ends here
-        self.first = first  # the smallest request index below it: children are added in that order
+        self.first = first  # the smallest request index below it: children are sorted by it once the trie is built
+
+
+class _Layout:
+    """A tree of requests and where they are in it: request_node[r], the node request r
+    ends on; node_length[id], each node's tokens; and `open`, the leaf nodes where one
+    request alone ends (it may grow them in place)."""
+    __slots__ = ("tree", "request_node", "node_length", "open")
 
 
 def _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queries=None, tokens=None):
+    """_layout's tree."""
+    return _layout(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queries, tokens).tree
+
+
+def _layout(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queries=None, tokens=None):
     """The tree of the requests' `units` (lists of keys), merged by common leading
     keys; add_node(tree, id, parent, keys) adds a node of a run of keys; tokens(key)
     is how many tokens a key holds (default 1). Request r has `queries[r]` queries
@@ -98,6 +110,7 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queri
     query_node = [0] * len(units)
     start = []  # tokens before each node on its path
     length = []
+    open_nodes = set()
     stack = [(child, -1) for child in reversed(root.children)]
     next_id = 0
     while stack:
@@ -108,6 +121,8 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queri
         length.append(len(keys) if tokens is None else sum(map(tokens, keys)))
         for r in node.ends:
             query_node[r] = next_id
+        if not node.children and len(node.ends) == 1:
+            open_nodes.add(next_id)
         stack.extend((child, next_id) for child in reversed(node.children))
         next_id += 1
     for r, node_id in enumerate(query_node):
@@ -118,7 +133,9 @@ def _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queri
         for j in range(n):
             upto = total - n + j + 1 - start[node_id]
             tree.add_query(node_id, None if upto == length[node_id] else upto)
-    return tree
+    layout = _Layout()
+    layout.tree, layout.request_node, layout.node_length, layout.open = tree, query_node, length, open_nodes
+    return layout
 
 
 def _preorder(root):
@@ -201,11 +218,12 @@ def tree_from_packed_sequences(rows, cu_seq_lens_k, cu_seq_lens_q, heads_q, head
     for r, (keys, n) in enumerate(zip(units, queries)):
         if n < 1 or n > len(keys):
             raise ValueError(f"request {r}: {n} new tokens but {len(keys)} KV tokens")
-    return _requests_tree(units, queries, heads_q, heads_kv, head_dim, scale, head_dim_v)
+    return _requests_layout(units, queries, heads_q, heads_kv, head_dim, scale, head_dim_v).tree
 
 
-def _requests_tree(rows, new_tokens, heads_q, heads_kv, head_dim, scale=None, head_dim_v=None):
+def _requests_layout(rows, new_tokens, heads_q, heads_kv, head_dim, scale=None, head_dim_v=None):
     """The tree of requests given as lists of KV rows (ints, in path order), request
     r's last new_tokens[r] (at least 1, at most its rows) one query each, causal:
-    tree_from_packed_sequences without the packing, for callers that hold them so."""
-    return _tree(rows, heads_q, heads_kv, head_dim, scale, head_dim_v, _add_slots, new_tokens)
+    tree_from_packed_sequences without the packing, for callers that hold them so;
+    with where each request ends in it (_Layout)."""
+    return _layout(rows, heads_q, heads_kv, head_dim, scale, head_dim_v, _add_slots, new_tokens)

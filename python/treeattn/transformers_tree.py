@@ -18,7 +18,9 @@ one cache the same way: `PackedRequests(rows, new_tokens)` names each request's
 cache rows in path order, and the last new_tokens[r] of them are this forward's
 tokens, packed request by request (the cache must keep every row: a
 DynamicCache() made without the model's config, whose sliding layers would drop
-old rows).
+old rows). `GrowingRequests(rows, new_tokens)` is the same for a decode that goes
+on: `step(new_rows)` before each later forward appends every request's new rows,
+and the plans follow through a treeattn.Planner instead of a tree built again.
 
 The model's attention features come through as transformers passes them:
 `scaling`, a layer's `sliding_window` (planned once per distinct window per
@@ -30,12 +32,24 @@ head dim differs from the queries' (DeepSeek-V3's 192 / 128).
 from __future__ import annotations
 
 from . import Tree, context_for
-from .adapters import _list, _requests_tree
+from .adapters import _list, _requests_layout
 
 NAME = "treeattn_tree"
 
 
-class TokenTree:
+class _PlannedWhole:
+    """A forward's token tree planned whole, once per context, heads, strategy and
+    window: the layers that share them share the plan."""
+
+    def plan(self, context, heads_q, heads_kv, head_dim, scale, head_dim_v, strategy, window):
+        key = (id(context), heads_q, heads_kv, head_dim, head_dim_v, scale, strategy, window)
+        if key not in self._plans:
+            tree = self.tree(heads_q, heads_kv, head_dim, scale, head_dim_v)
+            self._plans[key] = context.plan(tree, strategy, window=window)
+        return self._plans[key]
+
+
+class TokenTree(_PlannedWhole):
     """The draft tokens of one verification step: parents[i] is token i's parent
     in the tree, -1 for the prefix, with parents before children."""
 
@@ -92,14 +106,15 @@ class TokenTree:
         return mask[None, None].to(device)
 
 
-class PackedRequests:
+class PackedRequests(_PlannedWhole):
     """Requests decoded together in one cache: request r's KV are the cache rows
     rows[r], in the order of its path (rows a set of requests begins with alike
     are their shared prefix, read once), and its last new_tokens[r] rows are this
     forward's tokens, packed request by request, each seeing its path up to itself."""
 
     def __init__(self, rows, new_tokens):
-        # Copied as given (an array's values as ints): a step of 16 requests holds 32 000 rows, not converted one by one.
+        # Kept as given (an array's values as ints): a step of 16 requests on a long prompt
+        # holds 32 000 rows, not converted one by one.
         self.request_rows = [_list(r) for r in rows]
         self.new_tokens = [int(n) for n in new_tokens]
         if len(self.request_rows) != len(self.new_tokens):
@@ -127,9 +142,99 @@ class PackedRequests:
         windowed and full layers plans it twice, one tree)."""
         key = (heads_q, heads_kv, head_dim, scale, head_dim_v)
         if key not in self._trees:
-            self._trees[key] = _requests_tree(self.request_rows, self.new_tokens, heads_q, heads_kv, head_dim, scale,
-                                             head_dim_v)
+            self._trees[key] = _requests_layout(self.request_rows, self.new_tokens, heads_q, heads_kv, head_dim, scale,
+                                                head_dim_v).tree
         return self._trees[key]
+
+
+class GrowingRequests:
+    """PackedRequests that go on decoding: after the first forward (rows and
+    new_tokens as PackedRequests'), step(new_rows) appends each request's rows of
+    the next forward, its new tokens, to its path. Each distinct window's plan
+    follows the requests through a treeattn.Planner (Context.planner), which takes
+    the step's appended rows instead of a tree built again from every row of every
+    request. A request that shares its last node with another, or ends inside
+    another's path, goes on in a node of its own."""
+
+    def __init__(self, rows, new_tokens):
+        self._first = PackedRequests(rows, new_tokens)
+        self.new_tokens = list(self._first.new_tokens)
+        self.rows = self._first.rows
+        self._lengths = [len(keys) for keys in self._first.request_rows]
+        self._steps = []  # each step's appended rows, by request
+        self._followers = {}  # plan key -> _Follower
+
+    @property
+    def queries(self):
+        return sum(self.new_tokens)
+
+    def position_ids(self, device=None):
+        """Each new token's position in its request's path, [1, queries]."""
+        import torch
+
+        return torch.tensor([[length - n + j for length, n in zip(self._lengths, self.new_tokens) for j in range(n)]],
+                            device=device)
+
+    def step(self, new_rows):
+        """The next forward: new_rows[r], request r's new cache rows (at least one), in path order."""
+        added = [_list(rows) for rows in new_rows]
+        if len(added) != len(self._lengths):
+            raise ValueError(f"{len(added)} requests' new rows but {len(self._lengths)} requests")
+        for r, rows in enumerate(added):
+            if not rows:
+                raise ValueError(f"request {r}: no new rows (each request decodes a token or more a step)")
+        self._steps.append(added)
+        self.new_tokens = [len(rows) for rows in added]
+        self._lengths = [length + len(rows) for length, rows in zip(self._lengths, added)]
+        self.rows = max(self.rows, 1 + max(map(max, added)))
+
+    def plan(self, context, heads_q, heads_kv, head_dim, scale, head_dim_v, strategy, window):
+        key = (id(context), heads_q, heads_kv, head_dim, head_dim_v, scale, strategy, window)
+        follower = self._followers.get(key)
+        if follower is None:
+            first = self._first
+            layout = _requests_layout(first.request_rows, first.new_tokens, heads_q, heads_kv, head_dim, scale,
+                                      head_dim_v)
+            follower = self._followers[key] = _Follower(context.planner(layout.tree, strategy, window=window), layout)
+        return follower.plan_at(self._steps, self.new_tokens)
+
+
+class _Follower:
+    """One plan key's Planner over GrowingRequests, and where each request is in its tree."""
+
+    def __init__(self, planner, layout):
+        self.planner = planner
+        self.node = list(layout.request_node)  # by request
+        self.length = list(layout.node_length)  # by node id
+        self.open = set(layout.open)  # nodes one request grows in place
+        self.applied = 0  # steps the planner has
+        self.plan = None
+
+    def plan_at(self, steps, new_tokens):
+        """The plan after `steps`, whose last one queries new_tokens[r] tokens of request r."""
+        if self.plan is not None and self.applied == len(steps):
+            return self.plan
+        for added in steps[self.applied:]:
+            for r, rows in enumerate(added):
+                node = self.node[r]
+                if node in self.open:
+                    for row in rows:
+                        self.planner.append_range(node, row, 1)
+                    self.length[node] += len(rows)
+                else:
+                    self.node[r] = len(self.length)
+                    self.planner.add_node(self.node[r], node, rows)
+                    self.length.append(len(rows))
+                    self.open.add(self.node[r])
+        if self.applied < len(steps):
+            queries = []
+            for node, n in zip(self.node, new_tokens):
+                length = self.length[node]
+                queries.extend((node, None if j == n - 1 else length - n + j + 1) for j in range(n))
+            self.planner.set_queries(queries)
+            self.applied = len(steps)
+        self.plan = self.planner.update()
+        return self.plan
 
 
 def variant_arguments(module, scaling, softcap, s_aux):
@@ -146,8 +251,8 @@ def tree_attention(module, query, key, value, attention_mask=None, token_tree=No
     [1, heads_kv, rows, head_dim_v] (the cache after this forward's tokens); returns
     ([1, tokens, heads_q, head_dim_v], None)."""
     if token_tree is None:
-        raise ValueError(f"`{NAME}` needs the step's token_tree=TokenTree(...) or PackedRequests(...) passed to the "
-                         "model's forward")
+        raise ValueError(f"`{NAME}` needs the step's token_tree=TokenTree(...), PackedRequests(...) or "
+                         "GrowingRequests(...) passed to the model's forward")
     heads_q, tokens, head_dim = query.shape[1], query.shape[2], query.shape[3]
     if tokens != token_tree.queries or key.shape[2] < token_tree.rows:
         raise ValueError(f"`{NAME}`: {tokens} query tokens and {key.shape[2]} cached rows, but the step's tree has "
@@ -155,15 +260,12 @@ def tree_attention(module, query, key, value, attention_mask=None, token_tree=No
                          "sliding layer's does, cannot hold a tree: make it without the model's config)")
     scale, softcap, sinks = variant_arguments(module, scaling, softcap, s_aux)
     context = context_for(query)
-    window = sliding_window or 0
-    plan_key = (id(context), heads_q, key.shape[1], value.shape[3], scale, window)
-    if plan_key not in token_tree._plans:
-        tree = token_tree.tree(heads_q, key.shape[1], head_dim, scale, value.shape[3])
-        token_tree._plans[plan_key] = context.plan(tree, strategy, window=window)
+    plan = token_tree.plan(context, heads_q, key.shape[1], head_dim, scale, value.shape[3], strategy,
+                           sliding_window or 0)
     k = key.squeeze(0).transpose(0, 1).contiguous()
     v = value.squeeze(0).transpose(0, 1).contiguous()
-    out, _ = context.attention(token_tree._plans[plan_key], query.squeeze(0).transpose(0, 1).contiguous(), k, v,
-                               sinks=sinks, logit_softcap=softcap)
+    out, _ = context.attention(plan, query.squeeze(0).transpose(0, 1).contiguous(), k, v, sinks=sinks,
+                               logit_softcap=softcap)
     return out.unsqueeze(0), None
 
 

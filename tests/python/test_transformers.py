@@ -248,3 +248,51 @@ def test_a_forward_plans_once_per_distinct_window():
         assert sorted(planned) == sorted({getattr(layer.self_attn, "sliding_window", None) or 0
                                           for layer in model.model.layers})
         assert len(planned) == plans
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_growing_requests_attend_as_the_requests_packed_anew_each_step(window, rng):
+    """Requests that share a prompt, one ending inside another's path and two alike,
+    decoded for several steps through GrowingRequests (a Planner following the
+    appended rows): every step's attention equals that of PackedRequests built from
+    all the rows, with and without a window; a request that shares its node goes
+    on in one of its own."""
+    import numpy as np
+
+    tt = treeattn.transformers_tree
+
+    class Module:
+        scaling = 0.125
+
+    prompt = list(range(12))
+    rows = [prompt + [12, 13], prompt + [14], prompt[:7], prompt + [12, 13]]
+    new_tokens = [2, 1, 3, 1]
+    growing = tt.GrowingRequests(rows, new_tokens)
+    rows = [list(r) for r in rows]
+    next_row = 15
+    k = torch.tensor(rng.uniform(-1, 1, (1, 2, 60, 64)), dtype=torch.float32)
+    v = torch.tensor(rng.uniform(-1, 1, (1, 2, 60, 64)), dtype=torch.float32)
+    for step in range(5):
+        if step > 0:
+            per_request = 1 if step % 2 else 2
+            added = [[next_row + per_request * r + j for j in range(per_request)] for r in range(4)]
+            next_row += sum(len(a) for a in added)
+            growing.step(added)
+            for r, a in enumerate(added):
+                rows[r] += a
+            new_tokens = [len(a) for a in added]
+        packed = tt.PackedRequests(rows, new_tokens)
+        assert growing.queries == packed.queries and growing.rows == packed.rows
+        assert growing.position_ids().tolist() == packed.position_ids().tolist()
+        q = torch.tensor(rng.uniform(-1, 1, (1, 8, packed.queries, 64)), dtype=torch.float32)
+        got, _ = tt.tree_attention(Module(), q, k, v, token_tree=growing, sliding_window=window)
+        want, _ = tt.tree_attention(Module(), q, k, v, token_tree=packed, sliding_window=window)
+        assert np.abs(got.numpy() - want.numpy()).max() <= 1e-6, f"step {step}"
+
+
+def test_growing_requests_refuse_a_step_that_does_not_fit():
+    growing = treeattn.transformers_tree.GrowingRequests([[0, 1, 2], [0, 1, 3]], [1, 1])
+    with pytest.raises(ValueError, match="3 requests' new rows but 2 requests"):
+        growing.step([[4], [5], [6]])
+    with pytest.raises(ValueError, match="request 1: no new rows"):
+        growing.step([[4], []])

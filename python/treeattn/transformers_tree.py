@@ -176,17 +176,18 @@ class GrowingRequests:
                             device=device)
 
     def step(self, new_rows):
-        """The next forward: new_rows[r], request r's new cache rows (at least one), in path order."""
+        """The next forward: new_rows[r], request r's new cache rows in path order, its
+        queries, packed request by request; none for a request that has finished or
+        waits (its rows stay, read by no query of the step)."""
         added = [_list(rows) for rows in new_rows]
         if len(added) != len(self._lengths):
             raise ValueError(f"{len(added)} requests' new rows but {len(self._lengths)} requests")
-        for r, rows in enumerate(added):
-            if not rows:
-                raise ValueError(f"request {r}: no new rows (each request decodes a token or more a step)")
+        if not any(added):
+            raise ValueError("no request has new rows: a step needs a query")
         self._steps.append(added)
         self.new_tokens = [len(rows) for rows in added]
         self._lengths = [length + len(rows) for length, rows in zip(self._lengths, added)]
-        self.rows = max(self.rows, 1 + max(map(max, added)))
+        self.rows = max(self.rows, 1 + max(max(rows) for rows in added if rows))
 
     def plan(self, context, heads_q, heads_kv, head_dim, scale, head_dim_v, strategy, window):
         key = (id(context), heads_q, heads_kv, head_dim, head_dim_v, scale, strategy, window)
@@ -217,6 +218,8 @@ class _Follower:
         for added in steps[self.applied:]:
             for r, rows in enumerate(added):
                 node = self.node[r]
+                if not rows:
+                    continue
                 if node in self.open:
                     for row in rows:
                         self.planner.append_range(node, row, 1)

@@ -294,5 +294,32 @@ def test_growing_requests_refuse_a_step_that_does_not_fit():
     growing = treeattn.transformers_tree.GrowingRequests([[0, 1, 2], [0, 1, 3]], [1, 1])
     with pytest.raises(ValueError, match="3 requests' new rows but 2 requests"):
         growing.step([[4], [5], [6]])
-    with pytest.raises(ValueError, match="request 1: no new rows"):
-        growing.step([[4], []])
+    with pytest.raises(ValueError, match="no request has new rows"):
+        growing.step([[], []])
+
+
+def test_a_growing_request_that_waits_keeps_its_rows_and_has_no_query(rng):
+    """Request 1 takes no row at step 1 (finished, or waiting) and one again at step 2:
+    each step attends as PackedRequests of the requests that have new rows."""
+    import numpy as np
+
+    tt = treeattn.transformers_tree
+
+    class Module:
+        scaling = 0.125
+
+    rows = [list(range(10)) + [10], list(range(10)) + [11], list(range(10)) + [12]]
+    growing = tt.GrowingRequests(rows, [1, 1, 1])
+    k = torch.tensor(rng.uniform(-1, 1, (1, 2, 20, 64)), dtype=torch.float32)
+    v = torch.tensor(rng.uniform(-1, 1, (1, 2, 20, 64)), dtype=torch.float32)
+    for added in ([[13], [], [14]], [[15], [16], [17]]):
+        growing.step(added)
+        for r, a in enumerate(added):
+            rows[r] += a
+        active = [r for r, a in enumerate(added) if a]
+        packed = tt.PackedRequests([rows[r] for r in active], [1] * len(active))
+        assert growing.position_ids().tolist() == packed.position_ids().tolist()
+        q = torch.tensor(rng.uniform(-1, 1, (1, 8, len(active), 64)), dtype=torch.float32)
+        got, _ = tt.tree_attention(Module(), q, k, v, token_tree=growing)
+        want, _ = tt.tree_attention(Module(), q, k, v, token_tree=packed)
+        assert np.abs(got.numpy() - want.numpy()).max() <= 1e-6

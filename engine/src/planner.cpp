@@ -217,11 +217,7 @@ GreedyCandidate candidate_of(const GreedyDecision& d) {
 // which is its path up to its last token (every ancestor's tokens and `upto`
 // of its own node's), the last `window` of them with a window.
 std::vector<std::int64_t> query_path_tokens(const Tree& tree, const Topology& topo, const Visibility& vis) {
-  std::vector<std::int64_t> depth(tree.node_count(), 0);
-  for (std::int32_t v : topo.preorder) {  // parents first
-    const std::int32_t p = topo.parent[std::size_t(v)];
-    if (p >= 0) depth[std::size_t(v)] = depth[std::size_t(p)] + tree.nodes()[std::size_t(p)].length;
-  }
+  const std::vector<std::int64_t> depth = node_path_depths(tree, topo);
   std::vector<std::int64_t> tokens(topo.query_node.size(), 0);
   for (std::size_t q = 0; q < tokens.size(); ++q) {
     tokens[q] = depth[std::size_t(topo.query_node[q])] + topo.query_upto[q];

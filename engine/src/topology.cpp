@@ -253,6 +253,15 @@ Topology analyze(const Tree& tree, std::int64_t kv_slots, std::size_t checked_no
   return topo;
 }
 
+std::vector<std::int64_t> node_path_depths(const Tree& tree, const Topology& topo) {
+  std::vector<std::int64_t> depth(tree.node_count(), 0);
+  for (std::int32_t v : topo.preorder) {  // parents first
+    const std::int32_t p = topo.parent[std::size_t(v)];
+    if (p >= 0) depth[std::size_t(v)] = depth[std::size_t(p)] + tree.nodes()[std::size_t(p)].length;
+  }
+  return depth;
+}
+
 void move_children_last(Topology& topo, const std::vector<std::uint8_t>& last) {
   // A stable partition of each child list, written out so the planner's
   // repeated calls allocate nothing (std::stable_partition takes a buffer per call).

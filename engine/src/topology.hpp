@@ -33,6 +33,9 @@ Topology analyze(const Tree& tree, std::int64_t kv_slots, std::size_t checked_no
 // on: the tokens appended since they were last checked.
 void check_slots(const Tree& tree, std::int32_t index, std::int64_t kv_slots, std::int64_t from_token);
 
+// Each node's path position: the tokens of its ancestors ([nodes]; a root's is 0).
+std::vector<std::int64_t> node_path_depths(const Tree& tree, const Topology& topo);
+
 // Moves the children flagged in `last` ([nodes], by child) behind their
 // siblings (order otherwise kept) and recomputes the preorder, so strategies
 // can choose which subtrees' queries take the higher positions.

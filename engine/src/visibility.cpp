@@ -220,11 +220,7 @@ Visibility compute_visibility(const Tree& tree, const Topology& topo, std::int32
   WindowBounds bounds;
   vis.window = window;
   if (window > 0) {
-    vis.node_depth.assign(n, 0);
-    for (std::int32_t v : topo.preorder) {  // parents first
-      const std::int32_t p = topo.parent[std::size_t(v)];
-      if (p >= 0) vis.node_depth[std::size_t(v)] = vis.node_depth[std::size_t(p)] + nodes[std::size_t(p)].length;
-    }
+    vis.node_depth = node_path_depths(tree, topo);
     bounds = window_bounds(tree, topo, vis.node_depth, window);
     vis.window_start.resize(nq);
   }

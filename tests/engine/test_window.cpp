@@ -27,6 +27,14 @@ Tree seeded_forest(std::uint64_t seed) {
   return random_forest(o);
 }
 
+// `tree` planned with strategy `s` under `window`, other options their defaults.
+Plan windowed_plan(const Tree& tree, Strategy s, std::int32_t window) {
+  PlanOptions options;
+  options.strategy = s;
+  options.window = window;
+  return plan(tree, options);
+}
+
 // The distinct KV slots some query's window holds.
 std::int64_t window_tokens(const Tree& tree, std::int32_t window) {
   std::set<std::int64_t> slots;
@@ -79,16 +87,13 @@ TEST_CASE("tokens between two own queries' windows in one node are in no segment
   tree.add_query(0);      // sees slots 95..99
   for (Strategy s : all_strategies()) {
     CAPTURE(to_string(s));
-    PlanOptions options;
-    options.strategy = s;
-    options.window = 5;
-    const Plan p = plan(tree, options);
+    const Plan p = windowed_plan(tree, s, 5);
     std::vector<std::int32_t> expected;
     for (std::int32_t slot = 5; slot < 10; ++slot) expected.push_back(slot);
     for (std::int32_t slot = 95; slot < 100; ++slot) expected.push_back(slot);
     CHECK(p.token_slot == expected);
     CHECK(p.min_kv_slots == 100);
-    CHECK(test::coverage_error(tree, p, options.window) == "");
+    CHECK(test::coverage_error(tree, p, 5) == "");
   }
 }
 
@@ -99,10 +104,7 @@ TEST_CASE("a 4000-token prompt under 32 branches with a window of 1024 reads at 
   CHECK(covered == 32 * 200 + (window - 200));  // each branch whole, and the prompt's last 824 tokens
   for (Strategy s : all_strategies()) {
     CAPTURE(to_string(s));
-    PlanOptions options;
-    options.strategy = s;
-    options.window = window;
-    const Plan p = plan(tree, options);
+    const Plan p = windowed_plan(tree, s, window);
     const PlanStats stats = compute_stats(p);
     CHECK(stats.tokens == covered);                           // the plan's tokens: those of some window
     CHECK(stats.sequence_read_tokens == 32 * std::int64_t(window));  // every query its window, once
@@ -125,10 +127,7 @@ TEST_CASE("a windowed causal prefill lists in each tile only queries that see a 
   for (std::int32_t t = 1; t <= tokens; ++t) tree.add_query(0, t == tokens ? kWholeNode : t);
   for (Strategy s : all_strategies()) {
     CAPTURE(to_string(s));
-    PlanOptions options;
-    options.strategy = s;
-    options.window = window;
-    const Plan p = plan(tree, options);
+    const Plan p = windowed_plan(tree, s, window);
     CHECK(test::coverage_error(tree, p, window) == "");
     std::int64_t idle_rows = 0;
     for (std::int32_t item = 0; item < p.num_items(); ++item) {

@@ -10,6 +10,8 @@ where it differs from the query/key head_dim (None: the same).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ._core import Tree
 
 
@@ -56,11 +58,14 @@ class _Run:
         self.first = first  # the smallest request index below it: children are sorted by it once the trie is built
 
 
-class _Layout:
+class _Layout(NamedTuple):
     """A tree of requests and where they are in it: request_node[r], the node request r
     ends on; node_length[id], each node's tokens; and `open`, the leaf nodes where one
     request alone ends (it may grow them in place)."""
-    __slots__ = ("tree", "request_node", "node_length", "open")
+    tree: Tree
+    request_node: list
+    node_length: list
+    open: set
 
 
 def _tree(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, queries=None, tokens=None):
@@ -133,9 +138,7 @@ def _layout(units, heads_q, heads_kv, head_dim, scale, head_dim_v, add_node, que
         for j in range(n):
             upto = total - n + j + 1 - start[node_id]
             tree.add_query(node_id, None if upto == length[node_id] else upto)
-    layout = _Layout()
-    layout.tree, layout.request_node, layout.node_length, layout.open = tree, query_node, length, open_nodes
-    return layout
+    return _Layout(tree, query_node, length, open_nodes)
 
 
 def _preorder(root):

@@ -125,7 +125,7 @@ __device__ __forceinline__ void merge_warps_and_write(const PassContext& c, cons
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 2 * Traits::kRowHalves; ++e) {
         const int dim = Fp8Fragments<Traits>::o_dim(n, 2 * t4 + e % 2) ^ (2 * t4);
         *reinterpret_cast<float2*>(red_acc + (warp * 16 + g + (e / 2) * 8) * kAccStride + dim) = make_float2(acc[n][e], acc[n + 1][e]);
       }
@@ -142,7 +142,7 @@ __device__ __forceinline__ void merge_warps_and_write(const PassContext& c, cons
   }
   if (t4 == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < Traits::kRowHalves; ++h) {
       red_max[warp * 16 + g + h * 8] = row_max[h];
       red_sum[warp * 16 + g + h * 8] = row_sum[h];
     }

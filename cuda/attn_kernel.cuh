@@ -116,7 +116,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       });
       cap_scores<Traits>(c.p, scales, s);
       mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
-      softmax_update<Traits::kWidened>(row_max, row_sum, s, acc, exp_scale());
+      softmax_update<Traits::kWidened, Traits::kRowHalves>(row_max, row_sum, s, acc, exp_scale());
       cp_async_wait<0>();  // tile t + 1 (and its successor's map)
       widened<Traits>();
       gather.prefetch_for(t + 1);
@@ -150,7 +150,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
       }
       cap_scores<Traits>(c.p, scales, s);
       mask_invisible<Traits>(*Smem::map(t), rows.tile_query, n_base * 8 + t4 * 2, s);
-      softmax_update<Traits::kWidened>(row_max, row_sum, s, acc, exp_scale());
+      softmax_update<Traits::kWidened, Traits::kRowHalves>(row_max, row_sum, s, acc, exp_scale());
       if constexpr (Traits::kWidenInShared) widened<Traits>();
       if constexpr (Traits::kKvInRegisters) {
         Fp8Fragments<Traits>::accumulate_pv(s, Smem::v_gather() + stage * Traits::kVGatherBytes, n_base * 8, g, t4, acc);
@@ -162,7 +162,7 @@ __device__ __forceinline__ void attend_pass(const PassContext& c) {
   }
 
   // A 64-row pass with options keeps its raw maxima (RowEnd).
-  softmax_finish(row_max, row_sum, Traits::kOptions && !Traits::kSplitKV ? 1.0f : exp_scale());
+  softmax_finish<Traits::kRowHalves>(row_max, row_sum, Traits::kOptions && !Traits::kSplitKV ? 1.0f : exp_scale());
   if constexpr (!Traits::kSplitKV) write_thread_rows(c, lane, rows, scales, row_max, row_sum, acc);
   else merge_warps_and_write(c, lane, scales, row_max, row_sum, acc);
 }
@@ -180,8 +180,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSM) tre
   if (info.row_end <= info.row_begin) return;  // past the plan's passes (a graph-stable grid holds more)
   const PassContext ctx{p, info.tile_begin, info.tile_end - info.tile_begin, info.row_end, info.row_begin, info.query_begin, kv_head};
   // A pass of at most 16 rows (a small tile, or a large tile's last rows) splits
-  // the KV tile among the warps instead of giving three of them padding rows.
-  if (info.row_end - info.row_begin <= 16) attend_pass<PassTraits<Traits, true>>(ctx);
+  // the KV tile among the warps instead of giving three of them padding rows;
+  // with fp8 K and V, one of at most 8 skips its fragments' padding half (up
+  // to head_dim 128: at 192 and 256 a third pass body spills the kernel's
+  // registers further).
+  const int rows = info.row_end - info.row_begin;
+  if constexpr (Traits::kWidened && Traits::kHeadDim <= 128) {
+    if (rows <= 8) return attend_pass<PassTraits<Traits, true, true>>(ctx);
+  }
+  if (rows <= 16) attend_pass<PassTraits<Traits, true>>(ctx);
   else attend_pass<PassTraits<Traits, false>>(ctx);
 }
 

@@ -76,6 +76,10 @@ __device__ __forceinline__ ThreadRows locate_thread_rows(const PassContext& c, c
   for (int h = 0; h < 2; ++h) r.tile_query[h] = min(lane.row(c, h), c.row_end - 1) / p.group;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    if (h >= Traits::kRowHalves) {  // rows g + 8 of a half-row pass: past its end
+      r.query[h] = -1;
+      continue;
+    }
     r.query[h] = p.tile_query[c.q0 + r.tile_query[h]];
     if constexpr (!Traits::kSplitKV) partial[h] = p.tile_partial[c.q0 + r.tile_query[h]];
   }

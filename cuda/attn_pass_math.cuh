@@ -19,6 +19,11 @@ __device__ __forceinline__ void load_q_fragments(const PassContext& c, const Pas
   constexpr int D = Traits::kHeadDim;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    if (h >= Traits::kRowHalves) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) qf[kk][h] = qf[kk][2 + h] = 0u;
+      continue;
+    }
     const int head = row_head(c, lane.row(c, h));
     const std::uint32_t* q_row = reinterpret_cast<const std::uint32_t*>(
         static_cast<const Element*>(c.p.q) + std::int64_t(max(rows.query[h], 0)) * c.p.q_row_stride + head * D);
@@ -39,7 +44,7 @@ __device__ __forceinline__ void cap_scores(const KernelParams& p, const PassScal
 #pragma unroll
     for (int n = 0; n < Traits::kNTiles; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = p.softcap_log2 * tanhf(s[n][e] * scales.cap_in);
+      for (int e = 0; e < 2 * Traits::kRowHalves; ++e) s[n][e] = p.softcap_log2 * tanhf(s[n][e] * scales.cap_in);
     }
   }
 }
@@ -95,7 +100,7 @@ template <typename Traits>
 __device__ __forceinline__ void mask_invisible(const TileMap& map, const int (&tile_query)[2], int first_bit,
                                                float (&s)[Traits::kNTiles][4]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < Traits::kRowHalves; ++h) {
     const std::uint64_t seen = map.visible[tile_query[h]] >> first_bit;
 #pragma unroll
     for (int n = 0; n < Traits::kNTiles; ++n) {
@@ -118,7 +123,9 @@ __device__ __forceinline__ void mask_invisible(const TileMap& map, const int (&t
 // O to the new maxima and turns the scores into P. kSkipUnchanged: a warp whose
 // rows all keep their maxima leaves O as it is (the factors are exactly 1), a
 // branch that saves the fp8 kernels head_dim / 2 multiplies a thread and tile.
-template <bool kSkipUnchanged = false, int kNTiles, int kAccTiles>
+// kRowHalves 1 (PassTraits::kHalfRows): only the rows g are live; the scores
+// and O of rows g + 8 are left as they are.
+template <bool kSkipUnchanged = false, int kRowHalves = 2, int kNTiles, int kAccTiles>
 __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_sum)[2], float (&s)[kNTiles][4],
                                                float (&acc)[kAccTiles][4], float exp_scale) {
   // The row maxima as trees: S -> max -> exponents -> P V is the tile's
@@ -126,10 +133,10 @@ __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_
   // longest link.
   float tile_max[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) tile_max[h] = tree_reduce<kNTiles>([&](int n) { return fmaxf(s[n][2 * h], s[n][2 * h + 1]); }, [](float a, float b) { return fmaxf(a, b); });
-  float correction[2], neg_reference[2];
+  for (int h = 0; h < kRowHalves; ++h) tile_max[h] = tree_reduce<kNTiles>([&](int n) { return fmaxf(s[n][2 * h], s[n][2 * h + 1]); }, [](float a, float b) { return fmaxf(a, b); });
+  float correction[2] = {1.0f, 1.0f}, neg_reference[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kRowHalves; ++h) {
     tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
     tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
     const float new_max = fmaxf(row_max[h], tile_max[h]);
@@ -144,25 +151,24 @@ __device__ __forceinline__ void softmax_update(float (&row_max)[2], float (&row_
   if (!kSkipUnchanged || __any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
 #pragma unroll
     for (int n = 0; n < kAccTiles; ++n) {
-      acc[n][0] *= correction[0];
-      acc[n][1] *= correction[0];
-      acc[n][2] *= correction[1];
-      acc[n][3] *= correction[1];
+#pragma unroll
+      for (int e = 0; e < 2 * kRowHalves; ++e) acc[n][e] *= correction[e / 2];
     }
   }
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], exp_scale, neg_reference[e / 2]));
+    for (int e = 0; e < 2 * kRowHalves; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], exp_scale, neg_reference[e / 2]));
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) row_sum[h] += tree_reduce<kNTiles>([&](int n) { return s[n][2 * h] + s[n][2 * h + 1]; }, [](float a, float b) { return a + b; });
+  for (int h = 0; h < kRowHalves; ++h) row_sum[h] += tree_reduce<kNTiles>([&](int n) { return s[n][2 * h] + s[n][2 * h + 1]; }, [](float a, float b) { return a + b; });
 }
 
 // After the last tile: the rows' sums over their quads, maxima in base-2 units.
+template <int kRowHalves = 2>
 __device__ __forceinline__ void softmax_finish(float (&row_max)[2], float (&row_sum)[2], float exp_scale) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kRowHalves; ++h) {
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
     row_max[h] *= exp_scale;  // -inf stays -inf

@@ -179,11 +179,19 @@ struct AttnTraits {
 // fp8 K and V: a 64-row pass widens each tile into shared memory once for the
 // four warps (wgmma reads B there); a split-KV pass, whose warps read disjoint
 // tokens, widens its fragments in registers (fp8_fragments.cuh).
-template <typename Base, bool SplitKV_>
+template <typename Base, bool SplitKV_, bool HalfRows_ = false>
 struct PassTraits : Base {
   static constexpr bool kSplitKV = SplitKV_;
   static constexpr bool kWidenInShared = Base::kWidened && !kSplitKV;
   static constexpr bool kKvInRegisters = Base::kWidened && kSplitKV;
+  // A split-KV pass of at most 8 rows (a decode step's one or two queries of
+  // a GQA group of 4, or one of 8): every fragment's rows g + 8 are padding,
+  // so the pass neither masks nor exponentiates them, nor rescales their O,
+  // nor merges them. fp8 only: there the pass is bound by its instructions,
+  // while the f16 split-KV passes wait on HBM.
+  static constexpr bool kHalfRows = HalfRows_;
+  static_assert(!kHalfRows || kKvInRegisters, "half-row passes are fp8 split-KV passes");
+  static constexpr int kRowHalves = kHalfRows ? 1 : 2;  // the fragments' row halves a thread computes: rows g, g + 8
   // Gather stages and the shared-memory layout (AttnTraits: kSplitStages).
   static constexpr int kStages = kKvInRegisters ? Base::kSplitStages : Base::kStages;
   static constexpr int kMapStages = 2 * kStages;

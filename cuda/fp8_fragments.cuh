@@ -59,8 +59,11 @@ struct Fp8Fragments {
   // token0 + 2 t4 + {0, 1, 8, 9} (the scores' columns).
   __device__ __forceinline__ static void accumulate_pv(const float (&s)[2][4], const unsigned char* v_bytes, int token0, int g,
                                                        int t4, float (&acc)[Traits::kAccTiles][4]) {
-    const std::uint32_t pf[4] = {Mma<Element>::pack(s[0][0], s[0][1]), Mma<Element>::pack(s[0][2], s[0][3]),
-                                 Mma<Element>::pack(s[1][0], s[1][1]), Mma<Element>::pack(s[1][2], s[1][3])};
+    // A half-row pass (PassTraits::kHalfRows) multiplies zeros into rows g + 8
+    // and keeps none of their O: the MMA's outputs there die at once.
+    constexpr bool kHalf = Traits::kHalfRows;
+    const std::uint32_t pf[4] = {Mma<Element>::pack(s[0][0], s[0][1]), kHalf ? 0u : Mma<Element>::pack(s[0][2], s[0][3]),
+                                 Mma<Element>::pack(s[1][0], s[1][1]), kHalf ? 0u : Mma<Element>::pack(s[1][2], s[1][3])};
     // A piece of each token's span at a time: its n-tiles' fragments, then the next piece.
     const int first_byte = g * kVSpan;
 #pragma unroll
@@ -88,8 +91,11 @@ struct Fp8Fragments {
         const std::uint32_t low = __byte_perm(raw[0][b / 4], raw[1][b / 4], select);
         const std::uint32_t high = __byte_perm(raw[2][b / 4], raw[3][b / 4], select);
         const int shift = (b % 2) * 16;
-        Mma<Element>::run(acc[piece * kPieceBytes + b], pf, widen_fp8x2<Fp8, Element>((low >> shift) & 0xffffu),
-                          widen_fp8x2<Fp8, Element>((high >> shift) & 0xffffu));
+        float(&o)[4] = acc[piece * kPieceBytes + b];
+        float d[4] = {o[0], o[1], kHalf ? 0.0f : o[2], kHalf ? 0.0f : o[3]};
+        Mma<Element>::run(d, pf, widen_fp8x2<Fp8, Element>((low >> shift) & 0xffffu), widen_fp8x2<Fp8, Element>((high >> shift) & 0xffffu));
+#pragma unroll
+        for (int e = 0; e < (kHalf ? 2 : 4); ++e) o[e] = d[e];
       }
     }
   }

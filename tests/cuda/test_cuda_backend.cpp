@@ -194,14 +194,15 @@ TEST_CASE("the device's cost model: the H100 fit on an H100 or H200, calibrated 
   CHECK(again.source == model.source);
 }
 
-// fp8 K and V take two paths through stage 1 (docs/cuda.md, "Attention
+// fp8 K and V take three paths through stage 1 (docs/cuda.md, "Attention
 // variants"): a 64-row pass widens each tile into shared memory (two barriers
 // a tile, K widened while the previous tile's P V runs), a split-KV pass
-// widens its fragments in registers from a ring of four gather stages. Blocks
-// of up to 16 tiles run both through many turns of their rings; with unit
-// scales each must give the f16 run of the same values bit for bit, as the
-// MMAs see the same products in the same order.
-TEST_CASE("fp8 K and V over long blocks, in 64-row and split-KV passes: bitwise the f16 run of the same values") {
+// widens its fragments in registers from a ring of four gather stages, and one
+// of at most 8 rows also leaves out its fragments' padding half. Blocks of up
+// to 16 tiles run each through many turns of their rings; with unit scales
+// each must give the f16 run of the same values bit for bit, as the MMAs see
+// the same products in the same order.
+TEST_CASE("fp8 K and V over long blocks, in 64-row, split-KV and half-row passes: bitwise the f16 run of the same values") {
   auto backend = make_test_backend();
   for (const HeadConfig heads : {HeadConfig{8, 2, 64}, HeadConfig{32, 8, 128}, HeadConfig{4, 4, 256}}) {
     CAPTURE(heads.head_dim);
@@ -214,11 +215,12 @@ TEST_CASE("fp8 K and V over long blocks, in 64-row and split-KV passes: bitwise 
     o.heads = heads;
     const Tree tree = random_forest(o);
     // Blocks of up to 1024 tokens; query tiles of 64 (passes of up to 64 rows,
-    // a large tile's last rows split-KV) and of 4 (split-KV passes alone). The
-    // longest blocks of each kind of pass (a pass of at most kSmallTileRows
-    // rows is split-KV) reach well past their stage rings.
-    std::int32_t split_tiles = 0, large_tiles = 0;
-    for (const std::int32_t query_tile : {64, 4}) {
+    // a large tile's last rows split-KV), of 4 (split-KV passes alone) and of
+    // 2 (passes of at most 8 rows: group 4 or less). The longest blocks of
+    // each kind of pass (a pass of at most kSmallTileRows rows is split-KV, of
+    // at most 8 up to head_dim 128 a half-row one) reach well past their stage rings.
+    std::int32_t half_tiles = 0, split_tiles = 0, large_tiles = 0;
+    for (const std::int32_t query_tile : {64, 4, 2}) {
       CAPTURE(query_tile);
       PlanOptions options;
       options.block_tokens = 1024;
@@ -233,7 +235,9 @@ TEST_CASE("fp8 K and V over long blocks, in 64-row and split-KV passes: bitwise 
         const std::int32_t rows = (plan.item_query_begin[i + 1] - plan.item_query_begin[i]) * heads.group_size();
         const std::int32_t tile_rows = plan.item_tile_rows[i];
         for (std::int32_t row = 0; row < rows; row += tile_rows) {
-          std::int32_t& longest = std::min(tile_rows, rows - row) <= kSmallTileRows ? split_tiles : large_tiles;
+          const std::int32_t pass_rows = std::min(tile_rows, rows - row);
+          const bool half = pass_rows <= 8 && heads.head_dim <= 128;  // tree_attn_partial_kernel's dispatch
+          std::int32_t& longest = half ? half_tiles : pass_rows <= kSmallTileRows ? split_tiles : large_tiles;
           longest = std::max(longest, (tokens + 63) / 64);
         }
       }
@@ -257,6 +261,7 @@ TEST_CASE("fp8 K and V over long blocks, in 64-row and split-KV passes: bitwise 
         CHECK(got.lse.bytes == want.lse.bytes);
       }
     }
+    if (heads.head_dim <= 128) CHECK(half_tiles >= 9);
     CHECK(split_tiles >= 9);
     CHECK(large_tiles >= 9);
   }

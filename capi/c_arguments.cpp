@@ -23,6 +23,7 @@ std::vector<std::size_t> field_ends(const treeattn_plan_options*) {
           offsetof(O, block_tokens) + sizeof(O::block_tokens),
           offsetof(O, bitwise_updates) + sizeof(O::bitwise_updates),
           offsetof(O, window) + sizeof(O::window),
+          offsetof(O, kv_dtype) + sizeof(O::kv_dtype),
           sizeof(O)};
 }
 std::vector<std::size_t> field_ends(const treeattn_context_options*) {
@@ -194,6 +195,7 @@ PlanOptions plan_options(const treeattn_plan_options* given) {
   }
   options.block_tokens = o.block_tokens == 0 ? kAutoBlockTokens : o.block_tokens;
   options.window = o.window;  // a negative one is refused by the planner, by name
+  options.kv_dtype = dtype_of(o.kv_dtype, "treeattn_plan_options.kv_dtype");
   return options;
 }
 

@@ -47,6 +47,7 @@ constexpr Coefficient kCoefficients[] = {
     {"refill_spread", &CostModel::refill_spread},
     {"switch_gain", &CostModel::switch_gain}, {"merge_ns", &CostModel::merge_ns},
     {"fanin_ns", &CostModel::fanin_ns},     {"reorder_gain", &CostModel::reorder_gain},
+    {"fp8_small_tile_factor", &CostModel::fp8_small_tile_factor}, {"fp8_solo_speedup", &CostModel::fp8_solo_speedup},
 };
 
 // The token counts among the coefficients.
@@ -98,11 +99,11 @@ void CostModel::set(const std::string& assignments) {
       fail(ErrorCategory::InvalidArgument,
            "cost model: unknown coefficient '{}' (choose pass_ns, tile_ns_large, tile_ns_small, partial_ns, slots, "
            "sms, solo_speedup, split_solo_speedup, refill_spread, switch_gain, merge_ns, fanin_ns, reorder_gain, "
-           "min_split_tokens, auto_block_min or auto_block_max)",
+           "fp8_small_tile_factor, fp8_solo_speedup, min_split_tokens, auto_block_min or auto_block_max)",
            key);
     }
     if ((c->field == &CostModel::slots || c->field == &CostModel::sms || c->field == &CostModel::solo_speedup ||
-         c->field == &CostModel::split_solo_speedup) &&
+         c->field == &CostModel::split_solo_speedup || c->field == &CostModel::fp8_small_tile_factor) &&
         value <= 0) {
       fail(ErrorCategory::InvalidArgument, "cost model: {} must be positive", key);
     }
@@ -120,6 +121,15 @@ std::string CostModel::to_string() const {
   for (const Count& n : kCounts) out += fmt::format("{}={},", n.name, this->*(n.field));
   out.pop_back();
   return out;
+}
+
+CostModel CostModel::for_kv(DType kv) const {
+  CostModel model = *this;
+  if (is_fp8(kv)) {
+    model.tile_ns_small *= fp8_small_tile_factor;
+    if (fp8_solo_speedup > 0.0) model.solo_speedup = fp8_solo_speedup;
+  }
+  return model;
 }
 
 namespace {
@@ -161,6 +171,10 @@ CostModel h100_vulkan() {
   // kept unless the own one is predicted 1.4x faster (the 57 peer shapes
   // 1.095x, against 1.090x at 1.2; docs/performance.md).
   model.switch_gain = 1.4;
+  // fp8 K and V plan with the f16 terms: the shaders decode fp8 rows into the
+  // f16 tiles every pass reads (docs/performance.md, "Vulkan fp8").
+  model.fp8_small_tile_factor = 1.0;
+  model.fp8_solo_speedup = 0.0;
   return model;
 }
 

@@ -151,11 +151,13 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
                   " context runs host arrays" + (ctx.context.backend() == BackendKind::cuda ? " and CUDA arrays" : ""));
 }
 
-PlanOptions plan_options(const std::string& strategy, std::optional<int> block_tokens, std::optional<int> window) {
+PlanOptions plan_options(const std::string& strategy, std::optional<int> block_tokens, std::optional<int> window,
+                         const std::optional<std::string>& kv_dtype) {
   PlanOptions options;
   options.strategy = parse_strategy(strategy);
   options.block_tokens = block_tokens.value_or(kAutoBlockTokens);
   options.window = window.value_or(0);  // a negative one is refused by the planner, by name
+  options.kv_dtype = kv_dtype_of(kv_dtype).value_or(DType::f16);
   return options;
 }
 
@@ -264,23 +266,23 @@ NB_MODULE(_core, m) {
       .def_prop_ro("backend", [](const ContextHandle& c) { return std::string(to_string(c.context.backend())); })
       .def("plan",
            [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens,
-              std::optional<int> window) {
-             const PlanOptions options = plan_options(strategy, block_tokens, window);
+              std::optional<int> window, std::optional<std::string> kv_dtype) {
+             const PlanOptions options = plan_options(strategy, block_tokens, window, kv_dtype);
              nb::gil_scoped_release release;
              return PlanHandle{c.context.plan(tree, options)};
            },
            nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none(),
-           nb::arg("window") = nb::none())
+           nb::arg("window") = nb::none(), nb::arg("kv_dtype").none() = nb::none())
       .def("planner",
            [](ContextHandle& c, const Tree& tree, const std::string& strategy, std::optional<int> block_tokens,
-              bool bitwise_updates, std::optional<int> window) {
+              bool bitwise_updates, std::optional<int> window, std::optional<std::string> kv_dtype) {
              IncrementalOptions incremental;
              incremental.hold_flatten_blocks = !bitwise_updates;
              incremental.hold_greedy_groups = !bitwise_updates;
-             return c.context.planner(tree, plan_options(strategy, block_tokens, window), incremental);
+             return c.context.planner(tree, plan_options(strategy, block_tokens, window, kv_dtype), incremental);
            },
            nb::arg("tree"), nb::arg("strategy") = "flatten", nb::arg("block_tokens") = nb::none(),
-           nb::arg("bitwise_updates") = false, nb::arg("window") = nb::none())
+           nb::arg("bitwise_updates") = false, nb::arg("window") = nb::none(), nb::arg("kv_dtype").none() = nb::none())
       .def("_attention",
            [](ContextHandle& c, const PlanHandle& plan, const Array& q, const Array& k, const Array& v, const Array& o,
               std::optional<Array> lse, std::uintptr_t stream, float logit_softcap, float k_scale, float v_scale,

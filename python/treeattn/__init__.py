@@ -97,6 +97,15 @@ def _fp8_bytes(k, v, kv_dtype):
     return as_bytes[0], as_bytes[1], kinds.pop()
 
 
+def _kv_kind(kv_dtype):
+    """A plan's kv_dtype as the engine names it: None, "fp8_e4m3" / "fp8_e5m2",
+    or a torch dtype (float8 kinds map to those names, any other to None)."""
+    if kv_dtype is None or isinstance(kv_dtype, str):
+        return kv_dtype
+    name = str(kv_dtype).removeprefix("torch.")
+    return _TORCH_FP8.get(name)
+
+
 _contexts = weakref.WeakValueDictionary()  # handle -> Context, for the torch op
 _plans = weakref.WeakValueDictionary()     # handle -> Plan
 
@@ -120,27 +129,30 @@ class Context:
     def backend(self):
         return self._context.backend
 
-    def plan(self, tree, strategy="flatten", block_tokens=None, window=None):
+    def plan(self, tree, strategy="flatten", block_tokens=None, window=None, kv_dtype=None):
         """Plans `tree` with this context's device model. window: a sliding window
         (transformers' sliding_window): each query sees the last `window` tokens of
         its path, its own included, and tokens outside every window are not read
         (None or 0: none; negative: ValueError). A model alternating windowed and
-        full layers plans twice per step."""
-        plan = self._context.plan(tree, strategy, block_tokens, window)
+        full layers plans twice per step. kv_dtype: how the attention calls hold K
+        and V ("fp8_e4m3", "fp8_e5m2" or a torch float8 dtype plan with the model's
+        fp8 terms; None or any other dtype: its plain ones); the plan runs with K
+        and V of any dtype."""
+        plan = self._context.plan(tree, strategy, block_tokens, window, _kv_kind(kv_dtype))
         _plans[plan.handle] = plan
         return plan
 
-    def planner(self, tree, strategy="flatten", block_tokens=None, bitwise_updates=False, window=None):
+    def planner(self, tree, strategy="flatten", block_tokens=None, bitwise_updates=False, window=None, kv_dtype=None):
         """A Planner that starts from `tree` (its heads, nodes and queries) and plans
         with this context's device model: each decode step hand it the step's
         changes (add_node, add_node_range, add_node_pages, append_range,
         append_pages, remove_node, set_queries) and call update(), whose plan
         attention() takes. bitwise_updates: every update equals ctx.plan() of the
         whole tree bit for bit (else a layout may be kept over steps that only
-        lengthen nodes, which is faster). window: as plan()'s; under a window
-        every update is bitwise (a window slides as leaves grow, so no layout is
-        kept). A change naming an unknown node raises ValueError naming it."""
-        return Planner(self._context.planner(tree, strategy, block_tokens, bool(bitwise_updates), window))
+        lengthen nodes, which is faster). window and kv_dtype: as plan()'s; under
+        a window every update is bitwise (a window slides as leaves grow, so no
+        layout is kept). A change naming an unknown node raises ValueError naming it."""
+        return Planner(self._context.planner(tree, strategy, block_tokens, bool(bitwise_updates), window, _kv_kind(kv_dtype)))
 
     def graph_stable(self, plans, headroom=1.0):
         """CUDA: fixes the device workspace's capacities to the largest of `plans`

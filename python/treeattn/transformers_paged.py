@@ -145,7 +145,7 @@ def _attend(module, query, key, value, cache, cu_seq_lens_q, cu_seq_lens_k, kwar
         heads_seen = (heads_q // world, heads_kv // world)
         tree = _packed_tree(rows, cu_k, cu_seq_lens_q, cache.block_size, heads_q // world, heads_kv // world,
                             head_dim, scale, value.shape[3])
-        plans[plan_key] = context.plan(tree, strategy, block_tokens, window=window)
+        plans[plan_key] = context.plan(tree, strategy, block_tokens, window=window, kv_dtype=k_rows.dtype)
     if sinks is not None:
         sinks = sinks[q_heads].contiguous()
     out, _ = context.attention(plans[plan_key], query[0, q_heads].transpose(0, 1).contiguous(), k_rows[:, kv_heads],

@@ -22,6 +22,11 @@ std::optional<DType> AttentionFlags::fp8() const {
   return kv_dtype == "fp8_e4m3" ? DType::fp8_e4m3 : DType::fp8_e5m2;
 }
 
+PlanOptions AttentionFlags::planned_for(PlanOptions plan) const {
+  if (const std::optional<DType> kind = fp8()) plan.kv_dtype = *kind;
+  return plan;
+}
+
 HostArray AttentionFlags::read_sinks() const { return sinks_path.empty() ? HostArray{} : read_npy(sinks_path); }
 
 AttentionOptions AttentionFlags::options(HostArray& sinks) const {

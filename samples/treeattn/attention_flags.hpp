@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "treeattn/planner.hpp"
 #include "treeattn/tensor.hpp"
 
 namespace treeattn::cli {
@@ -21,6 +22,8 @@ struct AttentionFlags {
   void add_to(CLI::App& sub, const char* kv_dtype_help);
   // The fp8 kind --kv-dtype names, or nothing.
   std::optional<DType> fp8() const;
+  // `plan` made for these calls' K and V (PlanOptions::kv_dtype: fp8 plans with the cost model's fp8 terms).
+  PlanOptions planned_for(PlanOptions plan) const;
   // --sinks' array (empty without it); its length and dtype are checked with the call's other tensors.
   HostArray read_sinks() const;
   // The calls' options; their sinks view `sinks` (read_sinks()'s) where it is not empty.

@@ -194,7 +194,7 @@ nlohmann::json plan_row(const BenchOptions& o, const BenchCase& c, const Plan& p
   const Tree& tree = c.workload.named.tree;
   const HeadConfig& h = tree.heads;
   const PlanStats st = compute_stats(plan);
-  const CostEstimate est = estimate_cost(plan, c.cost);
+  const CostEstimate est = estimate_cost(plan, c.cost.for_kv(o.attention.fp8().value_or(DType::f16)));
   const std::size_t kv_element = o.attention.kv_element_bytes(DType::f16);  // bf16 has f16's size
   const std::int64_t unique = st.kv_bytes(st.tokens, kv_element), sequence = st.kv_bytes(st.sequence_read_tokens, kv_element);
   return {{"workload", c.workload.named.name},  {"model", c.workload.model.name},
@@ -282,6 +282,7 @@ nlohmann::json bench_case(const BenchOptions& o, const BenchCase& c, Planner& pl
   options.block_tokens = parse_block_tokens(c.block_tokens);
   options.window = o.window;
   options.cost = c.cost;
+  options = o.attention.planned_for(options);
   Plan plan;
   const Timing plan_time = time_it(o.repeat, [&] { plan = planner.plan(named.tree, options); });
   const UpdateTiming updates = time_updates(o, named, options);

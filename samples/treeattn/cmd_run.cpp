@@ -46,7 +46,7 @@ void run(const RunOptions& o) {
   std::unique_ptr<Backend> backend = make_backend(kind, backend_options);
   HostArray sinks = o.attention.read_sinks();
   const AttentionOptions variants = o.attention.options(sinks);
-  const Plan plan = Planner(o.plan.plan_threads).plan(tree, o.plan.options(k.shape[0], backend->cost_model()));
+  const Plan plan = Planner(o.plan.plan_threads).plan(tree, o.attention.planned_for(o.plan.options(k.shape[0], backend->cost_model())));
 
   const std::int64_t nq = plan.num_queries, hq = plan.heads.heads_q, dv = plan.heads.value_dim();
   HostArray out(DType::f32, {nq, hq, dv});

@@ -59,7 +59,7 @@ DemoLoop::DemoLoop(const DemoOptions& o, DemoSetup& setup, const PeakSizes& peak
       variants_(o.attention.options(sinks_)),
       backend_(make_backend(parse_backend(o.backend), backend_options(o))),
       runner_(make_step_runner(*backend_, backend_options(o), heads_, k_, v_, peak.queries, variants_)),
-      options_(o.plan.options(cache_.slots(), backend_->cost_model())),
+      options_(o.attention.planned_for(o.plan.options(cache_.slots(), backend_->cost_model()))),
       // The plan each step runs comes from an IncrementalPlanner fed the tree's
       // changes; a from-scratch Planner plans the same tree beside it, timed for comparison.
       incremental_(heads_, options_, incremental_options(o.bitwise_updates, o.plan.plan_threads)),

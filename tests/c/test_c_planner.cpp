@@ -118,6 +118,39 @@ TEST_CASE("C plan options: a window plans it; a struct_size from before `window`
   treeattn_context_destroy(context);
 }
 
+// kv_dtype guides the device model's choices only (the engine's test_greedy
+// checks that fp8 plans with its fp8 terms): an fp8 kind plans, and so does a
+// caller built before the field; an unknown dtype is refused by name.
+TEST_CASE("C plan options: kv_dtype is read, and an unknown one is refused naming it") {
+  treeattn_context* context = cpu_context();
+  treeattn_tree* tree = one_node_tree(5, 10);
+  treeattn_plan_options fp8;
+  treeattn_plan_options_init(&fp8);
+  CHECK(fp8.kv_dtype == TREEATTN_DTYPE_F16);
+  fp8.kv_dtype = TREEATTN_DTYPE_FP8_E4M3;
+  treeattn_plan* plan = nullptr;
+  CHECK(treeattn_plan_create(context, tree, &fp8, &plan) == TREEATTN_OK);
+  treeattn_plan_destroy(plan);
+  treeattn_plan_options older = fp8;
+  older.struct_size = offsetof(treeattn_plan_options, kv_dtype);  // a caller built before the field
+  int unknown = 9;  // what a C caller may store in an enum field; unread before the field
+  std::memcpy(&older.kv_dtype, &unknown, sizeof unknown);
+  plan = nullptr;
+  CHECK(treeattn_plan_create(context, tree, &older, &plan) == TREEATTN_OK);
+  treeattn_plan_destroy(plan);
+  treeattn_plan_options bad = fp8;
+  std::memcpy(&bad.kv_dtype, &unknown, sizeof unknown);
+  plan = nullptr;
+  CHECK(treeattn_plan_create(context, tree, &bad, &plan) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("treeattn_plan_options.kv_dtype: unknown dtype 9") != std::string::npos);
+  CHECK(plan == nullptr);
+  treeattn_planner* planner = nullptr;
+  CHECK(treeattn_planner_create(context, tree, &bad, &planner) == TREEATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(planner == nullptr);
+  treeattn_tree_destroy(tree);
+  treeattn_context_destroy(context);
+}
+
 TEST_CASE("C planner: bad input names what is wrong") {
   treeattn_context* context = cpu_context();
   treeattn_tree* tree = one_node_tree(5, 10);

@@ -155,6 +155,21 @@ TEST_CASE("--window on run, bench and demo plans sliding windows; a negative one
   CHECK(read_npy(dir / "o_run.npy").bytes == read_npy(dir / "o.npy").bytes);
 }
 
+// --kv-dtype reaches the planner (run, bench and demo plan through
+// AttentionFlags::planned_for): a decode-only tree planned for fp8 K and V
+// takes the shorter blocks of the cost model's fp8 terms.
+TEST_CASE("--kv-dtype on bench plans with the cost model's fp8 terms") {
+  const std::string workload =
+      "--workload fewshot --prompt 16 --branches 50 --generated 1000 --strategy flatten,greedy --repeat 1 --backend none";
+  const nlohmann::json f16 = bench(workload).rows, fp8 = bench(workload + " --kv-dtype fp8_e4m3").rows;
+  REQUIRE(f16.size() == 2);
+  REQUIRE(fp8.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    CHECK(fp8[i]["block_tokens"].get<int>() < f16[i]["block_tokens"].get<int>());
+  }
+}
+
 TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") {
   TempDir dir;
   REQUIRE(cli("random-inputs --tree " + kExample + " --out-dir " + dir.path).status == 0);

@@ -9,6 +9,7 @@
 #include "support/plan_check.hpp"
 #include "cost_model_internal.hpp"
 #include "treeattn/error.hpp"
+#include "treeattn/incremental_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
 
@@ -220,6 +221,55 @@ TEST_CASE("cost-model coefficients: set, print, and precise errors") {
   CHECK_THROWS_WITH_AS(m.set("split_solo_speedup=0"), doctest::Contains("split_solo_speedup must be positive"), Error);
   CHECK_THROWS_WITH_AS(m.set("tile_ns_large"), doctest::Contains("not KEY=VALUE"), Error);
   CHECK_THROWS_WITH_AS(m.set("min_split_tokens=0.5"), doctest::Contains("is not an integer in [1, 65536]"), Error);
+}
+
+// fp8 K and V (PlanOptions::kv_dtype) plan with the model's fp8 terms: the
+// plan is the f16 one under CostModel::for_kv's coefficients, bit for bit,
+// from scratch and from an IncrementalPlanner. On decode-only trees the terms
+// move auto's block size: an fp8 split-KV pass, bound by its instructions,
+// gains less from an SM of its own, so fp8 fills the SMs with shorter blocks.
+TEST_CASE("fp8 K and V plan with the cost model's fp8 terms") {
+  CostModel m = cost_model_for("h100");
+  const CostModel fp8 = m.for_kv(DType::fp8_e4m3);
+  CHECK(fp8.tile_ns_small == m.tile_ns_small * m.fp8_small_tile_factor);
+  CHECK(fp8.solo_speedup == m.fp8_solo_speedup);
+  CHECK(fp8.tile_ns_large == m.tile_ns_large);
+  CHECK(fp8.to_string() != m.to_string());
+  CHECK(m.for_kv(DType::fp8_e5m2).to_string() == fp8.to_string());
+  for (const DType plain : {DType::f16, DType::bf16, DType::f32}) CHECK(m.for_kv(plain).to_string() == m.to_string());
+  const CostModel vulkan = cost_model_for("h100-vulkan");
+  CHECK(vulkan.for_kv(DType::fp8_e4m3).to_string() == vulkan.to_string());  // the shaders plan fp8 as f16
+  CostModel keep_solo = m;
+  keep_solo.set("fp8_solo_speedup=0");
+  CHECK(keep_solo.for_kv(DType::fp8_e4m3).solo_speedup == m.solo_speedup);
+  CHECK_THROWS_WITH_AS(keep_solo.set("fp8_small_tile_factor=0"), doctest::Contains("fp8_small_tile_factor must be positive"),
+                       Error);
+
+  // 50 requests decoding 1000 tokens each off a 16-token root, Llama 3 8B's heads.
+  Tree tree({32, 8, 128});
+  tree.add_node_range(0, kNoParent, 0, 16);
+  for (std::int64_t b = 1; b <= 50; ++b) {
+    tree.add_node_range(b, 0, 16 + (b - 1) * 1000, 1000);
+    tree.add_query(b);
+  }
+  for (const Strategy strategy : {Strategy::flatten, Strategy::greedy}) {
+    CAPTURE(to_string(strategy));
+    PlanOptions f16;
+    f16.strategy = strategy;
+    PlanOptions as_fp8 = f16, by_terms = f16;
+    as_fp8.kv_dtype = DType::fp8_e4m3;
+    by_terms.cost = f16.cost.for_kv(DType::fp8_e4m3);
+    const Plan planned = plan(tree, as_fp8);
+    CHECK(test::plan_difference(planned, plan(tree, by_terms)) == "");
+    CHECK(planned.block_tokens < plan(tree, f16).block_tokens);
+    IncrementalPlanner planner(tree.heads, as_fp8);
+    planner.add_node_range(0, kNoParent, 0, 16);
+    for (std::int64_t b = 1; b <= 50; ++b) planner.add_node_range(b, 0, 16 + (b - 1) * 1000, 1000);
+    std::vector<TreeQuery> queries;
+    for (std::int64_t b = 1; b <= 50; ++b) queries.push_back({b});
+    planner.set_queries(queries);
+    CHECK(test::plan_difference(planner.update(), planned) == "");
+  }
 }
 
 TEST_CASE("the step time places CTAs on the SMs in launch order, as the hardware does") {

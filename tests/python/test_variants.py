@@ -138,3 +138,37 @@ def test_torch_float8_tensors(rng):
         want_o, want_lse = reference_attention(q.numpy(), k.float().numpy() * 0.125, v.float().numpy() * 0.25, paths, 1 / 8)
         assert np.abs(o.double().numpy() - want_o).max() <= 2e-3, kind
         assert np.abs(lse.numpy() - want_lse).max() <= 2e-3, kind
+
+
+def decode_tree(requests=50, tokens=1000):
+    """Requests decoding `tokens` each off a 16-token root, with Llama 3 8B's heads."""
+    tree = treeattn.Tree(32, 8, 128)
+    tree.add_node_range(0, -1, 0, 16)
+    for r in range(1, requests + 1):
+        tree.add_node_range(r, 0, 16 + (r - 1) * tokens, tokens)
+        tree.add_query(r)
+    return tree
+
+
+def test_a_plan_for_fp8_kv_takes_the_cost_models_fp8_terms():
+    """kv_dtype guides the device model: fp8 split-KV passes gain less from an SM of
+    their own, so a decode-only tree planned for fp8 K and V takes shorter blocks."""
+    ctx = treeattn.Context("cpu")
+    tree = decode_tree()
+    plain = ctx.plan(tree).block_tokens
+    fp8 = ctx.plan(tree, kv_dtype="fp8_e4m3").block_tokens
+    assert fp8 < plain
+    assert ctx.plan(tree, kv_dtype="fp8_e5m2").block_tokens == fp8
+    assert ctx.planner(tree, kv_dtype="fp8_e4m3").update().block_tokens == fp8
+    assert ctx.planner(tree).update().block_tokens == plain
+    with pytest.raises(ValueError, match="kv_dtype 'f8' is not an fp8 kind"):
+        ctx.plan(tree, kv_dtype="f8")
+
+
+def test_a_plan_takes_torch_dtypes_as_kv_dtype():
+    """A cache tensor's dtype: float8 kinds plan as their names, others as plain K and V."""
+    torch = pytest.importorskip("torch")
+    ctx = treeattn.Context("cpu")
+    tree = decode_tree()
+    assert ctx.plan(tree, kv_dtype=torch.float8_e4m3fn).block_tokens == ctx.plan(tree, kv_dtype="fp8_e4m3").block_tokens
+    assert ctx.plan(tree, kv_dtype=torch.bfloat16).block_tokens == ctx.plan(tree).block_tokens

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "treeattn/dtype.hpp"
+
 namespace treeattn {
 
 struct Plan;
@@ -87,6 +89,16 @@ struct CostModel {
   // after the others run out of work (1.03-1.20x on the five plans it changes;
   // benchmarks/h100/launch_order.json).
   double reorder_gain = 1.03;
+  // K and V in fp8 (PlanOptions::kv_dtype, for_kv): a split-KV tile reads
+  // half the bytes and widens them in registers, bound by its instructions
+  // where the f16 one waits on HBM, so it costs tile_ns_small times
+  // fp8_small_tile_factor, and a pass alone on an SM runs fp8_solo_speedup
+  // times its full-SM pace, not solo_speedup (0: solo_speedup). On the H200,
+  // fp8 e4m3 plans with these against the f16 terms: the DESIGN workloads
+  // 1.025x, decode-only trees 1.11x (to 1.30x), the 57 peer shapes 1.022x
+  // (benchmarks/h200/cuda_fp8_planning.json; docs/greedy.md, "Device models").
+  double fp8_small_tile_factor = 0.8;
+  double fp8_solo_speedup = 1.25;
 
   // Where the coefficients come from: "h100 (fitted on CUDA)", "calibrated on
   // NVIDIA H200 (CUDA driver 13.0)", "h100 scaled to 80 SMs (calibration
@@ -98,6 +110,10 @@ struct CostModel {
   // when auto_block_min > auto_block_max).
   void set(const std::string& assignments);
   std::string to_string() const;  // every coefficient, in set()'s syntax
+
+  // The model a plan for K and V of `kv` uses: this one, with the fp8 terms
+  // in place of the f16 ones where `kv` is fp8.
+  CostModel for_kv(DType kv) const;
 };
 
 // A fitted model by name: "h100" (the CUDA kernels on an H100, the member

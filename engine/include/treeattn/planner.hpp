@@ -50,6 +50,10 @@ struct PlanOptions {
   // in no segment (never read); masks hold each query to its window. A model
   // that alternates windowed and full layers plans twice per step.
   std::int32_t window = 0;
+  // How the calls that run the plan hold K and V: fp8 plans with the cost
+  // model's fp8 terms (CostModel::for_kv). The plan is valid for any KV
+  // dtype; this only guides the model's choices.
+  DType kv_dtype = DType::f16;
 };
 
 Plan plan(const Tree& tree, const PlanOptions& options = {});

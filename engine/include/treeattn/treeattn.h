@@ -196,6 +196,10 @@ typedef struct treeattn_plan_options {
                                    included (transformers' sliding_window); tokens outside every window are
                                    not read. 0: none; negative: TREEATTN_ERROR_INVALID_ARGUMENT naming it.
                                    A planner under a window keeps no layout between updates */
+  treeattn_dtype kv_dtype;      /* how the calls that run the plan hold K and V: TREEATTN_DTYPE_FP8_E4M3 or
+                                   _FP8_E5M2 plan with the device model's fp8 terms, any other with its plain
+                                   ones (TREEATTN_DTYPE_F16). It guides the model's choices only: the plan
+                                   runs with K and V of any dtype */
 } treeattn_plan_options;
 TREEATTN_C_API void treeattn_plan_options_init(treeattn_plan_options* options);
 TREEATTN_C_API void treeattn_plan_options_init_sized(treeattn_plan_options* options, size_t size);

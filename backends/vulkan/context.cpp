@@ -231,7 +231,7 @@ CostModel Context::cost_model() const {
                                                state_->device->owned() ? "" : ":application"),
                                    o.model_cache_path, o.log, o.verbose};
   const std::string units_said = sms > 0 ? "" : ", compute units unknown: 32 assumed";
-  return device_model(
+  CostModel model = device_model(
       request,
       [&] {
         return calibrated_cost_model(*this, units, base,
@@ -243,6 +243,12 @@ CostModel Context::cost_model() const {
                                  fmt::format("{} scaled to {} compute units{} (calibration failed: {})",
                                              coopmat ? "h100-vulkan" : "h100", units, units_said, why));
       });
+  // The shaders decode fp8 rows into the f16 tiles every pass reads, so fp8
+  // plans with the f16 terms here too (the scalar shaders start from the CUDA
+  // model, and a model cache may hold entries written without the terms).
+  model.fp8_small_tile_factor = 1.0;
+  model.fp8_solo_speedup = 0.0;
+  return model;
 }
 std::string Context::variant(DType inputs, int head_dim) const {
   std::string reason;

@@ -489,7 +489,7 @@ const Plan& IncrementalPlanner::update() {
   if (!s.held || (chooses && s.drifted())) {
     PlanChoices chosen;
     s.plan = plan_analyzed(s.tree, *s.topo, s.visibility(), s.options, s.pool.get(), nullptr, &chosen, nullptr);
-    s.held = s.options;
+    s.held = with_kv_terms(s.options);  // the held paths read its cost model directly
     s.held->block_tokens = chosen.block_tokens;
     if (s.options.launch_order == LaunchOrder::model) {
       s.held->launch_order = s.plan.launch_order.empty() ? LaunchOrder::items : LaunchOrder::longest_first;

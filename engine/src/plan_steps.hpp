@@ -99,4 +99,9 @@ Plan plan_analyzed(const Tree& tree, const Topology& topo, Visibility& vis, cons
 // Throws InvalidArgument for options plan() refuses.
 void check_plan_options(const PlanOptions& options);
 
+// `options` with the cost model's terms for its kv_dtype in place
+// (CostModel::for_kv) and kv_dtype f16, so that nothing applies them twice:
+// what plan_analyzed() plans with, and an incremental planner's held options.
+PlanOptions with_kv_terms(const PlanOptions& options);
+
 }  // namespace treeattn

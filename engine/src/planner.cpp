@@ -457,11 +457,8 @@ void GreedyMemo::appended(const Tree& tree, const Topology& topo, const Visibili
 
 Plan plan_analyzed(const Tree& tree, const Topology& topo, Visibility& vis, const PlanOptions& options, ThreadPool* pool,
                    GreedyMemo* memo, PlanChoices* chosen, Plan* reuse, Visibility** lender) {
-  if (is_fp8(options.kv_dtype)) {  // the model's fp8 terms in place, once
-    PlanOptions fp8 = options;
-    fp8.cost = options.cost.for_kv(options.kv_dtype);
-    fp8.kv_dtype = DType::f16;
-    return plan_analyzed(tree, topo, vis, fp8, pool, memo, chosen, reuse, lender);
+  if (is_fp8(options.kv_dtype)) {
+    return plan_analyzed(tree, topo, vis, with_kv_terms(options), pool, memo, chosen, reuse, lender);
   }
   if (lender != nullptr) *lender = nullptr;
   if (options.block_tokens == kAutoBlockTokens) return plan_auto_block_size(tree, topo, vis, options, pool, chosen);
@@ -485,6 +482,13 @@ Plan plan_analyzed(const Tree& tree, const Topology& topo, Visibility& vis, cons
   return assemble(tree, topo, vis, options, nullptr, reuse, lend(vis, lender));
 }
 
+
+PlanOptions with_kv_terms(const PlanOptions& options) {
+  PlanOptions terms = options;
+  terms.cost = options.cost.for_kv(options.kv_dtype);
+  terms.kv_dtype = DType::f16;
+  return terms;
+}
 
 Plan plan(const Tree& tree, const PlanOptions& options) { return plan_on(tree, options, nullptr); }
 

@@ -135,9 +135,9 @@ class Context:
         its path, its own included, and tokens outside every window are not read
         (None or 0: none; negative: ValueError). A model alternating windowed and
         full layers plans twice per step. kv_dtype: how the attention calls hold K
-        and V ("fp8_e4m3", "fp8_e5m2" or a torch float8 dtype plan with the model's
-        fp8 terms; None or any other dtype: its plain ones); the plan runs with K
-        and V of any dtype."""
+        and V: "fp8_e4m3", "fp8_e5m2" or a torch float8 dtype plan with the model's
+        fp8 terms, None or a torch dtype of another kind with its plain ones (another
+        name: ValueError); the plan runs with K and V of any dtype."""
         plan = self._context.plan(tree, strategy, block_tokens, window, _kv_kind(kv_dtype))
         _plans[plan.handle] = plan
         return plan

@@ -176,8 +176,10 @@ const char* const kCostHelp =
     "layout unless its own is predicted this many times faster), merge_ns (the merge kernel's fixed cost, which only a "
     "plan without partials saves: greedy weighs one item per query against it), fanin_ns (per partial of the query "
     "with the most: the merge's chain of dependent loads), reorder_gain (a plan launches its blocks longest pass first "
-    "when the placement predicts that order this many times faster; 0: never), min_split_tokens, auto_block_min and "
-    "auto_block_max (the range --block-tokens auto tries). They choose each item's tile rows and the greedy strategy's groups";
+    "when the placement predicts that order this many times faster; 0: never), fp8_small_tile_factor and "
+    "fp8_solo_speedup (with --kv-dtype: tile_ns_small's factor, and the solo_speedup in place of the f16 one, 0 keeping "
+    "it), min_split_tokens, auto_block_min and auto_block_max (the range --block-tokens auto tries). They choose each "
+    "item's tile rows and the greedy strategy's groups";
 
 const char* const kPlanThreadsHelp =
     "Threads that time the block-size candidates of --block-tokens auto in parallel (0: one per hardware thread); "

@@ -253,7 +253,8 @@ TEST_CASE("fp8 K and V plan with the cost model's fp8 terms") {
     tree.add_query(b);
   }
   for (const Strategy strategy : {Strategy::flatten, Strategy::greedy}) {
-    CAPTURE(to_string(strategy));
+    const std::string strategy_name = to_string(strategy);
+    CAPTURE(strategy_name);
     PlanOptions f16;
     f16.strategy = strategy;
     PlanOptions as_fp8 = f16, by_terms = f16;
@@ -262,13 +263,33 @@ TEST_CASE("fp8 K and V plan with the cost model's fp8 terms") {
     const Plan planned = plan(tree, as_fp8);
     CHECK(test::plan_difference(planned, plan(tree, by_terms)) == "");
     CHECK(planned.block_tokens < plan(tree, f16).block_tokens);
-    IncrementalPlanner planner(tree.heads, as_fp8);
-    planner.add_node_range(0, kNoParent, 0, 16);
-    for (std::int64_t b = 1; b <= 50; ++b) planner.add_node_range(b, 0, 16 + (b - 1) * 1000, 1000);
+    // Decode steps: an fp8 planner's updates, those that hold the last layout
+    // included, are the updates of one planning with the terms in place.
+    IncrementalPlanner planner(tree.heads, as_fp8), with_terms(tree.heads, by_terms);
     std::vector<TreeQuery> queries;
-    for (std::int64_t b = 1; b <= 50; ++b) queries.push_back({b});
-    planner.set_queries(queries);
+    for (IncrementalPlanner* p : {&planner, &with_terms}) {
+      p->add_node_range(0, kNoParent, 0, 16);
+      for (std::int64_t b = 1; b <= 50; ++b) {
+        p->add_node_range(b, 0, 16 + (b - 1) * 1000, 1000);
+        if (p == &planner) queries.push_back({b});
+      }
+      p->set_queries(queries);
+    }
     CHECK(test::plan_difference(planner.update(), planned) == "");
+    CHECK(test::plan_difference(with_terms.update(), planned) == "");
+    // What the held paths plan with: the fp8 terms, once.
+    CHECK(planner.held_options().cost.to_string() == by_terms.cost.to_string());
+    CHECK(planner.held_options().kv_dtype == DType::f16);
+    std::int32_t held = 0;
+    for (std::int64_t step = 0; step < 300; ++step) {
+      for (IncrementalPlanner* p : {&planner, &with_terms}) {
+        for (std::int64_t b = 1; b <= 50; ++b) p->append_range(b, 50016 + step * 50 + b, 1);
+      }
+      const Plan& got = planner.update();
+      CHECK(test::plan_difference(got, with_terms.update()) == "");
+      held += planner.last_update().held_layout ? 1 : 0;
+    }
+    if (strategy == Strategy::flatten) CHECK(held > 0);  // flatten's blocks held over appends
   }
 }
 

@@ -157,7 +157,8 @@ class IncrementalPlanner {
   // The block size the plan was made with (auto's choice, or the option's).
   std::int32_t block_tokens() const noexcept;
   // The options as given, and with the cost model's choices filled in (what
-  // the plan is bitwise plan() of).
+  // the plan is bitwise plan() of), its terms for kv_dtype in place
+  // (CostModel::for_kv; kv_dtype then f16).
   const PlanOptions& options() const noexcept;
   const PlanOptions& held_options() const noexcept;
   const PlanUpdate& last_update() const noexcept;

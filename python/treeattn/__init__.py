@@ -82,10 +82,18 @@ def _current_stream(q):
 _TORCH_FP8 = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
 
+def _kv_kind(kv_dtype):
+    """A kv_dtype as the engine names it: None, "fp8_e4m3" / "fp8_e5m2", or a torch
+    dtype (float8 kinds map to those names, any other to None)."""
+    if kv_dtype is None or isinstance(kv_dtype, str):
+        return kv_dtype
+    return _TORCH_FP8.get(str(kv_dtype).removeprefix("torch."))
+
+
 def _fp8_bytes(k, v, kv_dtype):
     """K and V as the engine takes fp8: torch float8 tensors become uint8 views of
     their bytes (DLPack carries no fp8 there) with their kind as kv_dtype."""
-    kinds = {_TORCH_FP8.get(str(x.dtype).removeprefix("torch.")) for x in (k, v) if _namespace(x) == "torch"}
+    kinds = {_kv_kind(x.dtype) for x in (k, v) if _namespace(x) == "torch"}
     kinds.discard(None)
     if not kinds:
         return k, v, kv_dtype
@@ -93,17 +101,8 @@ def _fp8_bytes(k, v, kv_dtype):
         raise ValueError(f"k and v are fp8 of different kinds or not kv_dtype's: {k.dtype}, {v.dtype}, kv_dtype={kv_dtype!r}")
     import torch
 
-    as_bytes = [x.view(torch.uint8) if str(x.dtype).removeprefix("torch.") in _TORCH_FP8 else x for x in (k, v)]
+    as_bytes = [x.view(torch.uint8) if _kv_kind(x.dtype) is not None else x for x in (k, v)]
     return as_bytes[0], as_bytes[1], kinds.pop()
-
-
-def _kv_kind(kv_dtype):
-    """A plan's kv_dtype as the engine names it: None, "fp8_e4m3" / "fp8_e5m2",
-    or a torch dtype (float8 kinds map to those names, any other to None)."""
-    if kv_dtype is None or isinstance(kv_dtype, str):
-        return kv_dtype
-    name = str(kv_dtype).removeprefix("torch.")
-    return _TORCH_FP8.get(name)
 
 
 _contexts = weakref.WeakValueDictionary()  # handle -> Context, for the torch op

@@ -10,8 +10,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# -O1 with line tables, as the sanitizers' manuals advise: reports keep their
+# file:line stacks, and this script from scratch takes half its time at -O2 -g
+# (2-core build machine: 218 s against 437 s, tests included).
 configure() {  # folder, sanitizers, Vulkan backend (AUTO/OFF)
-  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTREEATTN_CUDA=OFF -DTREEATTN_VULKAN="$3" \
+  local optimize="-O1 -g1 -fno-omit-frame-pointer -DNDEBUG"
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$optimize" \
+        -DCMAKE_C_FLAGS_RELWITHDEBINFO="$optimize" -DTREEATTN_CUDA=OFF -DTREEATTN_VULKAN="$3" \
         -DTREEATTN_BUILD_CLI=OFF -DCMAKE_CXX_FLAGS="-fsanitize=$2" -DCMAKE_C_FLAGS="-fsanitize=$2" \
         -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=$2" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=$2" >/dev/null
 }

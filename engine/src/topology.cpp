@@ -28,6 +28,8 @@ std::string split_head_dims_text() {
   return fmt::format("{}", fmt::join(pairs, ", "));
 }
 
+}  // namespace
+
 void check_heads(const HeadConfig& h) {
   if (h.heads_q <= 0) fail(ErrorCategory::InvalidTree, "heads_q = {} must be positive", h.heads_q);
   if (h.heads_kv <= 0) fail(ErrorCategory::InvalidTree, "heads_kv = {} must be positive", h.heads_kv);
@@ -51,6 +53,8 @@ void check_heads(const HeadConfig& h) {
          h.scale);
   }
 }
+
+namespace {
 
 // Maps node ids to indices (one flat table); throws on a duplicate id and on
 // kNoParent as an id (no child could name that node as its parent).

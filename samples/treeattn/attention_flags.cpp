@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_support.hpp"
 #include "treeattn/error.hpp"
 #include "treeattn/npy.hpp"
 
@@ -10,7 +11,7 @@ namespace treeattn::cli {
 void AttentionFlags::add_to(CLI::App& sub, const char* kv_dtype_help) {
   sub.add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(CLI::IsMember({"fp8_e4m3", "fp8_e5m2"}));
   sub.add_option("--softcap", softcap, "Logit soft-cap: s = cap * tanh(s / cap) on the scaled scores (Gemma 2; 0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative());
   sub.add_option("--sinks", sinks_path,
                  "A .npy of one sink logit per query head ([heads_q] <f4): it joins each softmax's denominator and "
                  "the LSE, with no value (gpt-oss)")
@@ -27,7 +28,14 @@ PlanOptions AttentionFlags::planned_for(PlanOptions plan) const {
   return plan;
 }
 
-HostArray AttentionFlags::read_sinks() const { return sinks_path.empty() ? HostArray{} : read_npy(sinks_path); }
+HostArray AttentionFlags::read_sinks() const {
+  if (sinks_path.empty()) return HostArray{};
+  try {
+    return read_npy(sinks_path);
+  } catch (const Error& e) {  // the reader names the file; say which flag gave it and what it takes
+    throw Error(e.category(), fmt::format("--sinks takes one <f4 sink logit per query head: {}", e.what()));
+  }
+}
 
 AttentionOptions AttentionFlags::options(HostArray& sinks) const {
   AttentionOptions o;

@@ -90,11 +90,11 @@ void BackendFlags::add_to(CLI::App& sub) {
     }
   });
   sub.add_option("--threads", options.threads, "CPU backend threads (0: one per hardware thread)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative());
   sub.add_option("--device", options.device,
                  "GPU index: CUDA device (default 0), or Vulkan device (`treeattn devices` lists them; default: "
                  "$TREEATTN_VK_DEVICE, else the first discrete GPU)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative());
   sub.add_option("--vk-variant", options.vk_variant,
                  "Vulkan stage-1 shaders: auto (cooperative matrices where the device has them), scalar, coopmat "
                  "(softmax in registers where the matrices keep mma's fragment layout, probed; else through shared "
@@ -122,9 +122,9 @@ void PlanFlags::add_to(CLI::App& sub) {
   sub.add_option("--query-tile", query_tile, "Max queries per work item (bits of a segment mask)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  sub.add_option("--window", window, kWindowHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub.add_option("--window", window, kWindowHelp)->check(nonnegative())->capture_default_str();
   sub.add_option("--cost", cost, kCostHelp);
-  sub.add_option("--plan-threads", plan_threads, kPlanThreadsHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub.add_option("--plan-threads", plan_threads, kPlanThreadsHelp)->check(nonnegative())->capture_default_str();
 }
 
 std::int32_t parse_block_tokens(const std::string& text) {
@@ -142,6 +142,24 @@ std::int32_t parse_block_tokens(const std::string& text) {
   }
   return std::int32_t(value);
 }
+
+namespace {
+
+CLI::Validator at_least_zero(bool zero_allowed, const char* name) {
+  return CLI::Validator(
+      [zero_allowed](std::string& text) {
+        double value = 0.0;
+        if (!CLI::detail::lexical_cast(text, value)) return "Value " + text + " is not a number";
+        if (zero_allowed ? value >= 0.0 : value > 0.0) return std::string();
+        return "Value " + text + (zero_allowed ? " must be 0 or more" : " must be more than 0");
+      },
+      name);
+}
+
+}  // namespace
+
+CLI::Validator nonnegative() { return at_least_zero(true, "NONNEGATIVE"); }
+CLI::Validator positive() { return at_least_zero(false, "POSITIVE"); }
 
 CLI::Validator block_tokens_validator() {
   return CLI::Validator(

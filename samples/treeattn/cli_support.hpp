@@ -71,6 +71,12 @@ struct BackendFlags {
   std::string bad_vk_device;  // TREEATTN_VK_DEVICE's text when it is not a device index
 };
 
+// Numbers of 0 or more (NONNEGATIVE in the help) and more than 0 (POSITIVE):
+// CLI11's NonNegativeNumber and PositiveNumber would print their upper bound,
+// DBL_MAX, in 309 digits.
+CLI::Validator nonnegative();
+CLI::Validator positive();
+
 // --block-tokens: a count in [1, 65536], or "auto" (kAutoBlockTokens); throws
 // InvalidArgument naming the text. The validator is the same check for CLI11.
 std::int32_t parse_block_tokens(const std::string& text);

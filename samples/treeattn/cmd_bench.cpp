@@ -97,6 +97,7 @@ std::vector<Workload> make_workloads(const BenchOptions& o) {
       throw Error(ErrorCategory::InvalidArgument,
                   fmt::format("--heads '{}' is not HQ/HKV/D or HQ/HKV/D/DV, e.g. 16/1/128 or 128/128/192/128", h));
     }
+    check_heads(shape.heads);  // before any row runs
     shapes.push_back(shape);
   }
   std::vector<Workload> workloads;
@@ -367,9 +368,9 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--cost", o->costs,
                   std::string(kCostHelp) + ". Give --cost several times to sweep: every strategy runs once per model");
-  sub->add_option("--window", o->window, kWindowHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--window", o->window, kWindowHelp)->check(nonnegative())->capture_default_str();
   sub->add_option("--repeat", o->repeat, "Plan repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
-  sub->add_option("--plan-threads", o->plan_threads, kPlanThreadsHelp)->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--plan-threads", o->plan_threads, kPlanThreadsHelp)->check(nonnegative())->capture_default_str();
   sub->add_flag("--bitwise-updates", o->bitwise_updates, kBitwiseUpdatesHelp);
   sub->add_option("--run-repeat", o->run_repeat, "Run repetitions")->check(CLI::Range(1, 100000))->capture_default_str();
   sub->add_option("--layers", o->layers, "Back-to-back calls per run (a model's layers)")->check(CLI::Range(1, 1000))->capture_default_str();
@@ -399,7 +400,7 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--peak-gbps", o->peak_gbps,
                   "Roofline bandwidth in GB/s (default: the backend's: the device's HBM peak, or the measured host "
                   "read bandwidth for the CPU)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative());
   sub->add_option("--json", o->json, "Also write the rows as JSON to this file");
   o->workloads.add_to(*sub);
   return {sub, [o] { run_bench(*o); }};

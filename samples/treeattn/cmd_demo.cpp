@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_support.hpp"
 #include "commands.hpp"
 #include "demo_dry_replay.hpp"
 #include "demo_loop.hpp"
@@ -57,7 +58,7 @@ Command add_demo_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--model", o->model, "Model head shape")->check(CLI::IsMember(model_names()))->capture_default_str();
   sub->add_option("--layers", o->layers, "Attention layers per step (0: the model's)")->check(CLI::Range(0, 1000))->capture_default_str();
-  sub->add_option("--steps", o->steps, "Decode steps to run (0: the whole workload)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--steps", o->steps, "Decode steps to run (0: the whole workload)")->check(nonnegative())->capture_default_str();
   o->plan.add_to(*sub);
   sub->add_option("--backend", o->backend, "auto picks CUDA, then Vulkan, then the CPU")
       ->check(CLI::IsMember(backend_names()))
@@ -68,23 +69,23 @@ Command add_demo_command(CLI::App& app) {
                 "Say on stderr which device each backend runs, and its kernels: variant, registers, occupancy");
   sub->add_option("--page-size", o->page_size, "Tokens per KV cache page")->check(CLI::Range(1, 4096))->capture_default_str();
   sub->add_option("--svg", o->svg, "Draw the tree and its plan at --svg-step as SVG");
-  sub->add_option("--svg-step", o->svg_step, "Step to draw (0: the last)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--svg-step", o->svg_step, "Step to draw (0: the last)")->check(nonnegative());
   sub->add_option("--dump-step", o->dump_step, "Write this step's tree.json, q/k/v.npy and layer-0 o/lse.npy")
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative());
   sub->add_option("--dump-dir", o->dump_dir, "Existing directory for --dump-step")->check(CLI::ExistingDirectory);
   sub->add_option("--json", o->json, "Also write the summary as JSON");
   sub->add_option("--check-every", o->check_every,
                   "Soak: every Nth step, layer 0's O and LSE must equal the CPU backend's run of the step within "
                   "--check-tolerance, else the demo fails naming the step; host and device memory are sampled there")
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative());
   sub->add_option("--check-tolerance", o->check_tolerance, "Soak: largest absolute error allowed on O and LSE")
-      ->check(CLI::NonNegativeNumber)
+      ->check(nonnegative())
       ->capture_default_str();
   sub->add_flag("--bitwise-updates", o->bitwise_updates,
                 std::string(kBitwiseUpdatesHelp) + "; a --dump-step is then reproduced bit for bit by treeattn run");
   o->workloads.add_to(*sub);
   sub->add_option("--live-tokens", o->workloads.serving.live_tokens, "serving: most tokens live at once (bounds the KV pool)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   sub->add_option("--requests", o->workloads.serving.requests, "serving: most requests at once")
       ->check(CLI::Range(1, 100000))

@@ -173,7 +173,7 @@ Command add_plan_command(CLI::App& app) {
   o->backend_flags.add_to(*sub);
   sub->add_flag("--json", o->json, "Print the whole plan as JSON instead of the summary");
   sub->add_option("--svg", o->svg, "Also draw the plan over the tree as SVG (KV coloured by the block that reads it)");
-  sub->add_option("--items", o->items, "Work items listed in the summary")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--items", o->items, "Work items listed in the summary")->check(nonnegative())->capture_default_str();
   return {sub, [o] { run_plan(*o); }};
 }
 

@@ -52,7 +52,7 @@ Command add_random_inputs_command(CLI::App& app) {
   sub->add_option("--dtype", o->dtype, "Element type")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
   sub->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   sub->add_option("--amplitude", o->amplitude, "Values are uniform in [-amplitude, amplitude]")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   return {sub, [o] { run_random_inputs(*o); }};
 }

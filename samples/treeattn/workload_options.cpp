@@ -10,6 +10,7 @@
 #include <windows.h>
 #endif
 
+#include "cli_support.hpp"
 #include "treeattn/error.hpp"
 
 namespace treeattn::cli {
@@ -80,15 +81,15 @@ const std::vector<std::string>& workload_kinds() {
 void WorkloadOptions::add_to(CLI::App& sub) {
   sub.add_option("--workloads-dir", workloads_dir, "DeFT workload files (speculative/*.json, reasoning/*.json); default: $TREEATTN_WORKLOADS_DIR, else share/treeattn/workloads/deft beside the executable")
       ->capture_default_str();
-  sub.add_option("--prompt", prompt, "fewshot: prompt tokens")->check(CLI::PositiveNumber)->capture_default_str();
-  sub.add_option("--branches", branches, "fewshot: branches (comma-separated)")->delimiter(',')->check(CLI::PositiveNumber)->capture_default_str();
-  sub.add_option("--generated", generated, "fewshot: tokens each branch decodes")->check(CLI::PositiveNumber)->capture_default_str();
+  sub.add_option("--prompt", prompt, "fewshot: prompt tokens")->check(positive())->capture_default_str();
+  sub.add_option("--branches", branches, "fewshot: branches (comma-separated)")->delimiter(',')->check(positive())->capture_default_str();
+  sub.add_option("--generated", generated, "fewshot: tokens each branch decodes")->check(positive())->capture_default_str();
   sub.add_option("--tree-size", tree_sizes, "speculative: Medusa token-tree sizes")
       ->delimiter(',')
       ->check(CLI::IsMember({32, 64, 128, 256}))
       ->capture_default_str();
   sub.add_option("--spec-record", spec_record, "speculative: record (prompt) of the workload file")->capture_default_str();
-  sub.add_option("--spec-step", spec_step, "speculative: snapshot after this many decode steps")->check(CLI::PositiveNumber)->capture_default_str();
+  sub.add_option("--spec-step", spec_step, "speculative: snapshot after this many decode steps")->check(positive())->capture_default_str();
   sub.add_option("--reasoning", reasoning, "reasoning: files of reasoning/ without .json")
       ->delimiter(',')
       ->check(CLI::IsMember({"sorting128ToT", "keywordToT", "docmergeToT"}))
@@ -98,7 +99,7 @@ void WorkloadOptions::add_to(CLI::App& sub) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   sub.add_option("--reasoning-step", reasoning_step, "reasoning: snapshot at this iteration instead (0: use --reasoning-at)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(nonnegative())
       ->capture_default_str();
   sub.add_option("--levels", levels, "levels: FastTree shapes NODES:CONTEXT per level, e.g. 1,4,16,512:1024,256,128,32")
       ->capture_default_str();

@@ -132,7 +132,7 @@ TEST_CASE("--window on run, bench and demo plans sliding windows; a negative one
   CHECK(read_npy(dir / "o_whole.npy").bytes != o.bytes);  // the window reached the plan
   r = cli("run --tree " + kExample + inputs + " --out " + (dir / "o.npy") + " --window -1", true);
   CHECK(r.status != 0);
-  CHECK(r.output.find("--window") != std::string::npos);
+  CHECK(r.output.find("--window: Value -1 must be 0 or more") != std::string::npos);
 
   const std::string workload = "--workload fewshot --prompt 2000 --branches 8 --generated 16 --strategy flatten --repeat 1 --backend none";
   const nlohmann::json whole = bench(workload).rows, window = bench(workload + " --window 256").rows;
@@ -196,6 +196,13 @@ TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") 
     "queries": [{"node": 7}]})");
   expect_failure("run --tree " + (dir / "far.json") + inputs + " --out " + out,
                  "node 7 (nodes[1]): slots[1] = 5000 is out of range for a KV pool of 694 slots");
+
+  write_file(dir / "dim80.json", R"({"heads_q": 8, "heads_kv": 2, "head_dim": 80,
+    "nodes": [{"id": 0, "parent": -1, "slot_range": [0, 600]}], "queries": [{"node": 0}]})");
+  expect_failure("run --tree " + (dir / "dim80.json") + inputs + " --out " + out,
+                 "head_dim = 80 is not supported (supported: 64, 96, 128, 256; or head_dim 192 with head_dim_v 128)");
+  expect_failure("bench --backend none --workload fewshot --branches 2 --heads 32/8/80",
+                 "head_dim = 80 is not supported (supported: 64, 96, 128, 256; or head_dim 192 with head_dim_v 128)");
 
   write_file(dir / "bad.json", "{\"heads_q\": 8,");
   expect_failure("run --tree " + (dir / "bad.json") + inputs + " --out " + out, "malformed JSON");
@@ -728,7 +735,27 @@ TEST_CASE("--kv-dtype, --softcap and --sinks: demo's step equals `run` with them
   r = cli(run + " --kv-dtype fp8_e4m3 --sinks " + (dir / "short.npy"), true);
   CHECK(r.status == 1);
   CHECK(r.output.find("sinks is [3] f32, expected [32] (heads_q)") != std::string::npos);
-  CHECK(cli(run + " --softcap -1", true).status != 0);
+  write_npy(dir / "sinks16.npy", HostArray(DType::f16, {32}).view());
+  r = cli(run + " --kv-dtype fp8_e4m3 --sinks " + (dir / "sinks16.npy"), true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("sinks must be f32, got f16") != std::string::npos);
+  // numpy's default float64, which the .npy reader refuses: the message names the flag.
+  std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (32,), }";
+  header.resize(0x76 - 1, ' ');  // 10 + 0x76 bytes before the data: a multiple of 64
+  write_file(dir / "sinks64.npy", std::string("\x93NUMPY\x01\x00\x76\x00", 10) + header + "\n" + std::string(32 * 8, '\0'));
+  r = cli(run + " --kv-dtype fp8_e4m3 --sinks " + (dir / "sinks64.npy"), true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("--sinks takes one <f4 sink logit per query head: ") != std::string::npos);
+  CHECK(r.output.find("sinks64.npy: dtype '<f8' is not supported") != std::string::npos);
+  // An fp8 K file with an f16 V file: the V file is named.
+  r = cli("run --backend cpu --tree " + (dir / "tree.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") +
+              " --v " + (dir / "v16.npy") + " --out " + (dir / "o_mixed.npy") + " --kv-dtype fp8_e4m3",
+          true);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("v16.npy: --kv-dtype fp8_e4m3 needs fp8 codes ('|u1'), the file holds f16") != std::string::npos);
+  r = cli(run + " --softcap -1", true);
+  CHECK(r.status != 0);
+  CHECK(r.output.find("--softcap: Value -1 must be 0 or more") != std::string::npos);
 }
 
 TEST_CASE("bench --kv-dtype fp8: rows say so and count one byte per K and V element") {

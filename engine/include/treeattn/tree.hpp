@@ -42,6 +42,11 @@ struct HeadConfig {
 // "32/8/128 scale 0.0883883" ("32/8/192 v 128 scale ..." with another V dim), for messages.
 std::string describe(const HeadConfig& heads);
 
+// What plan() checks of a tree's heads, for a caller that takes them before it
+// builds a tree: throws an InvalidTree Error naming the first bad field (a
+// count, head dims without kernels, the scale).
+void check_heads(const HeadConfig& heads);
+
 inline constexpr std::int64_t kNoParent = -1;
 inline constexpr std::int64_t kWholeNode = -1;  // a query without `upto`
 

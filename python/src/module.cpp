@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,9 +31,19 @@ namespace {
 // strided and whose other dimensions are dense, as the engine does.
 using Array = nb::ndarray<>;
 
+// A DLPack dtype as numpy names it: float64, int32, bfloat16, bool.
+std::string dlpack_name(nb::dlpack::dtype t) {
+  static constexpr const char* kCodes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  if (t.code >= std::size(kCodes)) return "DLPack code " + std::to_string(t.code) + " of " + std::to_string(t.bits) + " bits";
+  if (t.code == std::uint8_t(nb::dlpack::dtype_code::Bool)) return "bool";
+  return kCodes[t.code] + std::to_string(t.bits);
+}
+
 // `bytes_as`: what uint8 elements hold (fp8 K and V: the package passes
 // torch's float8 tensors as uint8 views, numpy has no fp8), or nothing.
-DType dtype_of(const Array& a, const char* name, std::optional<DType> bytes_as) {
+// `takes`: the dtypes the argument takes, for the error (the engine checks
+// which of f16, bf16 and f32 fit the call).
+DType dtype_of(const Array& a, const char* name, std::optional<DType> bytes_as, const char* takes) {
   const nb::dlpack::dtype t = a.dtype();
   if (t == nb::dtype<float>()) return DType::f32;
   if (t.code == std::uint8_t(nb::dlpack::dtype_code::Float) && t.bits == 16) return DType::f16;
@@ -42,15 +53,15 @@ DType dtype_of(const Array& a, const char* name, std::optional<DType> bytes_as) 
     throw Error(ErrorCategory::InvalidArgument,
                 std::string(name) + ": uint8 elements are fp8 bytes only with kv_dtype='fp8_e4m3' or 'fp8_e5m2'");
   }
-  throw Error(ErrorCategory::InvalidArgument,
-              std::string(name) + ": dtype must be float16, bfloat16 or float32" + (bytes_as ? ", or uint8 fp8 bytes" : "") +
-                  " (DLPack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits)");
+  throw Error(ErrorCategory::InvalidArgument, std::string(name) + ": dtype must be " + takes +
+                                                  (bytes_as ? ", or uint8 fp8 bytes" : "") + ", got " + dlpack_name(t));
 }
 
-TensorRef tensor_of(const Array& a, const char* name, std::optional<DType> bytes_as = std::nullopt) {
+TensorRef tensor_of(const Array& a, const char* name, std::optional<DType> bytes_as = std::nullopt,
+                    const char* takes = "float16, bfloat16 or float32") {
   TensorRef t;
   t.data = a.data();
-  t.dtype = dtype_of(a, name, bytes_as);
+  t.dtype = dtype_of(a, name, bytes_as, takes);
   for (std::size_t d = 0; d < a.ndim(); ++d) t.shape.push_back(std::int64_t(a.shape(d)));
   std::int64_t dense = 1;  // elements of one row: each inner dimension must follow the next densely
   for (std::size_t d = a.ndim(); d-- > 1;) {
@@ -121,7 +132,7 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
                                          std::tuple{"k_scales", &variants.k_scales, &args.options.k_scales},
                                          std::tuple{"v_scales", &variants.v_scales, &args.options.v_scales}}) {
     if (!*given) continue;
-    *ref = tensor_of(**given, name);
+    *ref = tensor_of(**given, name, std::nullopt, "float32");
     if ((*given)->device_type() != device) {
       throw Error(ErrorCategory::InvalidArgument, std::string(name) + " must be on q's device (DLPack device types differ)");
     }

@@ -93,16 +93,16 @@ def _kv_kind(kv_dtype):
 def _fp8_bytes(k, v, kv_dtype):
     """K and V as the engine takes fp8: torch float8 tensors become uint8 views of
     their bytes (DLPack carries no fp8 there) with their kind as kv_dtype."""
-    kinds = {_kv_kind(x.dtype) for x in (k, v) if _namespace(x) == "torch"}
-    kinds.discard(None)
-    if not kinds:
+    kinds = [_kv_kind(x.dtype) if _namespace(x) == "torch" else None for x in (k, v)]
+    if kinds == [None, None]:
         return k, v, kv_dtype
-    if len(kinds) > 1 or (kv_dtype is not None and kv_dtype not in kinds):
-        raise ValueError(f"k and v are fp8 of different kinds or not kv_dtype's: {k.dtype}, {v.dtype}, kv_dtype={kv_dtype!r}")
+    if kinds[0] != kinds[1]:
+        raise ValueError(f"k and v must both be fp8 of one kind, got k {k.dtype} and v {v.dtype}")
+    if kv_dtype is not None and _kv_kind(kv_dtype) != kinds[0]:
+        raise ValueError(f"k and v are {k.dtype}, but kv_dtype={kv_dtype!r}")
     import torch
 
-    as_bytes = [x.view(torch.uint8) if _kv_kind(x.dtype) is not None else x for x in (k, v)]
-    return as_bytes[0], as_bytes[1], kinds.pop()
+    return k.view(torch.uint8), v.view(torch.uint8), kinds[0]
 
 
 _contexts = weakref.WeakValueDictionary()  # handle -> Context, for the torch op

@@ -152,7 +152,7 @@ def test_errors_name_the_node_the_tensor_and_the_choice(rng):
         ctx.attention(plan, q[:2], k, v)
     with pytest.raises(ValueError, match="K has 300 slots but the tree reads slot 342"):
         ctx.attention(plan, q, k[:300], v[:300])
-    with pytest.raises(ValueError, match="dtype must be float16, bfloat16 or float32"):
+    with pytest.raises(ValueError, match="q: dtype must be float16, bfloat16 or float32, got int32"):
         ctx.attention(plan, q.astype(np.int32), k, v, out=np.zeros(q.shape, np.float32))
     with pytest.raises(ValueError, match="unknown strategy 'fast'"):
         ctx.plan(good, strategy="fast")

@@ -116,8 +116,22 @@ def test_bad_options_are_named(rng):
         ctx.attention(plan, q, k, k, logit_softcap=-1)
     with pytest.raises(ValueError, match="k_scale dequantizes fp8 K and V; K and V are f16"):
         ctx.attention(plan, q, k, k, k_scale=0.5)
+    with pytest.raises(ValueError, match="sinks: dtype must be float32, got float64"):
+        ctx.attention(plan, q, k, k, sinks=np.zeros(HQ))
     with pytest.raises(ValueError, match=r"k_scales is \[3\] f32, expected \[2\] \(heads_kv\)"):
         ctx.attention(plan, q, k8, k8, kv_dtype="fp8_e5m2", k_scales=np.ones(3, np.float32))
+    with pytest.raises(ValueError, match=r"v_scales is \[1\] f32, expected \[2\] \(heads_kv\)"):
+        ctx.attention(plan, q, k8, k8, kv_dtype="fp8_e5m2", v_scales=np.ones(1, np.float32))
+    with pytest.raises(ValueError, match="k_scales must be f32, got f16"):
+        ctx.attention(plan, q, k8, k8, kv_dtype="fp8_e5m2", k_scales=np.ones(HKV, np.float16))
+    with pytest.raises(ValueError, match=r"v_scales: dtype must be float32, got int64"):
+        ctx.attention(plan, q, k8, k8, kv_dtype="fp8_e5m2", v_scales=np.ones(HKV, np.int64))
+    with pytest.raises(ValueError, match=r"head_dim = 80 is not supported \(supported: 64, 96, 128, 256; or head_dim 192 "
+                                         r"with head_dim_v 128\)"):
+        bad = treeattn.Tree(HQ, HKV, 80)
+        bad.add_node_range(0, -1, 0, 4)
+        bad.add_query(0)
+        ctx.plan(bad)
     with pytest.raises(ValueError, match="head_dim = 192 with head_dim_v = 64 is not supported"):
         bad = treeattn.Tree(HQ, HKV, 192, head_dim_v=64)
         bad.add_node_range(0, -1, 0, 4)
@@ -138,6 +152,14 @@ def test_torch_float8_tensors(rng):
         want_o, want_lse = reference_attention(q.numpy(), k.float().numpy() * 0.125, v.float().numpy() * 0.25, paths, 1 / 8)
         assert np.abs(o.double().numpy() - want_o).max() <= 2e-3, kind
         assert np.abs(lse.numpy() - want_lse).max() <= 2e-3, kind
+    plan = ctx.plan(tree)
+    f16 = torch.zeros(110, HKV, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="k and v must both be fp8 of one kind, got k torch.float8_e4m3fn and v torch.float16"):
+        ctx.attention(plan, q, f16.to(torch.float8_e4m3fn), f16)
+    with pytest.raises(ValueError, match="k and v must both be fp8 of one kind, got k torch.float16 and v torch.float8_e5m2"):
+        ctx.attention(plan, q, f16, v)
+    with pytest.raises(ValueError, match="k and v are torch.float8_e5m2, but kv_dtype='fp8_e4m3'"):
+        ctx.attention(plan, q, k, v, kv_dtype="fp8_e4m3")
 
 
 def decode_tree(requests=50, tokens=1000):

@@ -218,8 +218,22 @@ static void test_variants(treeattn_context* context, const treeattn_plan* plan, 
   options.sinks = &short_sinks;
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
               "sinks is [3] f32, expected [4] (heads_q)");
-  const treeattn_tensor no_data = tensor(NULL, TREEATTN_DTYPE_F32, 1, HKV, 0, 0);
+  const treeattn_tensor f16_sinks = tensor(sinks, TREEATTN_DTYPE_F16, 1, HQ, 0, 0);
+  options.sinks = &f16_sinks;
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "sinks must be f32, got f16");
+  const treeattn_tensor short_scales = tensor(k_scales, TREEATTN_DTYPE_F32, 1, HKV - 1, 0, 0);
   options.sinks = NULL;
+  options.k_scales = &short_scales;
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "k_scales is [1] f32, expected [2] (heads_kv)");
+  const treeattn_tensor f16_scales = tensor(v_scales, TREEATTN_DTYPE_F16, 1, HKV, 0, 0);
+  options.k_scales = &tk_scales;
+  options.v_scales = &f16_scales;
+  CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
+              "v_scales must be f32, got f16");
+  options.v_scales = &tv_scales;
+  const treeattn_tensor no_data = tensor(NULL, TREEATTN_DTYPE_F32, 1, HKV, 0, 0);
   options.k_scales = &no_data;
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
               "k_scales has no data (pass NULL for none)");
@@ -228,9 +242,10 @@ static void test_variants(treeattn_context* context, const treeattn_plan* plan, 
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &tv, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
               "logit_softcap = -1 must be finite and not negative");
   options.logit_softcap = 0.0f;
-  const treeattn_tensor f16_v = tensor(v8, TREEATTN_DTYPE_F16, 3, SLOTS / 2, HKV, D);
+  static uint16_t v16[SLOTS * HKV * D];
+  const treeattn_tensor f16_v = tensor(v16, TREEATTN_DTYPE_F16, 3, SLOTS, HKV, D);
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &f16_v, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
-              "V is [32, 2, 64] f16");
+              "K and V must both be fp8 of one kind, got K fp8_e4m3 and V f16");
   const treeattn_tensor e5m2_v = tensor(v8, TREEATTN_DTYPE_FP8_E5M2, 3, SLOTS, HKV, D);
   CHECK_FAILS(treeattn_run_with(context, plan, tq, &tk, &e5m2_v, to, NULL, &options), TREEATTN_ERROR_INVALID_ARGUMENT,
               "K and V must both be fp8 of one kind, got K fp8_e4m3 and V fp8_e5m2");
@@ -242,6 +257,18 @@ static void test_variants(treeattn_context* context, const treeattn_plan* plan, 
 }
 
 /* A tree of 192-column Q and K and 128-column V and O (treeattn_tree_create_with). */
+/* A tree of one node and query with these heads: created, then refused by
+ * treeattn_plan_create with `needle` (the head dims are checked when planned). */
+static void expect_plan_refuses_heads(treeattn_context* context, const treeattn_tree_options* options, const char* needle) {
+  treeattn_tree* tree = NULL;
+  treeattn_plan* plan = NULL;
+  CHECK(treeattn_tree_create_with(options, &tree) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_node_range(tree, 1, -1, 0, 10) == TREEATTN_OK);
+  CHECK(treeattn_tree_add_query(tree, 1, -1) == TREEATTN_OK);
+  CHECK_FAILS(treeattn_plan_create(context, tree, NULL, &plan), TREEATTN_ERROR_INVALID_TREE, needle);
+  treeattn_tree_destroy(tree);
+}
+
 static void test_head_dim_v(treeattn_context* context) {
   enum { DQK = 192, DV = 128 };
   static uint16_t q[3 * HQ * DQK], k[SLOTS * HKV * DQK], v[SLOTS * HKV * DV];
@@ -279,12 +306,11 @@ static void test_head_dim_v(treeattn_context* context) {
   tree_options.head_dim_v = -2;
   CHECK_FAILS(treeattn_tree_create_with(&tree_options, &bad), TREEATTN_ERROR_INVALID_TREE, "head_dim_v -2 must be positive");
   tree_options.head_dim_v = 64;
-  CHECK(treeattn_tree_create_with(&tree_options, &bad) == TREEATTN_OK);
-  CHECK(treeattn_tree_add_node_range(bad, 1, -1, 0, 10) == TREEATTN_OK);
-  CHECK(treeattn_tree_add_query(bad, 1, -1) == TREEATTN_OK);
-  CHECK_FAILS(treeattn_plan_create(context, bad, NULL, &plan), TREEATTN_ERROR_INVALID_TREE,
-              "head_dim = 192 with head_dim_v = 64 is not supported");
-  treeattn_tree_destroy(bad);
+  expect_plan_refuses_heads(context, &tree_options, "head_dim = 192 with head_dim_v = 64 is not supported");
+  tree_options.head_dim = 80;
+  tree_options.head_dim_v = 0;
+  expect_plan_refuses_heads(context, &tree_options,
+                            "head_dim = 80 is not supported (supported: 64, 96, 128, 256; or head_dim 192 with head_dim_v 128)");
   CHECK_FAILS(treeattn_tree_create_with(NULL, &bad), TREEATTN_ERROR_INVALID_ARGUMENT, "options is NULL");
 }
 

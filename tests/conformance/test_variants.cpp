@@ -165,6 +165,15 @@ TEST_CASE("variants: options and dtypes that do not fit the call are rejected by
   AttentionOptions scales_short;
   scales_short.v_scales = wrong_length.view();
   expect_refused(with(scales_short, k8.view(), k8.view()), "v_scales is [3] f32, expected [2] (heads_kv)");
+  AttentionOptions k_scales_short;
+  k_scales_short.k_scales = wrong_length.view();
+  expect_refused(with(k_scales_short, k8.view(), k8.view()), "k_scales is [3] f32, expected [2] (heads_kv)");
+  HostArray f16_scales(DType::f16, {2});
+  AttentionOptions k_scales_f16, v_scales_f16;
+  k_scales_f16.k_scales = f16_scales.view();
+  v_scales_f16.v_scales = f16_scales.view();
+  expect_refused(with(k_scales_f16, k8.view(), k8.view()), "k_scales must be f32, got f16");
+  expect_refused(with(v_scales_f16, k8.view(), k8.view()), "v_scales must be f32, got f16");
   AttentionOptions both;
   both.k_scale = 2.0f;
   both.k_scales = heads_kv.view();

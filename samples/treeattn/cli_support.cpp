@@ -1,5 +1,6 @@
 #include "cli_support.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -150,6 +151,7 @@ CLI::Validator at_least_zero(bool zero_allowed, const char* name) {
       [zero_allowed](std::string& text) {
         double value = 0.0;
         if (!CLI::detail::lexical_cast(text, value)) return "Value " + text + " is not a number";
+        if (!std::isfinite(value)) return "Value " + text + " must be finite";
         if (zero_allowed ? value >= 0.0 : value > 0.0) return std::string();
         return "Value " + text + (zero_allowed ? " must be 0 or more" : " must be more than 0");
       },

@@ -97,7 +97,11 @@ std::vector<Workload> make_workloads(const BenchOptions& o) {
       throw Error(ErrorCategory::InvalidArgument,
                   fmt::format("--heads '{}' is not HQ/HKV/D or HQ/HKV/D/DV, e.g. 16/1/128 or 128/128/192/128", h));
     }
-    check_heads(shape.heads);  // before any row runs
+    try {
+      check_heads(shape.heads);  // before any row runs
+    } catch (const Error& e) {
+      throw Error(e.category(), fmt::format("--heads '{}': {}", h, e.what()));
+    }
     shapes.push_back(shape);
   }
   std::vector<Workload> workloads;

@@ -202,7 +202,9 @@ TEST_CASE("errors: exit 1, one line naming the problem, no output left behind") 
   expect_failure("run --tree " + (dir / "dim80.json") + inputs + " --out " + out,
                  "head_dim = 80 is not supported (supported: 64, 96, 128, 256; or head_dim 192 with head_dim_v 128)");
   expect_failure("bench --backend none --workload fewshot --branches 2 --heads 32/8/80",
-                 "head_dim = 80 is not supported (supported: 64, 96, 128, 256; or head_dim 192 with head_dim_v 128)");
+                 "--heads '32/8/80': head_dim = 80 is not supported (supported: 64, 96, 128, 256; or head_dim 192 with head_dim_v 128)");
+  expect_failure("random-inputs --tree " + kExample + " --out-dir " + dir.path + " --amplitude inf",
+                 "--amplitude: Value inf must be finite");
 
   write_file(dir / "bad.json", "{\"heads_q\": 8,");
   expect_failure("run --tree " + (dir / "bad.json") + inputs + " --out " + out, "malformed JSON");

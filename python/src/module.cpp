@@ -39,29 +39,24 @@ std::string dlpack_name(nb::dlpack::dtype t) {
   return kCodes[t.code] + std::to_string(t.bits);
 }
 
-// `bytes_as`: what uint8 elements hold (fp8 K and V: the package passes
-// torch's float8 tensors as uint8 views, numpy has no fp8), or nothing.
 // `takes`: the dtypes the argument takes, for the error (the engine checks
-// which of f16, bf16 and f32 fit the call).
-DType dtype_of(const Array& a, const char* name, std::optional<DType> bytes_as, const char* takes) {
+// which of f16, bf16 and f32 fit the call). `bytes_as`: what uint8 elements
+// hold (fp8 K and V: the package passes torch's float8 tensors as uint8 views,
+// numpy has no fp8), or nothing.
+DType dtype_of(const Array& a, const char* name, const char* takes, std::optional<DType> bytes_as) {
   const nb::dlpack::dtype t = a.dtype();
   if (t == nb::dtype<float>()) return DType::f32;
   if (t.code == std::uint8_t(nb::dlpack::dtype_code::Float) && t.bits == 16) return DType::f16;
   if (t.code == std::uint8_t(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) return DType::bf16;
-  if (t == nb::dtype<std::uint8_t>()) {
-    if (bytes_as) return *bytes_as;
-    throw Error(ErrorCategory::InvalidArgument,
-                std::string(name) + ": uint8 elements are fp8 bytes only with kv_dtype='fp8_e4m3' or 'fp8_e5m2'");
-  }
-  throw Error(ErrorCategory::InvalidArgument, std::string(name) + ": dtype must be " + takes +
-                                                  (bytes_as ? ", or uint8 fp8 bytes" : "") + ", got " + dlpack_name(t));
+  if (t == nb::dtype<std::uint8_t>() && bytes_as) return *bytes_as;
+  throw Error(ErrorCategory::InvalidArgument, std::string(name) + ": dtype must be " + takes + ", got " + dlpack_name(t));
 }
 
-TensorRef tensor_of(const Array& a, const char* name, std::optional<DType> bytes_as = std::nullopt,
-                    const char* takes = "float16, bfloat16 or float32") {
+TensorRef tensor_of(const Array& a, const char* name, const char* takes = "float16, bfloat16 or float32",
+                    std::optional<DType> bytes_as = std::nullopt) {
   TensorRef t;
   t.data = a.data();
-  t.dtype = dtype_of(a, name, bytes_as, takes);
+  t.dtype = dtype_of(a, name, takes, bytes_as);
   for (std::size_t d = 0; d < a.ndim(); ++d) t.shape.push_back(std::int64_t(a.shape(d)));
   std::int64_t dense = 1;  // elements of one row: each inner dimension must follow the next densely
   for (std::size_t d = a.ndim(); d-- > 1;) {
@@ -80,6 +75,15 @@ TensorRef tensor_of(const Array& a, const char* name, std::optional<DType> bytes
     t.row_stride = a.stride(0);
   }
   return t;
+}
+
+// K or V: f16, bf16 or f32, or uint8 fp8 bytes of kv_dtype's kind.
+TensorRef kv_tensor_of(const Array& a, const char* name, std::optional<DType> kv_dtype) {
+  if (a.dtype() == nb::dtype<std::uint8_t>() && !kv_dtype) {
+    throw Error(ErrorCategory::InvalidArgument,
+                std::string(name) + ": uint8 elements are fp8 bytes only with kv_dtype='fp8_e4m3' or 'fp8_e5m2'");
+  }
+  return tensor_of(a, name, "float16, bfloat16 or float32, or uint8 fp8 bytes", kv_dtype);
 }
 
 // A plan the Python side holds: its own copy (a planner's next update changes
@@ -116,8 +120,8 @@ struct Variants {
 void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const Array& k, const Array& v, const Array& o,
                std::optional<Array> lse, std::uintptr_t stream, const Variants& variants) {
   const std::optional<DType> kv_dtype = kv_dtype_of(variants.kv_dtype);
-  AttentionArgs args{tensor_of(q, "q"), tensor_of(k, "k", kv_dtype), tensor_of(v, "v", kv_dtype), tensor_of(o, "out"),
-                     lse ? tensor_of(*lse, "lse") : TensorRef{}};
+  AttentionArgs args{tensor_of(q, "q"), kv_tensor_of(k, "k", kv_dtype), kv_tensor_of(v, "v", kv_dtype), tensor_of(o, "out"),
+                     lse ? tensor_of(*lse, "lse", "float32") : TensorRef{}};
   for (const auto& [name, t] : {std::pair{"k", &args.k}, std::pair{"v", &args.v}}) {
     if (kv_dtype && t->dtype != *kv_dtype) {
       throw Error(ErrorCategory::InvalidArgument, std::string("kv_dtype='") + to_string(*kv_dtype) +
@@ -132,7 +136,7 @@ void attention(ContextHandle& ctx, const PlanHandle& plan, const Array& q, const
                                          std::tuple{"k_scales", &variants.k_scales, &args.options.k_scales},
                                          std::tuple{"v_scales", &variants.v_scales, &args.options.v_scales}}) {
     if (!*given) continue;
-    *ref = tensor_of(**given, name, std::nullopt, "float32");
+    *ref = tensor_of(**given, name, "float32");
     if ((*given)->device_type() != device) {
       throw Error(ErrorCategory::InvalidArgument, std::string(name) + " must be on q's device (DLPack device types differ)");
     }

@@ -118,6 +118,10 @@ def test_bad_options_are_named(rng):
         ctx.attention(plan, q, k, k, k_scale=0.5)
     with pytest.raises(ValueError, match="sinks: dtype must be float32, got float64"):
         ctx.attention(plan, q, k, k, sinks=np.zeros(HQ))
+    with pytest.raises(ValueError, match="sinks: dtype must be float32, got uint8"):
+        ctx.attention(plan, q, k8, k8, kv_dtype="fp8_e4m3", sinks=np.zeros(HQ, np.uint8))
+    with pytest.raises(ValueError, match="lse: dtype must be float32, got uint8"):
+        ctx.attention(plan, q, k, k, lse=np.zeros((2, HQ), np.uint8))
     with pytest.raises(ValueError, match=r"k_scales is \[3\] f32, expected \[2\] \(heads_kv\)"):
         ctx.attention(plan, q, k8, k8, kv_dtype="fp8_e5m2", k_scales=np.ones(3, np.float32))
     with pytest.raises(ValueError, match=r"v_scales is \[1\] f32, expected \[2\] \(heads_kv\)"):
@@ -160,6 +164,11 @@ def test_torch_float8_tensors(rng):
         ctx.attention(plan, q, f16, v)
     with pytest.raises(ValueError, match="k and v are torch.float8_e5m2, but kv_dtype='fp8_e4m3'"):
         ctx.attention(plan, q, k, v, kv_dtype="fp8_e4m3")
+    # uint8 bytes with a torch dtype as kv_dtype: the same run as torch's float8 tensors.
+    o, _ = ctx.attention(plan, q, k.view(torch.uint8), v.view(torch.uint8), kv_dtype=torch.float8_e5m2)
+    assert torch.equal(o, ctx.attention(plan, q, k, v)[0])
+    with pytest.raises(ValueError, match="kv_dtype 'torch.float16' is not an fp8 kind"):
+        ctx.attention(plan, q, k.view(torch.uint8), v.view(torch.uint8), kv_dtype=torch.float16)
 
 
 def decode_tree(requests=50, tokens=1000):

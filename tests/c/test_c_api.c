@@ -256,7 +256,6 @@ static void test_variants(treeattn_context* context, const treeattn_plan* plan, 
               "this context runs the cpu backend: use treeattn_run");
 }
 
-/* A tree of 192-column Q and K and 128-column V and O (treeattn_tree_create_with). */
 /* A tree of one node and query with these heads: created, then refused by
  * treeattn_plan_create with `needle` (the head dims are checked when planned). */
 static void expect_plan_refuses_heads(treeattn_context* context, const treeattn_tree_options* options, const char* needle) {
@@ -269,6 +268,7 @@ static void expect_plan_refuses_heads(treeattn_context* context, const treeattn_
   treeattn_tree_destroy(tree);
 }
 
+/* A tree of 192-column Q and K and 128-column V and O (treeattn_tree_create_with). */
 static void test_head_dim_v(treeattn_context* context) {
   enum { DQK = 192, DV = 128 };
   static uint16_t q[3 * HQ * DQK], k[SLOTS * HKV * DQK], v[SLOTS * HKV * DV];

@@ -93,12 +93,13 @@ def _kv_kind(kv_dtype):
 def _fp8_bytes(k, v, kv_dtype):
     """K and V as the engine takes fp8: torch float8 tensors become uint8 views of
     their bytes (DLPack carries no fp8 there) with their kind as kv_dtype."""
+    kind = _kv_kind(kv_dtype)
     kinds = [_kv_kind(x.dtype) if _namespace(x) == "torch" else None for x in (k, v)]
-    if kinds == [None, None]:  # bytes of kv_dtype's kind, or not fp8: a torch dtype goes by its name
-        return k, v, kv_dtype if kv_dtype is None or isinstance(kv_dtype, str) else _kv_kind(kv_dtype) or str(kv_dtype)
+    if kinds == [None, None]:  # uint8 bytes of kv_dtype's kind; a torch dtype of no fp8 kind goes by its name
+        return k, v, kind if kind is not None or kv_dtype is None else str(kv_dtype)
     if kinds[0] != kinds[1]:
         raise ValueError(f"k and v must both be fp8 of one kind, got k {k.dtype} and v {v.dtype}")
-    if kv_dtype is not None and _kv_kind(kv_dtype) != kinds[0]:
+    if kv_dtype is not None and kind != kinds[0]:
         raise ValueError(f"k and v are {k.dtype}, but kv_dtype={kv_dtype!r}")
     import torch
 
